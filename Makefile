@@ -1,0 +1,37 @@
+# Two commands: `make demo` and `make test`. Each creates .venv when missing.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip install --constraint constraints.txt
+DEMO_ARGS ?=
+
+.PHONY: demo test lint bench clean
+
+$(VENV)/bin/python:
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --upgrade pip >/dev/null
+
+$(VENV)/.demo-installed: $(VENV)/bin/python pyproject.toml constraints.txt
+	$(PIP) -e ".[demo,report]"
+	touch $@
+
+$(VENV)/.dev-installed: $(VENV)/bin/python pyproject.toml constraints.txt
+	$(PIP) -e ".[dev,demo,report,tensorboard]"
+	touch $@ $(VENV)/.demo-installed
+
+demo: $(VENV)/.demo-installed
+	$(VENV)/bin/stepscope demo $(DEMO_ARGS)
+
+test: $(VENV)/.dev-installed
+	$(PY) -m ruff check src tests benchmarks
+	$(PY) -m pytest -q
+
+lint: $(VENV)/.dev-installed
+	$(PY) -m ruff check src tests benchmarks
+	$(PY) -m ruff format --check src tests benchmarks
+
+bench: $(VENV)/.dev-installed
+	$(PY) benchmarks/kernels.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info src/*.egg-info

@@ -1,0 +1,59 @@
+"""stepscope: see inside PyTorch training, step by step.
+
+Names are re-exported lazily so that ``import stepscope`` stays fast and an area's optional
+dependencies are only imported when that area is used.
+
+Example
+-------
+>>> import stepscope as ss
+>>> import torch
+>>> s = ss.stats.RunningStats()
+>>> s.update(torch.tensor([1.0, -2.0, 0.0]))
+>>> (s.total, s.zero, s.negative, s.sum)
+(3, 1, 1, -1.0)
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from stepscope.errors import Refusal
+
+__version__ = "0.1.0"
+
+# public name -> "module:attribute" (attribute empty for a sub-module)
+_EXPORTS: dict[str, str] = {
+    "stats": "stepscope.stats:",
+    "history": "stepscope.history:",
+    "curvature": "stepscope.curvature:",
+    "profile": "stepscope.profile:",
+    "open_history": "stepscope.history:open_history",
+    "HistoryCollector": "stepscope.collect:HistoryCollector",
+    "WatchSettings": "stepscope.collect:WatchSettings",
+    "EventStream": "stepscope.events:EventStream",
+    "ObserverEvent": "stepscope.events:ObserverEvent",
+    "RunLog": "stepscope.history:RunLog",
+    "region": "stepscope.profile:region",
+    "session": "stepscope.profile:session",
+    "kernel_profile": "stepscope.profile:kernel_profile",
+    "DenseProbe": "stepscope.probe:DenseProbe",
+    "analyze_curvature": "stepscope.curvature:analyze_curvature",
+}
+
+__all__ = ["Refusal", "__version__", *_EXPORTS]
+
+
+def __getattr__(name: str) -> Any:
+    target = _EXPORTS.get(name)
+    if target is None:
+        raise AttributeError(f"module 'stepscope' has no attribute {name!r}")
+    module_name, _, attr = target.partition(":")
+    module = importlib.import_module(module_name)
+    value = getattr(module, attr) if attr else module
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
