@@ -62,7 +62,7 @@ def snapshot_rng() -> RngSnapshot:
     return RngSnapshot(
         torch_cpu=torch.get_rng_state(),
         torch_cuda=cuda,
-        numpy=np.random.get_state(),
+        numpy=np.random.get_state(),  # noqa: NPY002 - the legacy global state is what users seed
         python=random.getstate(),
     )
 
@@ -72,7 +72,7 @@ def restore_rng(snapshot: RngSnapshot) -> None:
     torch.set_rng_state(snapshot.torch_cpu)
     if snapshot.torch_cuda:
         torch.cuda.set_rng_state_all(list(snapshot.torch_cuda))
-    np.random.set_state(snapshot.numpy)
+    np.random.set_state(snapshot.numpy)  # noqa: NPY002
     random.setstate(snapshot.python)
 
 
@@ -95,7 +95,9 @@ def preserved_state(model: torch.nn.Module, *, restore_grads: bool = True) -> It
     params = list(model.parameters())
     flags = [p.requires_grad for p in params]
     grads = [p.grad for p in params]
-    grad_values = [None if g is None else g.detach().clone() for g in grads] if restore_grads else []
+    grad_values = (
+        [None if g is None else g.detach().clone() for g in grads] if restore_grads else []
+    )
     rng = snapshot_rng()
     try:
         yield
