@@ -65,6 +65,9 @@ CODES: dict[str, str] = {
     "probe_layer_unsupported": "a probe layer is not an affine layer it can measure",
     "probe_state_changed": "measuring would have changed model or optimizer state",
     "snapshot_missing": "an update was requested without a predeclared snapshot",
+    "probe_output_invalid": "the probed model's output is not (n, classes) logits for the labels",
+    "probe_dtype_unsupported": "the probed model is not float32/float64; the probe never lowers precision",
+    "probe_update_steps_invalid": "around_step saw zero or several optimizer steps, not exactly one",
     # curvature
     "curvature_model_unsupported": "the model has no supported affine layer or output",
     "curvature_input_invalid": "inputs/labels have the wrong shape or dtype",
