@@ -1,0 +1,257 @@
+"""Per-layer activation and backprop factors, and their spectra without forming big matrices.
+
+For an affine layer with input :math:`a_i \\in \\mathbb{R}^{d_{in}}` and output
+:math:`z_i = W a_i + b`, a family's backprop factor rows are
+:math:`B_{ik} = J_{z_i}^\\top v_{ik}` (the derivative of :math:`v_{ik}^\\top f_i` with respect to
+:math:`z_i`). The normalised KFAC factors are
+
+.. math::
+
+    \\bar A = \\frac{1}{n} \\sum_i a_i a_i^\\top, \\qquad
+    \\bar B = \\frac{1}{n} \\sum_{i,k} B_{ik} B_{ik}^\\top,
+
+and KFAC is :math:`\\bar B \\otimes \\bar A` in row-major ``vec(W[out, in])`` order.
+
+Spectra are computed from the smaller of the two Gram forms (``X^T X / n`` is ``d x d`` and
+``X X^T / n`` is ``rows x rows``; their non-zero eigenvalues coincide), so the eigenproblem
+dimension is ``min(d, rows)``; the remaining ``d - rows`` eigenvalues are exactly zero and are
+counted, not listed. Above ``eig_max_dimension`` a labelled block subspace iteration returns the
+top ``k`` eigenvalues only.
+
+Example
+-------
+>>> import torch
+>>> from stepscope.curvature.factors import factor_spectrum
+>>> x = torch.eye(3, dtype=torch.float64)
+>>> factor_spectrum(x, n=1, eig_max_dimension=10)["top_eigenvalue"]
+1.0
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from stepscope.errors import Refusal
+
+#: modules whose parameters would need a convolutional KFAC, which this version does not provide
+_UNSUPPORTED_AFFINE = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d)
+APPROX_TOP_K = 32
+APPROX_METHOD = "block_subspace_iteration_top_k"
+EXACT_METHOD = "dense_symmetric_eigensolver"
+
+
+@dataclass
+class LayerCapture:
+    """What one forward pass recorded for an affine layer (float64, autograd-connected)."""
+
+    name: str
+    module: nn.Linear
+    inputs: Tensor  #: ``(n, d_in)`` layer inputs ``a_i``
+    outputs: Tensor  #: ``(n, d_out)`` pre-activations ``z_i`` (graph node to differentiate at)
+
+
+def affine_layers(model: nn.Module) -> list[tuple[str, nn.Linear]]:
+    """The model's ``nn.Linear`` layers by qualified name; refuses convolutions and no-layer models."""
+    layers: list[tuple[str, nn.Linear]] = []
+    for name, module in model.named_modules():
+        if isinstance(module, _UNSUPPORTED_AFFINE):
+            raise Refusal(
+                "curvature_model_unsupported",
+                f"layer {name!r} is a {type(module).__name__}; convolutional KFAC factors (patch "
+                "unfolding, weight sharing over positions) are not implemented",
+                ["analyse an MLP head, or flatten to Linear layers"],
+            )
+        if isinstance(module, nn.Linear):
+            layers.append((name, module))
+    if not layers:
+        raise Refusal(
+            "curvature_model_unsupported",
+            "the model has no nn.Linear layer to analyse",
+            ["pass a model with at least one nn.Linear layer"],
+        )
+    return layers
+
+
+def capture_forward(
+    model: nn.Module, x: Tensor, layers: Sequence[tuple[str, nn.Linear]]
+) -> tuple[Tensor, list[LayerCapture]]:
+    """Run ``model(x)`` recording each layer's input and output; hooks are removed in ``finally``.
+
+    The forward hook returns a clone of the output so that an in-place activation downstream
+    (``ReLU(inplace=True)``) cannot overwrite the tensor we differentiate at.
+    """
+    records: dict[str, list[tuple[Tensor, Tensor]]] = {name: [] for name, _ in layers}
+
+    def make_hook(name: str):
+        def hook(module: nn.Module, args: tuple[Any, ...], output: Tensor) -> Tensor:
+            records[name].append((args[0], output))
+            return output.clone()
+
+        return hook
+
+    handles = [m.register_forward_hook(make_hook(name)) for name, m in layers]
+    try:
+        logits = model(x)
+    finally:
+        for h in handles:
+            h.remove()
+    captures = []
+    n = x.shape[0]
+    for name, module in layers:
+        calls = records[name]
+        if len(calls) != 1:
+            raise Refusal(
+                "curvature_model_unsupported",
+                f"layer {name!r} ran {len(calls)} times in one forward pass; per-example factors "
+                "need each analysed layer applied exactly once",
+                ["analyse a model without weight sharing or unused layers"],
+            )
+        a, z = calls[0]
+        if a.ndim != 2 or a.shape[0] != n:
+            raise Refusal(
+                "curvature_model_unsupported",
+                f"layer {name!r} received input of shape {tuple(a.shape)}; only (n, d_in) inputs "
+                "(one position per example) are supported",
+                ["flatten sequence/spatial dimensions before the Linear layer"],
+            )
+        captures.append(LayerCapture(name, module, a.detach(), z))
+    return logits, captures
+
+
+def backprop_factors(logits: Tensor, captures: Sequence[LayerCapture], directions: Tensor) -> list[Tensor]:
+    """Backpropagate each output direction to every layer output.
+
+    Parameters
+    ----------
+    logits
+        ``(n, C)`` logits still attached to the graph.
+    captures
+        From :func:`capture_forward`.
+    directions
+        ``(K, n, C)`` per-example output directions.
+
+    Returns
+    -------
+    list of Tensor
+        Per layer, ``(K, n, d_out)`` rows :math:`B_{ik} = J_{z_i}^\\top v_{ik}`.
+    """
+    outputs = [c.outputs for c in captures]
+    per_direction = []
+    for k in range(directions.shape[0]):
+        grads = torch.autograd.grad(
+            logits, outputs, grad_outputs=directions[k], retain_graph=True, allow_unused=True
+        )
+        for c, g in zip(captures, grads):
+            if g is None:
+                raise Refusal(
+                    "curvature_model_unsupported",
+                    f"layer {c.name!r} does not influence the logits",
+                    ["remove unused layers from the analysed model"],
+                )
+        per_direction.append(grads)
+    return [torch.stack([d[j] for d in per_direction]) for j in range(len(captures))]
+
+
+def _entropy_rank(eigs: Tensor) -> float | None:
+    pos = eigs.clamp(min=0)
+    total = pos.sum()
+    if total <= 0:
+        return None
+    w = pos[pos > 0] / total
+    return float(torch.exp(-(w * w.log()).sum()))
+
+
+def _subspace_top(gram_apply, dim: int, k: int, seed: int, dtype: torch.dtype):
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.linalg.qr(torch.randn(dim, k, generator=gen, dtype=dtype))[0]
+    residual = math.inf
+    iters = 0
+    for iters in range(1, 501):  # noqa: B007 - the final count is reported
+        z = gram_apply(q)
+        q = torch.linalg.qr(z)[0]
+        t = q.T @ gram_apply(q)
+        vals, vecs = torch.linalg.eigh((t + t.T) / 2)
+        ritz = q @ vecs
+        res = gram_apply(ritz) - ritz * vals
+        top = vals.abs().max().clamp(min=torch.finfo(dtype).tiny)
+        residual = float(res.norm(dim=0).max() / top)
+        if residual < 1e-10:
+            break
+    return vals.flip(0), iters, residual
+
+
+def factor_spectrum(rows: Tensor, n: int, eig_max_dimension: int, seed: int = 0) -> dict[str, Any]:
+    """Spectrum and scalar summaries of ``X^T X / n`` from its tall factor ``X``.
+
+    .. math::
+
+        \\operatorname{erank} = \\exp\\Big(-\\sum_j w_j \\log w_j\\Big),\\ w_j = \\lambda_j /
+        \\textstyle\\sum \\lambda \\ (\\text{Roy--Vetterli}), \\qquad
+        \\operatorname{srank} = \\sum \\lambda^2 / \\lambda_{\\max}^2
+
+    Parameters
+    ----------
+    rows
+        ``(m, d)`` factor rows (e.g. ``A`` or the stacked backprop rows).
+    n
+        Normaliser (number of examples).
+    eig_max_dimension
+        Largest dense eigenproblem allowed; above it the top :data:`APPROX_TOP_K` eigenvalues come
+        from a block subspace iteration and the effective rank is ``None``.
+
+    Returns
+    -------
+    dict
+        ``eigenvalues`` (descending; the non-zero part), ``dimension``, ``eigenproblem_dimension``,
+        ``implicit_zero_eigenvalues``, ``method``, ``trace``, ``frobenius``, ``top_eigenvalue``,
+        ``effective_rank``, ``stable_rank`` and, for the approximate method, its iteration record.
+    """
+    m, d = rows.shape
+    small = min(m, d)
+    trace = float((rows * rows).sum() / n)
+    use_gram = m < d
+
+    def gram_apply(v: Tensor) -> Tensor:
+        if use_gram:
+            return rows @ (rows.T @ v) / n
+        return rows.T @ (rows @ v) / n
+
+    out: dict[str, Any] = {
+        "dimension": d,
+        "eigenproblem_dimension": small,
+        "implicit_zero_eigenvalues": d - small,
+        "trace": trace,
+    }
+    if small <= eig_max_dimension:
+        mat = rows @ rows.T / n if use_gram else rows.T @ rows / n
+        eigs = torch.linalg.eigvalsh((mat + mat.T) / 2).flip(0)
+        frob = float(eigs.norm())
+        top = float(eigs[0]) if small else 0.0
+        out.update(method=EXACT_METHOD, eigenvalues=eigs.tolist(), effective_rank=_entropy_rank(eigs))
+    else:
+        k = min(APPROX_TOP_K, small)
+        eigs, iters, residual = _subspace_top(gram_apply, small, k, seed, rows.dtype)
+        mat = rows @ rows.T / n if use_gram else rows.T @ rows / n  # Frobenius is exact either way
+        frob = float(mat.norm())
+        top = float(eigs[0])
+        out.update(
+            method=APPROX_METHOD,
+            approximate=True,
+            top_k=k,
+            iterations=iters,
+            max_relative_ritz_residual=residual,
+            converged=residual < 1e-10,
+            eigenvalues=eigs.tolist(),
+            effective_rank=None,
+            effective_rank_undefined_reason="only the top-k spectrum was computed",
+        )
+    out["frobenius"] = frob
+    out["top_eigenvalue"] = top
+    out["stable_rank"] = (frob / top) ** 2 if top > 0 else None
+    return out

@@ -1,0 +1,270 @@
+"""Curvature families, modes, and the cross-entropy output factors they backpropagate.
+
+Each family is a parameter-space matrix of the form
+
+.. math::
+
+    M = \\frac{1}{n} \\sum_{i=1}^{n} J_i^\\top Q_i J_i, \\qquad Q_i = V_i^\\top V_i,
+
+where :math:`J_i` is the Jacobian of example :math:`i`'s logits and :math:`V_i` stacks output
+directions. A family is therefore fully described by the per-example output directions
+:math:`V_i` (``K`` rows of length ``C``) that :mod:`stepscope.curvature.factors` backpropagates:
+
+- ``empirical_fisher``: :math:`V_i = (p_i - e_{y_i})^\\top`, the gradient of example :math:`i`'s
+  cross-entropy with respect to its logits (one direction, observed labels, exact in every mode).
+- ``ce_ggn``: :math:`V_i = S_i` with :math:`S_i^\\top S_i = \\operatorname{diag}(p_i) - p_i
+  p_i^\\top`, the CE logit Hessian; row :math:`k` is :math:`\\sqrt{p_{ik}}(e_k - p_i)`.
+- ``jacobian_gram``: :math:`V_i = I_C` (every output unit).
+
+In ``sampled`` mode the ``C`` rows are replaced by ``samples`` independent per-example Rademacher
+combinations :math:`r^\\top V_i / \\sqrt{\\text{samples}}` with :math:`\\mathbb{E}[r r^\\top] = I`,
+so :math:`\\mathbb{E}[\\hat Q_i] = Q_i` (unbiased, no :math:`1/C^2` legacy factor).
+
+Numerics: :math:`1 - p_k` is never formed by subtraction; it is the sum of the *other*
+probabilities, so saturated softmax outputs (:math:`p_k` within :math:`10^{-12}` of one) keep
+their relative accuracy.
+
+Example
+-------
+>>> import torch
+>>> from stepscope.curvature.families import ce_logit_gradient
+>>> g = ce_logit_gradient(torch.tensor([[0.0, -40.0]], dtype=torch.float64), torch.tensor([0]))
+>>> bool(g[0, 0] < 0)
+True
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+import torch
+from torch import Tensor
+
+from stepscope.errors import Refusal
+
+
+class CurvatureMode(str, Enum):
+    """How the GGN and Jacobian-Gram output directions are chosen."""
+
+    EXACT = "exact"  #: every output direction (C backward passes)
+    SAMPLED = "sampled"  #: per-example Rademacher combinations averaged over ``samples``
+
+
+class Family(str, Enum):
+    """The three curvature families (names are the JSON keys)."""
+
+    EMPIRICAL_FISHER = "empirical_fisher"
+    CE_GGN = "ce_ggn"
+    JACOBIAN_GRAM = "jacobian_gram"
+
+
+def parse_mode(mode: str | CurvatureMode) -> CurvatureMode:
+    """Validate a mode string, refusing ``curvature_mode_invalid`` for unknown ones."""
+    try:
+        return CurvatureMode(mode)
+    except ValueError:
+        raise Refusal(
+            "curvature_mode_invalid",
+            f"unknown curvature mode {mode!r}",
+            [f"use one of {[m.value for m in CurvatureMode]}"],
+        ) from None
+
+
+def softmax_and_complement(logits: Tensor) -> tuple[Tensor, Tensor]:
+    """Softmax probabilities ``p`` and ``q = 1 - p`` computed as the sum of the other entries.
+
+    .. math:: q_{ik} = \\sum_{j \\ne k} p_{ij}
+
+    Parameters
+    ----------
+    logits
+        ``(n, C)`` logits.
+
+    Returns
+    -------
+    tuple of Tensor
+        ``(p, q)``, both ``(n, C)``.
+    """
+    p = torch.softmax(logits, dim=1)
+    # 1 - p_k loses every digit when p_k ~ 1; summing the other (small) entries does not.
+    c = logits.shape[1]
+    off = (~torch.eye(c, dtype=torch.bool, device=logits.device)).to(p.dtype)
+    q = (p.unsqueeze(1) * off).sum(dim=2)
+    return p, q
+
+
+def ce_logit_gradient(logits: Tensor, labels: Tensor) -> Tensor:
+    """Per-example gradient of the summed cross-entropy with respect to the logits.
+
+    .. math:: \\nabla_{f_i} \\ell_i = p_i - e_{y_i},\\quad (p_i - e_{y_i})_{y_i} = -\\sum_{j\\ne
+        y_i} p_{ij}
+
+    Returns
+    -------
+    Tensor
+        ``(n, C)``.
+    """
+    p, q = softmax_and_complement(logits)
+    grad = p.clone()
+    rows = torch.arange(logits.shape[0], device=logits.device)
+    grad[rows, labels] = -q[rows, labels]
+    return grad
+
+
+def ce_hessian_sqrt(logits: Tensor) -> Tensor:
+    """Square-root factors ``S_i`` of the CE logit Hessian, ``S_i^T S_i = diag(p_i) - p_i p_i^T``.
+
+    .. math:: (S_i)_{kc} = \\sqrt{p_{ik}}\\,(\\delta_{kc} - p_{ic}), \\quad (S_i)_{kk} =
+        \\sqrt{p_{ik}}\\, q_{ik}
+
+    Returns
+    -------
+    Tensor
+        ``(n, C, C)``; row ``k`` of ``S_i`` is one output direction.
+    """
+    p, q = softmax_and_complement(logits)
+    c = logits.shape[1]
+    sqrt_p = p.sqrt()
+    s = -sqrt_p.unsqueeze(2) * p.unsqueeze(1)
+    idx = torch.arange(c, device=logits.device)
+    s[:, idx, idx] = sqrt_p * q
+    return s
+
+
+def ce_logit_hessian(logits: Tensor) -> Tensor:
+    """Per-example CE logit Hessians ``diag(p_i) - p_i p_i^T`` with the cancellation-free diagonal.
+
+    .. math:: (H_i)_{kk} = p_{ik} q_{ik}, \\quad (H_i)_{kc} = -p_{ik} p_{ic}
+
+    Returns
+    -------
+    Tensor
+        ``(n, C, C)``.
+    """
+    p, q = softmax_and_complement(logits)
+    h = -p.unsqueeze(2) * p.unsqueeze(1)
+    idx = torch.arange(logits.shape[1], device=logits.device)
+    h[:, idx, idx] = p * q
+    return h
+
+
+def rademacher(shape: tuple[int, ...], generator: torch.Generator, dtype: torch.dtype) -> Tensor:
+    """Independent +-1 entries drawn from a private generator (global RNG untouched)."""
+    bits = torch.randint(0, 2, shape, generator=generator)
+    return (2 * bits - 1).to(dtype)
+
+
+def output_directions(
+    family: Family,
+    logits: Tensor,
+    labels: Tensor,
+    mode: CurvatureMode,
+    samples: int,
+    generator: torch.Generator,
+) -> Tensor:
+    """The per-example output directions ``V`` of a family, shape ``(K, n, C)``.
+
+    ``K`` is 1 for the empirical Fisher, ``C`` in exact mode and ``samples`` in sampled mode
+    (each sampled direction already carries the :math:`1/\\sqrt{\\text{samples}}` weight).
+    """
+    n, c = logits.shape
+    if family is Family.EMPIRICAL_FISHER:
+        return ce_logit_gradient(logits, labels).unsqueeze(0)
+    if mode is CurvatureMode.EXACT:
+        if family is Family.JACOBIAN_GRAM:
+            eye = torch.eye(c, dtype=logits.dtype, device=logits.device)
+            return eye.unsqueeze(1).expand(c, n, c)
+        return ce_hessian_sqrt(logits).permute(1, 0, 2)
+    r = rademacher((samples, n, c), generator, logits.dtype).to(logits.device)
+    scale = float(samples) ** -0.5
+    if family is Family.JACOBIAN_GRAM:
+        return r * scale
+    s = ce_hessian_sqrt(logits)  # (n, C, C): rows are directions
+    return torch.einsum("snk,nkc->snc", r, s) * scale
+
+
+#: how each family's directions were chosen, per mode (goes into the output metadata)
+ESTIMATOR_LABELS: dict[CurvatureMode, dict[Family, str]] = {
+    CurvatureMode.EXACT: {
+        Family.EMPIRICAL_FISHER: "exact: observed-label CE logit gradient",
+        Family.CE_GGN: "exact: all C square-root CE-Hessian rows sqrt(p_k)(e_k - p)",
+        Family.JACOBIAN_GRAM: "exact: all C output units",
+    },
+    CurvatureMode.SAMPLED: {
+        Family.EMPIRICAL_FISHER: "exact: observed-label CE logit gradient",
+        Family.CE_GGN: "unbiased estimate: per-example Rademacher combinations of the "
+        "square-root CE-Hessian rows, averaged over `samples`",
+        Family.JACOBIAN_GRAM: "unbiased estimate: per-example Rademacher combinations of the "
+        "output units, averaged over `samples`",
+    },
+}
+
+
+def _diag_summary(diag: Tensor) -> dict[str, float]:
+    return {
+        "diag_max": float(diag.max()),
+        "frobenius": float(diag.norm()),
+        "trace": float(diag.sum()),
+        "average": float(diag.mean()),
+    }
+
+
+def block_metrics(
+    inputs: Tensor,
+    backprop: Tensor,
+    has_bias: bool,
+    activation_spectrum: dict,
+    backprop_spectrum: dict,
+) -> dict:
+    """Diagonal and KFAC summaries of one family's weight (and bias) block.
+
+    With :math:`D_{oj} = \\frac{1}{n}\\sum_{i,k} B_{iko}^2 a_{ij}^2` the exact weight-block diagonal
+    and :math:`\\bar B \\otimes \\bar A` the normalised KFAC:
+
+    - ``weight``/``bias``: ``diag_max`` = max D, ``frobenius`` = ‖D‖₂ (of the diagonal),
+      ``trace`` = Σ D, ``average`` = mean D (bias: :math:`\\frac1n\\sum_{ik} B_{iko}^2`).
+    - ``kfac``: ``trace`` = tr Ā tr B̄, ``frobenius`` = ‖Ā‖_F ‖B̄‖_F, ``top_eigenvalue`` =
+      λmax(Ā) λmax(B̄), ``effective_rank`` = erank(Ā) erank(B̄) (entropy is additive over a
+      Kronecker product), ``stable_rank`` = srank(Ā) srank(B̄), ``relative_diagonal_error`` =
+      mean |diag(B̄) diag(Ā)ᵀ - D| / mean |D|.
+
+    Parameters
+    ----------
+    inputs
+        ``(n, d_in)`` activations.
+    backprop
+        ``(K, n, d_out)`` backprop rows of the family.
+    has_bias
+        Whether the layer has a bias (else ``bias`` is ``None``).
+    activation_spectrum, backprop_spectrum
+        From :func:`stepscope.curvature.factors.factor_spectrum`.
+    """
+    n = inputs.shape[0]
+    b_sq = (backprop * backprop).sum(dim=0)  # (n, d_out)
+    a_sq = inputs * inputs
+    diag_w = b_sq.T @ a_sq / n
+    kfac_diag = torch.outer(b_sq.sum(dim=0) / n, a_sq.sum(dim=0) / n)
+    mean_abs = diag_w.abs().mean()
+    a_sp, b_sp = activation_spectrum, backprop_spectrum
+
+    def product(key: str) -> float | None:
+        x, y = a_sp.get(key), b_sp.get(key)
+        return None if x is None or y is None else x * y
+
+    kfac = {
+        "trace": a_sp["trace"] * b_sp["trace"],
+        "frobenius": a_sp["frobenius"] * b_sp["frobenius"],
+        "top_eigenvalue": a_sp["top_eigenvalue"] * b_sp["top_eigenvalue"],
+        "effective_rank": product("effective_rank"),
+        "stable_rank": product("stable_rank"),
+        "relative_diagonal_error": (
+            float((kfac_diag - diag_w).abs().mean() / mean_abs) if mean_abs > 0 else None
+        ),
+        "approximate_spectrum": bool(a_sp.get("approximate") or b_sp.get("approximate")),
+    }
+    return {
+        "weight": _diag_summary(diag_w),
+        "bias": _diag_summary(b_sq.sum(dim=0) / n) if has_bias else None,
+        "kfac": kfac,
+        "backprop_factor": b_sp,
+    }

@@ -1,0 +1,389 @@
+"""Exact curvature-matrix-vector products on a fixed probe batch, counted and timed.
+
+Three symmetric matrices over the trainable parameters :math:`\\theta \\in \\mathbb{R}^P` of a
+classifier evaluated on a fixed probe batch :math:`(x_i, y_i)_{i=1}^n`, all for the **mean**
+cross-entropy loss
+
+.. math::
+
+    L(\\theta) = \\frac{1}{n} \\sum_{i=1}^n \\ell_i(\\theta), \\qquad
+    \\ell_i(\\theta) = -\\log \\operatorname{softmax}(f(x_i; \\theta))_{y_i}.
+
+* ``"hessian"``: :math:`H = \\nabla^2_\\theta L` (symmetric, indefinite in general), applied by
+  double backward: :math:`Hv = \\nabla_\\theta \\langle \\nabla_\\theta L, v \\rangle`.
+* ``"ggn"``: :math:`G = \\frac{1}{n} \\sum_i J_i^\\top \\Lambda_i J_i` with :math:`J_i` the
+  Jacobian of the logits :math:`z_i = f(x_i;\\theta)` and
+  :math:`\\Lambda_i = \\operatorname{diag}(p_i) - p_i p_i^\\top` the cross-entropy Hessian in
+  logit space (positive semi-definite), applied as Jacobian-vector product (forward mode),
+  output Hessian, vector-Jacobian product (reverse mode).
+* ``"empirical_fisher"``: :math:`F = \\frac{1}{n} \\sum_i g_i g_i^\\top` with
+  :math:`g_i = \\nabla_\\theta \\ell_i` the per-example-loss gradients (positive semi-definite),
+  applied as :math:`F v = \\frac{1}{n} J_\\ell^\\top (J_\\ell v)` where :math:`J_\\ell` is the
+  Jacobian of the per-example losses, so no per-example gradient is ever materialised.
+
+The model is evaluated in ``eval()`` mode (dropout off, BatchNorm running statistics) so that the
+loss is a deterministic function of :math:`\\theta`; parameters are read, never written.
+
+Example
+-------
+>>> import torch
+>>> from stepscope.curvature.products import make_operator
+>>> model = torch.nn.Linear(3, 2)
+>>> x, y = torch.randn(5, 3), torch.tensor([0, 1, 1, 0, 1])
+>>> op = make_operator(model, x, y, kind="ggn")
+>>> v = torch.ones(op.dim)
+>>> bool(v @ op.matvec_flat(v) >= 0), op.products_used
+(True, 1)
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from enum import Enum
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch.func import functional_call, jvp, vjp
+
+from stepscope._purity import float64_copy, preserved_state
+from stepscope.errors import Refusal
+
+
+class CurvatureKind(str, Enum):
+    """Which curvature matrix a product applies."""
+
+    HESSIAN = "hessian"
+    GGN = "ggn"
+    EMPIRICAL_FISHER = "empirical_fisher"
+
+
+class LossKind(str, Enum):
+    """The loss whose curvature is measured (mean reduction over the probe batch)."""
+
+    CROSS_ENTROPY = "cross_entropy"
+
+
+#: For each kind: is the matrix positive semi-definite (so its quadratic forms are >= 0)?
+PSD: dict[CurvatureKind, bool] = {
+    CurvatureKind.HESSIAN: False,
+    CurvatureKind.GGN: True,
+    CurvatureKind.EMPIRICAL_FISHER: True,
+}
+
+LOSS_CONVENTION = (
+    "mean cross-entropy over the probe batch, L = (1/n) sum_i CE(f(x_i), y_i); "
+    "M is the Hessian / GGN / empirical Fisher of that mean; "
+    "empirical Fisher = (1/n) sum_i g_i g_i^T with g_i the per-example-loss gradients; "
+    "model evaluated in eval() mode"
+)
+
+
+def parse_enum(enum_type: type[Enum], value: object, what: str) -> Enum:
+    """Convert ``value`` to ``enum_type`` or refuse ``curvature_mode_invalid``."""
+    try:
+        return enum_type(value)
+    except ValueError:
+        allowed = [e.value for e in enum_type]  # type: ignore[attr-defined]
+        raise Refusal(
+            "curvature_mode_invalid",
+            f"unknown {what} {value!r}.",
+            [f"use one of {allowed}"],
+        ) from None
+
+
+class CurvatureOperator:
+    """A symmetric curvature matrix over the trainable parameters, applied to vectors.
+
+    Subclasses implement :meth:`_apply` (one exact matrix-vector product). The base class
+    validates, counts (:attr:`products_used`, :attr:`gradients_used`) and times
+    (:attr:`seconds`, wall clock, device-synchronised) every product.
+
+    Parameters
+    ----------
+    model
+        A classifier returning logits of shape ``(n, C)``. Used as is (no copy, no mode change);
+        prefer :func:`probe_operator`, which guards state and sets ``eval()``.
+    x, y
+        The fixed probe batch: inputs with ``x.shape[0] == n`` and integer labels of shape ``(n,)``.
+    loss
+        Only ``"cross_entropy"`` (mean reduction).
+    """
+
+    kind: CurvatureKind
+
+    def __init__(
+        self, model: torch.nn.Module, x: Tensor, y: Tensor, loss: str = "cross_entropy"
+    ) -> None:
+        self.loss = parse_enum(LossKind, loss, "loss")
+        named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+        if not named:
+            raise Refusal(
+                "curvature_model_unsupported",
+                "the model has no trainable parameters (requires_grad=True).",
+                ["enable requires_grad on the parameters to be measured"],
+            )
+        self.model = model
+        self.names = [name for name, _ in named]
+        self.shapes = [p.shape for _, p in named]
+        self.dtype = named[0][1].dtype
+        self.device = named[0][1].device
+        if any(p.dtype != self.dtype or p.device != self.device for _, p in named):
+            raise Refusal(
+                "curvature_model_unsupported",
+                "trainable parameters have mixed dtypes or devices.",
+                ["move the model to one device and dtype, or pass dtype=torch.float64"],
+            )
+        if not self.dtype.is_floating_point:
+            raise Refusal("curvature_model_unsupported", "parameters are not floating point.")
+        # Fresh leaves that share storage with the parameters: reading only, never writing.
+        self.params = {name: p.detach().requires_grad_(True) for name, p in named}
+        self.x, self.y = _validate_batch(x, y, self.dtype, self.device)
+        self.dim = sum(p.numel() for _, p in named)
+        self._labels_checked = False
+        self.products_used = 0
+        self.gradients_used = 0
+        self.seconds = 0.0
+        start = self._now()
+        self._setup()
+        self.seconds += self._now() - start
+
+    # -- what a subclass writes ------------------------------------------------------------------
+    def _setup(self) -> None:
+        """Build what every product reuses (graphs, cached VJPs)."""
+
+    def _apply(self, v: list[Tensor]) -> list[Tensor]:
+        raise NotImplementedError
+
+    # -- shared machinery ------------------------------------------------------------------------
+    def logits(self, params: dict[str, Tensor] | None = None) -> Tensor:
+        """Logits of the probe batch, checked to be ``(n, C)`` with labels in range."""
+        out = functional_call(self.model, params or self.params, (self.x,))
+        if not isinstance(out, Tensor) or out.dim() != 2 or out.shape[0] != self.x.shape[0]:
+            shape = tuple(out.shape) if isinstance(out, Tensor) else type(out).__name__
+            raise Refusal(
+                "curvature_model_unsupported",
+                f"the model output must be logits of shape (n, C); got {shape}.",
+                ["wrap the model so that it returns one (n, C) logit tensor"],
+            )
+        if not self._labels_checked:  # one host sync, at setup, not per product
+            self._labels_checked = True
+            if int(self.y.max()) >= out.shape[1]:
+                raise Refusal(
+                    "curvature_input_invalid",
+                    f"a label is >= the number of classes {out.shape[1]}.",
+                    ["pass labels in [0, C)"],
+                )
+        return out
+
+    def mean_loss(self, params: dict[str, Tensor] | None = None) -> Tensor:
+        """The mean cross-entropy of the probe batch (the loss whose curvature is measured)."""
+        return F.cross_entropy(self.logits(params), self.y, reduction="mean")
+
+    def mean_gradient(self) -> list[Tensor]:
+        """:math:`\\nabla_\\theta L` on the probe batch (one backward; counted in ``gradients_used``)."""
+        start = self._now()
+        grads = torch.autograd.grad(self.mean_loss(), list(self.params.values()))
+        self.gradients_used += 1
+        self.seconds += self._now() - start
+        return [g.detach() for g in grads]
+
+    def matvec(self, v: Sequence[Tensor]) -> list[Tensor]:
+        """:math:`M v` for ``v`` given as one tensor per trainable parameter (counted, timed)."""
+        if len(v) != len(self.shapes) or any(
+            not isinstance(t, Tensor) or t.shape != s for t, s in zip(v, self.shapes)
+        ):
+            raise Refusal(
+                "curvature_input_invalid",
+                "a vector must hold one tensor per trainable parameter with the same shape.",
+                [f"expected shapes {[tuple(s) for s in self.shapes]}"],
+            )
+        vec = [t.detach().to(device=self.device, dtype=self.dtype) for t in v]
+        start = self._now()
+        out = [o.detach() for o in self._apply(vec)]
+        self.products_used += 1
+        self.seconds += self._now() - start
+        return out
+
+    def matvec_flat(self, v: Tensor) -> Tensor:
+        """:math:`M v` for a flat vector of length :attr:`dim` (parameter order)."""
+        return self.flatten(self.matvec(self.unflatten(v)))
+
+    def flatten(self, tensors: Sequence[Tensor]) -> Tensor:
+        """Concatenate per-parameter tensors into one flat vector."""
+        return torch.cat([t.reshape(-1) for t in tensors])
+
+    def unflatten(self, flat: Tensor) -> list[Tensor]:
+        """Split a flat vector of length :attr:`dim` into per-parameter tensors."""
+        if flat.dim() != 1 or flat.numel() != self.dim:
+            raise Refusal(
+                "curvature_input_invalid",
+                f"a flat vector must have shape ({self.dim},); got {tuple(flat.shape)}.",
+            )
+        sizes = [s.numel() for s in self.shapes]
+        return [c.reshape(s) for c, s in zip(torch.split(flat, sizes), self.shapes)]
+
+    def random_flat(self, generator: torch.Generator, distribution: str = "gaussian") -> Tensor:
+        """A random flat vector drawn from a private CPU ``generator`` (global RNG untouched)."""
+        if distribution == "rademacher":
+            bits = torch.randint(0, 2, (self.dim,), generator=generator, dtype=torch.int64)
+            sample = bits.to(torch.float64) * 2.0 - 1.0
+        else:
+            sample = torch.randn(self.dim, generator=generator, dtype=torch.float64)
+        return sample.to(device=self.device, dtype=self.dtype)
+
+    def _now(self) -> float:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter()
+
+
+class HessianOperator(CurvatureOperator):
+    """:math:`Hv` by double backward through a gradient graph built once."""
+
+    kind = CurvatureKind.HESSIAN
+
+    def _setup(self) -> None:
+        leaves = list(self.params.values())
+        self._grads = torch.autograd.grad(self.mean_loss(), leaves, create_graph=True)
+        self.gradients_used += 1
+
+    def mean_gradient(self) -> list[Tensor]:
+        return [g.detach() for g in self._grads]  # already computed in setup, no extra pass
+
+    def _apply(self, v: list[Tensor]) -> list[Tensor]:
+        leaves = list(self.params.values())
+        hv = torch.autograd.grad(self._grads, leaves, grad_outputs=v, retain_graph=True)
+        return list(hv)
+
+
+class _OutputCurvatureOperator(CurvatureOperator):
+    """:math:`J^\\top \\Lambda J v`: forward-mode JVP, a per-output weighting, cached reverse VJP."""
+
+    def _outputs(self, params: dict[str, Tensor]) -> Tensor:
+        raise NotImplementedError
+
+    def _weight(self, jv: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    def _setup(self) -> None:
+        self._out, self._vjp = vjp(self._outputs, self.params)
+
+    def _apply(self, v: list[Tensor]) -> list[Tensor]:
+        tangent = dict(zip(self.names, v))
+        _, jv = jvp(self._outputs, (self.params,), (tangent,))
+        (cotangent,) = self._vjp(self._weight(jv))
+        return [cotangent[name] for name in self.names]
+
+
+class GGNOperator(_OutputCurvatureOperator):
+    """:math:`Gv = \\frac{1}{n} \\sum_i J_i^\\top (\\operatorname{diag}(p_i) - p_i p_i^\\top) J_i v`."""
+
+    kind = CurvatureKind.GGN
+
+    def _outputs(self, params: dict[str, Tensor]) -> Tensor:
+        return self.logits(params)
+
+    def _setup(self) -> None:
+        super()._setup()
+        self._probs = torch.softmax(self._out.detach(), dim=1)
+
+    def _weight(self, jv: Tensor) -> Tensor:
+        # (diag(p) - p p^T) u = p * (u - <p, u>): no 1 - p cancellation at high confidence.
+        p = self._probs
+        return p * (jv - (p * jv).sum(dim=1, keepdim=True)) / jv.shape[0]
+
+
+class EmpiricalFisherOperator(_OutputCurvatureOperator):
+    """:math:`Fv = \\frac{1}{n} \\sum_i g_i (g_i^\\top v)` through the per-example-loss Jacobian."""
+
+    kind = CurvatureKind.EMPIRICAL_FISHER
+
+    def _outputs(self, params: dict[str, Tensor]) -> Tensor:
+        return F.cross_entropy(self.logits(params), self.y, reduction="none")
+
+    def _weight(self, jv: Tensor) -> Tensor:
+        return jv / jv.shape[0]
+
+
+_OPERATORS: dict[CurvatureKind, type[CurvatureOperator]] = {
+    CurvatureKind.HESSIAN: HessianOperator,
+    CurvatureKind.GGN: GGNOperator,
+    CurvatureKind.EMPIRICAL_FISHER: EmpiricalFisherOperator,
+}
+
+
+def make_operator(
+    model: torch.nn.Module,
+    x: Tensor,
+    y: Tensor,
+    kind: CurvatureKind | str = "hessian",
+    loss: LossKind | str = "cross_entropy",
+) -> CurvatureOperator:
+    """The operator for ``kind`` on ``model`` as it is (no state guard; see :func:`probe_operator`)."""
+    return _OPERATORS[parse_enum(CurvatureKind, kind, "curvature kind")](model, x, y, loss)  # type: ignore[index]
+
+
+@contextmanager
+def probe_operator(
+    model: torch.nn.Module,
+    x: Tensor,
+    y: Tensor,
+    kind: CurvatureKind | str = "hessian",
+    loss: LossKind | str = "cross_entropy",
+    dtype: torch.dtype | None = None,
+) -> Iterator[CurvatureOperator]:
+    """An operator in ``eval()`` mode inside :func:`~stepscope._purity.preserved_state`.
+
+    Modes, ``.grad``, ``requires_grad`` and every RNG state are restored on exit; parameters and
+    buffers are only read. ``dtype=torch.float64`` measures a float64 copy of the model (the
+    original is untouched) with floating inputs cast to float64.
+    """
+    parse_enum(CurvatureKind, kind, "curvature kind")
+    parse_enum(LossKind, loss, "loss")
+    with preserved_state(model):
+        target = _model_in_dtype(model, dtype)
+        target.eval()
+        yield make_operator(target, x, y, kind, loss)
+
+
+def _model_in_dtype(model: torch.nn.Module, dtype: torch.dtype | None) -> torch.nn.Module:
+    current = next((p.dtype for p in model.parameters()), None)
+    if dtype is None or dtype == current:
+        return model
+    if dtype == torch.float64:
+        return float64_copy(model)
+    raise Refusal(
+        "curvature_input_invalid",
+        f"dtype={dtype} is not supported (model parameters are {current}).",
+        ["pass dtype=None to use the model as it is, or dtype=torch.float64"],
+    )
+
+
+def _validate_batch(
+    x: Tensor, y: Tensor, dtype: torch.dtype, device: torch.device
+) -> tuple[Tensor, Tensor]:
+    if not isinstance(x, Tensor) or not isinstance(y, Tensor):
+        raise Refusal("curvature_input_invalid", "x and y must be tensors.")
+    if x.dim() == 0 or x.shape[0] == 0:
+        raise Refusal("curvature_input_invalid", "x must hold a non-empty batch (n, ...).")
+    if y.dim() != 1 or y.shape[0] != x.shape[0] or y.dtype not in (torch.int64, torch.int32):
+        raise Refusal(
+            "curvature_input_invalid",
+            f"y must be integer class labels of shape ({x.shape[0]},); "
+            f"got {y.dtype} {tuple(y.shape)}.",
+            ["pass y as a LongTensor of class indices, one per example"],
+        )
+    if x.device != device or y.device != device:
+        raise Refusal(
+            "curvature_input_invalid",
+            f"x is on {x.device}, y on {y.device}, the parameters on {device}.",
+            ["move the probe batch to the model's device"],
+        )
+    if int(y.min()) < 0:
+        raise Refusal("curvature_input_invalid", "labels must be >= 0.")
+    if x.is_floating_point() and x.dtype != dtype:
+        x = x.to(dtype)  # the measurement dtype is the parameters' (float64 on request)
+    return x, y.long()

@@ -1,0 +1,156 @@
+"""Directional metrics: KFAC quadratic forms along actual per-example CE weight gradients.
+
+For a layer, :math:`g_i = b_i a_i^\\top` is example :math:`i`'s weight gradient of its summed CE
+(``b_i`` the empirical-Fisher backprop row), :math:`G = \\frac1n \\sum_i g_i` the mean gradient and
+:math:`\\Sigma = \\frac1n\\sum_i g_i g_i^\\top - G G^\\top` the (population-normalised) empirical
+covariance. Each family's KFAC quadratic form is
+
+.. math:: q(X) = \\langle X, \\bar B X \\bar A \\rangle = \\operatorname{vec}(X)^\\top
+    (\\bar B \\otimes \\bar A) \\operatorname{vec}(X).
+
+Reported per family (all computed through ``n``-sized Grams, never a ``d x d`` parameter matrix):
+
+- ``mean_gradient_quadratic_form`` :math:`q(G)`; ``mean_gradient_rayleigh_quotient``
+  :math:`q(G)/\\lVert G\\rVert^2` (legacy ``hess_curv``/``jac_curv``).
+- ``per_example_rayleigh_quotient``: mean/median/max over :math:`i` of
+  :math:`q(g_i)/\\lVert g_i\\rVert^2` with valid/total counts (legacy ``*_curv_grad``).
+- ``weighted_gradient_norm_mean`` :math:`\\frac1n\\sum_i \\sqrt{q(g_i)}` and
+  ``weighted_gradient_sq_norm_mean`` :math:`\\frac1n\\sum_i q(g_i) = \\operatorname{tr}(K F_{emp})`.
+- ``covariance_contraction`` :math:`\\operatorname{tr}(K\\Sigma) = \\frac1n\\sum_i q(g_i) - q(G)`
+  (keeps the activation/backprop dependence of the per-example gradients).
+- ``factorized_noise_contraction`` :math:`\\operatorname{tr}(\\bar B \\bar B_F)\\operatorname{tr}
+  (\\bar A^2) = \\operatorname{tr}(K\\,K_F)` (KFAC of the empirical Fisher, legacy ``hess_noise``),
+  and ``factorized_noise_contraction_centered`` (minus :math:`q(G)`; may be negative, not clipped).
+- ``*_ratio``: the above divided by :math:`q(G)`; ``None`` when :math:`q(G)=0`.
+
+Example
+-------
+>>> import torch
+>>> from stepscope.curvature.quotients import gradient_moments
+>>> a = torch.ones(2, 1, dtype=torch.float64); b = torch.tensor([[1.0], [-1.0]], dtype=torch.float64)
+>>> gradient_moments(a, b)["gradient_diversity"] is None  # mean gradient is zero
+True
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import Tensor
+
+
+def _ratio(num: float, den: float) -> float | None:
+    return num / den if den != 0 else None
+
+
+def gradient_moments(inputs: Tensor, ef_backprop: Tensor) -> dict[str, Any]:
+    """Per-layer moments of the per-example weight gradients :math:`g_i = b_i a_i^\\top`.
+
+    .. math::
+
+        \\text{diversity} = \\frac{\\sum_i \\lVert g_i\\rVert^2}{\\lVert\\sum_i g_i\\rVert^2}
+        \\ (\\text{Yin et al.}),\\qquad
+        \\text{simple noise scale} = \\frac{\\operatorname{tr}\\Sigma}{\\lVert G\\rVert^2}
+        \\ (\\text{McCandlish et al.})
+
+    Parameters
+    ----------
+    inputs
+        ``(n, d_in)`` activations ``a_i``.
+    ef_backprop
+        ``(n, d_out)`` per-example summed-CE backprop rows ``b_i``.
+    """
+    n = inputs.shape[0]
+    sq = (inputs * inputs).sum(1) * (ef_backprop * ef_backprop).sum(1)
+    mean_grad = ef_backprop.T @ inputs / n
+    g2 = float((mean_grad * mean_grad).sum())
+    per_sq_mean = float(sq.mean())
+    cov_trace = per_sq_mean - g2
+    norms = sq.sqrt()
+    return {
+        "mean_gradient_frobenius": g2**0.5,
+        "mean_gradient_sq_norm": g2,
+        "per_example_sq_norm_mean": per_sq_mean,
+        "per_example_norm": {
+            "min": float(norms.min()),
+            "median": float(norms.median()),
+            "max": float(norms.max()),
+            "mean": float(norms.mean()),
+        },
+        "covariance_trace": cov_trace,
+        "gradient_diversity": _ratio(per_sq_mean, n * g2),
+        "simple_noise_scale": _ratio(cov_trace, g2),
+        "mean_gradient_zero": g2 == 0,
+    }
+
+
+def directional_metrics(
+    inputs: Tensor, ef_backprop: Tensor, family_backprop: Tensor, ef_rows: Tensor
+) -> dict[str, Any]:
+    """One family's directional quotients along the actual CE gradients of one layer.
+
+    Parameters
+    ----------
+    inputs
+        ``(n, d_in)`` activations.
+    ef_backprop
+        ``(n, d_out)`` empirical-Fisher backprop rows (the per-example CE gradient factors).
+    family_backprop
+        ``(K, n, d_out)`` the family's backprop rows, defining :math:`\\bar B`.
+    ef_rows
+        ``(n, d_out)`` rows defining the empirical-Fisher factor :math:`\\bar B_F` (normally
+        ``ef_backprop`` itself).
+    """
+    n = inputs.shape[0]
+    rows = family_backprop.reshape(-1, family_backprop.shape[-1])  # (K n, d_out)
+    a_gram = inputs @ inputs.T  # (n, n): a_i . a_j
+    # per-example factors: b_i^T Bbar b_i = |rows b_i|^2 / n ; a_i^T Abar a_i = |A a_i|^2 / n
+    b_quad = ((rows @ ef_backprop.T) ** 2).sum(0) / n
+    a_quad = (a_gram * a_gram).sum(0) / n
+    q_each = b_quad * a_quad
+    sq_each = (inputs * inputs).sum(1) * (ef_backprop * ef_backprop).sum(1)
+    mean_grad = ef_backprop.T @ inputs / n
+    # q(G) = |rows G A^T|_F^2 / n^2
+    q_mean = float(((rows @ mean_grad @ inputs.T) ** 2).sum() / n**2)
+    g2 = float((mean_grad * mean_grad).sum())
+    valid = sq_each > 0
+    quotients = q_each[valid] / sq_each[valid]
+    q_each_mean = float(q_each.mean())
+    cov = q_each_mean - q_mean
+    fact = float(((rows @ ef_rows.T) ** 2).sum() / n**2) * float((a_gram * a_gram).sum() / n**2)
+    fact_centered = fact - q_mean
+    return {
+        "mean_gradient_quadratic_form": q_mean,
+        "mean_gradient_rayleigh_quotient": _ratio(q_mean, g2),
+        "per_example_rayleigh_quotient": {
+            "mean": float(quotients.mean()) if quotients.numel() else None,
+            "median": float(quotients.median()) if quotients.numel() else None,
+            "max": float(quotients.max()) if quotients.numel() else None,
+            "valid_count": int(valid.sum()),
+            "total_count": n,
+        },
+        "weighted_gradient_norm_mean": float(q_each.clamp(min=0).sqrt().mean()),
+        "weighted_gradient_sq_norm_mean": q_each_mean,
+        "covariance_contraction": cov,
+        "covariance_contraction_ratio": _ratio(cov, q_mean),
+        "factorized_noise_contraction": fact,
+        "factorized_noise_contraction_centered": fact_centered,
+        "factorized_noise_ratio": _ratio(fact, q_mean),
+        "factorized_noise_centered_ratio": _ratio(fact_centered, q_mean),
+        "validity": {
+            "mean_gradient_quadratic_form_zero": q_mean == 0,
+            "mean_gradient_zero": g2 == 0,
+        },
+    }
+
+
+def layer_directional(
+    inputs: Tensor, family_backprops: dict[str, Tensor], ef_key: str
+) -> dict[str, Any]:
+    """Gradient moments plus each family's :func:`directional_metrics` for one layer."""
+    ef = family_backprops[ef_key][0]
+    out: dict[str, Any] = {"gradient_moments": gradient_moments(inputs, ef)}
+    for name, rows in family_backprops.items():
+        out[name] = directional_metrics(inputs, ef, rows, ef)
+    return out
+
