@@ -1,0 +1,42 @@
+"""The fixed dense probe (seed 004): per-example gradient moments, zero fractions, deltas, confusion.
+
+Example
+-------
+>>> import stepscope as ss
+>>> ss.DenseProbe is DenseProbe
+True
+"""
+
+from stepscope.probe.cadence import CadenceDecision, choose_cadence, choose_probe_size, time_probe
+from stepscope.probe.dense import DenseProbe
+from stepscope.probe.recorder import (
+    LEGACY_NAMES,
+    OMITTED_LEGACY,
+    BlockRecord,
+    LayerRecord,
+    ModelRecord,
+    ProbeRecord,
+    StepAxes,
+)
+from stepscope.probe.selection import ProbeSelection, probe_hash, select_probe
+from stepscope.probe.state import ParamSnapshot, StepUpdate
+
+__all__ = [
+    "LEGACY_NAMES",
+    "OMITTED_LEGACY",
+    "BlockRecord",
+    "CadenceDecision",
+    "DenseProbe",
+    "LayerRecord",
+    "ModelRecord",
+    "ParamSnapshot",
+    "ProbeRecord",
+    "ProbeSelection",
+    "StepAxes",
+    "StepUpdate",
+    "choose_cadence",
+    "choose_probe_size",
+    "probe_hash",
+    "select_probe",
+    "time_probe",
+]

@@ -1,0 +1,394 @@
+"""The fixed dense probe: one forward and one backward of a small fitting-split subset.
+
+:class:`DenseProbe` measures, per affine module (``Linear``; ``Conv2d`` through unfolding), the
+per-example gradient moments of :mod:`stepscope.probe.moments`, activation/backprop zero
+fractions, parameter norms and the distances of :mod:`stepscope.probe.state`, plus the probe's
+cross-entropy, accuracy, predicted-class counts and confusion matrix.
+
+How: the model runs in eval mode on the probe with forward hooks that keep each layer's input
+``A`` and output ``Z``; ``torch.autograd.grad`` of the *summed* cross-entropy with respect to the
+``Z`` gives ``B`` at per-example scale (= mean-loss backprop times ``n``). Nothing is written into
+``.grad``; parameter gradients are never requested, so the backward is one pass and the mean
+gradient ``B^T A / n`` costs the usual weight-gradient matmul. State (modes, ``.grad``,
+``requires_grad``, every RNG) is restored on every exit path, parameter and buffer versions are
+checked, and no random number is drawn.
+
+Example
+-------
+>>> import torch
+>>> torch.manual_seed(0) and None
+>>> model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
+>>> probe = DenseProbe(torch.randn(50, 4), torch.randint(0, 3, (50,)), size=16, seed=1)
+>>> rec = probe.measure(model, step=0, examples_seen=0, epoch=0)
+>>> sorted(rec.layers), rec.model.n_examples
+(['0', '2'], 16)
+>>> rec.layers["0"].fisher_trace >= rec.layers["0"].mean_grad_sq_norm
+True
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+import torch
+
+from stepscope._purity import preserved_state
+from stepscope.errors import Refusal
+from stepscope.probe.forward import ProbeForward, run_probe_forward
+from stepscope.probe.moments import absent_moments, gradient_moments
+from stepscope.probe.recorder import BlockRecord, LayerRecord, ProbeRecord, StepAxes
+from stepscope.probe.selection import DEFAULT_PROBE_SEED, ProbeSelection, select_probe
+from stepscope.probe.state import (
+    ParamSnapshot,
+    StepUpdate,
+    UpdateCapture,
+    capture_update,
+    distances,
+    take_snapshot,
+)
+
+AFFINE_TYPES = (torch.nn.Linear, torch.nn.Conv2d)
+CONVENTIONS: dict[str, Any] = {
+    "mode": "eval",
+    "backprop_scale": "per-example: d(sum CE)/dZ = n * d(mean CE)/dZ",
+    "weight_and_bias": "separate blocks; weight metrics exclude bias coordinates",
+    "covariance_trace": "fisher_trace - mean_grad_sq_norm, clipped to 0 only within round-off",
+    "gradient_diversity": "Yin et al. sum_i ||g_i||^2 / ||sum_i g_i||^2 (legacy = n * this)",
+    "zero_fraction": "exact zeros (== 0), not legacy <= 0",
+    "reductions": "float32 on device for tensors; float64 on host for n-length arrays",
+}
+
+
+class DenseProbe:
+    """A fixed probe drawn once from the fitting training split.
+
+    Parameters
+    ----------
+    inputs, labels
+        The fitting training split (``(N, ...)`` inputs, ``(N,)`` integer labels). Indices refer to
+        it; anything outside refuses ``probe_split_invalid``.
+    size
+        Number of probe examples drawn when ``indices`` is ``None`` (default 128).
+    seed
+        Seed of the probe's private ``torch.Generator`` (the global RNG is never used).
+    indices
+        Explicit probe positions inside the split, instead of a seeded draw.
+    layers
+        Qualified names of the affine modules to measure; default all Linear/Conv2d modules.
+    input_normalization
+        Description of the inputs' normalisation, recorded with every measurement.
+    """
+
+    def __init__(
+        self,
+        inputs: torch.Tensor,
+        labels: torch.Tensor,
+        size: int = 128,
+        seed: int = DEFAULT_PROBE_SEED,
+        indices: Sequence[int] | torch.Tensor | np.ndarray | None = None,
+        layers: Sequence[str] | None = None,
+        input_normalization: str = "none recorded (inputs used as given)",
+    ) -> None:
+        self.selection: ProbeSelection
+        self.selection, self._inputs, self._labels = select_probe(
+            inputs, labels, size, seed, indices, input_normalization
+        )
+        self.layer_names: tuple[str, ...] | None = None if layers is None else tuple(layers)
+        self.init_snapshot: ParamSnapshot | None = None
+        self.snapshot: ParamSnapshot | None = None
+        self.last_update: StepUpdate | None = None
+        self._device_cache: dict[tuple[str, torch.dtype], tuple[torch.Tensor, torch.Tensor]] = {}
+
+    # -- layers and parameters -------------------------------------------------------------
+    def resolve_layers(self, model: torch.nn.Module) -> dict[str, torch.nn.Module]:
+        """Qualified name -> module for the measured affine layers, in model order."""
+        modules = dict(model.named_modules())
+        if self.layer_names is None:
+            found = {n: m for n, m in modules.items() if isinstance(m, AFFINE_TYPES)}
+        else:
+            found = {}
+            for name in self.layer_names:
+                module = modules.get(name)
+                if not isinstance(module, AFFINE_TYPES):
+                    what = "no such module" if module is None else type(module).__name__
+                    raise Refusal(
+                        "probe_layer_unsupported",
+                        f"layer {name!r}: {what}; the probe measures Linear and Conv2d",
+                        ["list affine module names from model.named_modules()"],
+                    )
+                found[name] = module
+        if not found:
+            raise Refusal(
+                "probe_layer_unsupported",
+                "the model has no Linear or Conv2d module to measure",
+                ["pass a model with affine layers", "or name them via layers=[...]"],
+            )
+        return found
+
+    def tracked_params(self, model: torch.nn.Module) -> dict[str, torch.Tensor]:
+        """``<layer>.weight`` / ``<layer>.bias`` -> parameter, for the measured layers."""
+        out: dict[str, torch.Tensor] = {}
+        for name, module in self.resolve_layers(model).items():
+            out[f"{name}.weight"] = module.weight
+            if module.bias is not None:
+                out[f"{name}.bias"] = module.bias
+        return out
+
+    def snapshot_init(self, model: torch.nn.Module, step: int = 0) -> ParamSnapshot:
+        """Keep the parameters at initialisation, for ``displacement_from_init`` (bytes disclosed)."""
+        self.init_snapshot = take_snapshot(self.tracked_params(model), step)
+        return self.init_snapshot
+
+    def take_snapshot(self, model: torch.nn.Module, step: int) -> ParamSnapshot:
+        """Set the reference of ``delta_since_snapshot`` to the parameters at ``step``."""
+        self.snapshot = take_snapshot(self.tracked_params(model), step)
+        return self.snapshot
+
+    @contextmanager
+    def around_step(
+        self,
+        model: torch.nn.Module,
+        *,
+        step: int,
+        optimizer: torch.optim.Optimizer | None = None,
+    ) -> Iterator[UpdateCapture]:
+        """Measure the true update of exactly one optimizer step, declared before it runs.
+
+        ``step`` is the optimizer step count before the step. The before-snapshot's memory is in
+        ``capture.snapshot_nbytes``; the next :meth:`measure` at ``step + 1`` reports ``update``
+        and ``update_ratio``. With ``optimizer``, anything but one ``step()`` call refuses
+        ``probe_update_steps_invalid``.
+
+        Example
+        -------
+        >>> with probe.around_step(model, step=41, optimizer=opt) as upd:  # doctest: +SKIP
+        ...     opt.step()
+        """
+        with capture_update(self.tracked_params(model), step, optimizer) as capture:
+            yield capture
+        self.last_update = capture.result
+
+    def update(self) -> StepUpdate:
+        """The last measured one-step update, or refuse ``snapshot_missing``."""
+        if self.last_update is None:
+            raise Refusal(
+                "snapshot_missing",
+                "no one-step update was measured",
+                ["wrap exactly one optimizer.step() in probe.around_step(model, step=...)"],
+            )
+        return self.last_update
+
+    # -- measurement -----------------------------------------------------------------------
+    def _batch(self, device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        key = (str(device), dtype)
+        if key not in self._device_cache:
+            x = self._inputs.to(device)
+            x = x.to(dtype) if x.is_floating_point() else x
+            self._device_cache[key] = (x, self._labels.to(device))
+        return self._device_cache[key]
+
+    def measure(
+        self,
+        model: torch.nn.Module,
+        *,
+        step: int,
+        examples_seen: int,
+        epoch: int,
+        active: Mapping[str, bool] | None = None,
+        resnapshot: bool = True,
+    ) -> ProbeRecord:
+        """Measure the probe on ``model`` without changing any state.
+
+        Parameters
+        ----------
+        model
+            A classifier returning ``(n, classes)`` logits, float32 (or float64) parameters.
+        step, examples_seen, epoch
+            The training clocks this measurement belongs to.
+        active
+            Layer name -> whether that layer's branch was active in the last training step;
+            ``False`` reports its gradient quantities as ``None`` (stale/absent), not 0.
+        resnapshot
+            After measuring, make the current parameters the ``delta_since_snapshot`` reference.
+            The first measurement at ``step == 0`` also becomes the init snapshot if none is set.
+
+        Returns
+        -------
+        ProbeRecord
+        """
+        started = time.perf_counter()
+        layers = self.resolve_layers(model)
+        params = list(model.parameters())
+        dtype = params[0].dtype if params else torch.float32
+        if dtype not in (torch.float32, torch.float64):
+            raise Refusal(
+                "probe_dtype_unsupported",
+                f"the model's parameters are {dtype}; the probe measures in float32",
+                ["measure a float32 copy of the model (keep training precision separate)"],
+            )
+        unknown = sorted(set(active or {}) - set(layers))
+        if unknown:
+            raise Refusal(
+                "probe_layer_unsupported",
+                f"active mask names layers that are not measured: {unknown}",
+                ["use the qualified names of measured layers"],
+            )
+        device = params[0].device if params else torch.device("cpu")
+        x, y = self._batch(device, dtype)
+        versions = _versions(model)
+        with preserved_state(model), torch.autocast(device.type, enabled=False):
+            model.eval()
+            fwd = run_probe_forward(model, layers, x, y)
+        if _versions(model) != versions:
+            raise Refusal(
+                "probe_state_changed",
+                "a parameter or buffer was written during the probe's eval forward/backward",
+                ["make the model's eval forward free of in-place state updates"],
+            )
+        record = self._assemble(model, layers, fwd, step, examples_seen, epoch, active or {})
+        if self.init_snapshot is None and step == 0:
+            self.init_snapshot = take_snapshot(self.tracked_params(model), 0)
+        if resnapshot:
+            self.snapshot = take_snapshot(self.tracked_params(model), step)
+        record.cost["seconds"] = time.perf_counter() - started
+        return record
+
+    def _assemble(
+        self,
+        model: torch.nn.Module,
+        layers: dict[str, torch.nn.Module],
+        fwd: ProbeForward,
+        step: int,
+        examples_seen: int,
+        epoch: int,
+        active: Mapping[str, bool],
+    ) -> ProbeRecord:
+        host = fwd.to_host()
+        n = fwd.n
+        params = self.tracked_params(model)
+        param_l2 = {k: float(torch.linalg.vector_norm(p.detach())) for k, p in params.items()}
+        from_init = distances(params, self.init_snapshot) if self.init_snapshot else {}
+        since = distances(params, self.snapshot) if self.snapshot else {}
+        upd = (
+            self.last_update
+            if self.last_update and self.last_update.optimizer_step_after == step
+            else None
+        )
+        out: dict[str, LayerRecord] = {}
+        for index, (name, module) in enumerate(layers.items()):
+            reason = None
+            if active.get(name, True) is False:
+                reason = "inactive_in_mask"
+            elif name not in host.layers:
+                reason = fwd.absent.get(name, "not_executed")
+            blocks = {}
+            for part in ("weight", "bias"):
+                if part == "bias" and module.bias is None:
+                    continue
+                key = f"{name}.{part}"
+                if reason is None:
+                    moments = gradient_moments(*host.layers[name][part])
+                else:
+                    moments = absent_moments(reason, n)
+                blocks[part] = _block(
+                    key, moments, param_l2, from_init, since, self.snapshot, step, upd
+                )
+            zeros = host.zero_counts.get(name) if reason is None else None
+            weight = blocks["weight"]
+            validity = dict(weight.validity)
+            validity.update(_zero_validity(zeros))
+            out[name] = LayerRecord(
+                **{f: getattr(weight, f) for f in weight.keys() if f != "validity"},
+                validity=validity,
+                kind="conv2d" if isinstance(module, torch.nn.Conv2d) else "linear",
+                legacy_index=index,
+                activation_zero_fraction=_fraction(zeros, 0),
+                backprop_zero_fraction=_fraction(zeros, 2),
+                bias=blocks.get("bias"),
+            )
+        return ProbeRecord(
+            step=StepAxes(int(step), int(examples_seen), int(epoch)),
+            model=host.model,
+            layers=out,
+            probe=self.selection.to_dict() | {"dtype": str(fwd.dtype).replace("torch.", "")},
+            conventions=dict(CONVENTIONS),
+            cost={
+                "forward_passes": 1,
+                "backward_passes": 1,
+                "init_snapshot_nbytes": self.init_snapshot.nbytes if self.init_snapshot else None,
+                "delta_snapshot_nbytes": self.snapshot.nbytes if self.snapshot else None,
+                "update_snapshot_nbytes": upd.snapshot_nbytes if upd else None,
+            },
+        )
+
+
+def _versions(model: torch.nn.Module) -> list[int]:
+    return [t._version for t in model.parameters()] + [t._version for t in model.buffers()]
+
+
+def _fraction(zeros: tuple[int, int, int, int] | None, offset: int) -> float | None:
+    if zeros is None or zeros[offset + 1] == 0:
+        return None
+    return zeros[offset] / zeros[offset + 1]
+
+
+def _zero_validity(zeros: tuple[int, int, int, int] | None) -> dict[str, int | None]:
+    keys = (
+        "activation_zero_count",
+        "activation_entries",
+        "backprop_zero_count",
+        "backprop_entries",
+    )
+    return dict(zip(keys, zeros if zeros is not None else (None,) * 4))
+
+
+def _block(
+    key: str,
+    moments: Any,
+    param_l2: dict[str, float],
+    from_init: dict[str, float],
+    since: dict[str, float],
+    snapshot: ParamSnapshot | None,
+    step: int,
+    upd: StepUpdate | None,
+) -> BlockRecord:
+    validity = dict(moments.validity)
+    has_delta = key in since and snapshot is not None
+    update = upd.update_norm.get(key) if upd else None
+    before = upd.param_norm_before.get(key) if upd else None
+    ratio = update / before if update is not None and before else None
+    validity.update(
+        init_snapshot_present=key in from_init,
+        delta_snapshot_present=has_delta,
+        update_present=update is not None,
+        update_ratio_denominator=before,
+        update_steps_verified=upd.steps_verified if upd else None,
+    )
+    return BlockRecord(
+        fisher_trace=moments.fisher_trace,
+        mean_grad_sq_norm=moments.mean_grad_sq_norm,
+        covariance_trace=moments.covariance_trace,
+        gradient_diversity=moments.gradient_diversity,
+        grad_norm_rms=moments.grad_norm_rms,
+        grad_norm_quantiles=moments.grad_norm_quantiles,
+        grad_fro_legacy_scale=moments.grad_fro_legacy_scale,
+        param_l2=param_l2[key],
+        displacement_from_init=from_init.get(key),
+        delta_since_snapshot=since.get(key) if has_delta else None,
+        delta_since_snapshot_start_step=snapshot.optimizer_step if has_delta else None,
+        delta_since_snapshot_end_step=int(step) if has_delta else None,
+        delta_since_snapshot_interval_steps=int(step) - snapshot.optimizer_step
+        if has_delta
+        else None,
+        update=update,
+        update_ratio=ratio,
+        update_step=upd.optimizer_step_before if update is not None else None,
+        validity=validity,
+    )
+
+
+__all__ = ["DenseProbe"]

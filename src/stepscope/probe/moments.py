@@ -1,0 +1,247 @@
+"""Per-example gradient moments of affine layers from their inputs ``A`` and backprops ``B``.
+
+Notation (one affine layer, ``n`` probe examples): ``A_i`` is example ``i``'s layer input (for
+Conv2d: its unfolded patches, ``d x L`` with ``L`` output positions), ``B_i`` the derivative of
+*example i's own* cross-entropy at the layer output (``o x L``). This is the per-example scale: the
+backprop of the *mean* loss times ``n``. The per-example weight gradient is
+``g_i = B_i A_i^T`` (summed over positions), the bias gradient ``b_i = B_i 1``.
+
+.. math::
+
+    \\mathrm{fisher\\_trace} = \\frac1n \\sum_i \\|g_i\\|^2, \\qquad
+    \\mathrm{mean\\_grad\\_sq\\_norm} = \\Big\\|\\frac1n \\sum_i g_i\\Big\\|^2, \\qquad
+    \\mathrm{gradient\\_diversity} = \\frac{\\sum_i \\|g_i\\|^2}{\\|\\sum_i g_i\\|^2}.
+
+For a Linear layer on 2-D input ``||g_i||^2 = ||A_i||^2 ||B_i||^2``; with positions (Conv2d, or a
+Linear on ``(n, ..., d)`` input) that identity fails and ``||g_i||^2`` is computed exactly, either
+from the per-example products ``B_i A_i^T`` or from the Gram identity
+``||B_i A_i^T||^2 = <A_i^T A_i, B_i^T B_i>``, whichever costs fewer flops. Units: squared
+loss-per-parameter units (gradients of a per-example loss in nats).
+
+Example
+-------
+>>> import torch
+>>> a, b = torch.ones(3, 2), torch.ones(3, 4)
+>>> dev = block_tensors(a, b)
+>>> m = gradient_moments(dev.weight_sq.double().numpy(), float(dev.weight_mean.square().sum()))
+>>> m.fisher_trace, m.mean_grad_sq_norm, m.covariance_trace, m.gradient_diversity
+(8.0, 8.0, 0.0, 0.3333333333333333)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from stepscope.errors import Refusal
+
+#: ``||sum g_i||^2 <= DIVERSITY_DENOMINATOR_RTOL * sum ||g_i||^2`` makes the diversity undefined:
+#: below this the float32 mean gradient is dominated by round-off (diversity would exceed 1e6 / n).
+DIVERSITY_DENOMINATOR_RTOL = 1e-6
+#: A covariance trace in ``[-COVARIANCE_ROUNDOFF_RTOL * fisher_trace, 0)`` is float32 round-off of
+#: a non-negative quantity and is clipped to 0 (recorded); more negative values are reported None.
+COVARIANCE_ROUNDOFF_RTOL = 1e-5
+QUANTILES: dict[str, float] = {"min": 0.0, "q25": 0.25, "median": 0.5, "q75": 0.75, "max": 1.0}
+
+
+@dataclass
+class BlockTensors:
+    """On-device results for one parameter block (weight or bias), before the host transfer.
+
+    ``weight_sq`` holds ``||g_i||^2`` per example (shape ``(n,)``); ``weight_mean`` the mean-loss
+    gradient ``sum_i g_i / n`` (the parameter's shape, flattened for conv).
+    """
+
+    weight_sq: torch.Tensor
+    weight_mean: torch.Tensor
+    bias_sq: torch.Tensor | None = None
+    bias_mean: torch.Tensor | None = None
+
+
+def affine_factors(
+    module: torch.nn.Module, x: torch.Tensor, b: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Return ``(A, B)`` as ``(n, d)``/``(n, o)`` or, with positions, ``(n, d, L)``/``(n, o, L)``.
+
+    Parameters
+    ----------
+    module
+        A ``torch.nn.Linear`` or ``torch.nn.Conv2d`` (groups 1).
+    x
+        The module's input in the probe forward.
+    b
+        The per-example-scale derivative of the loss at the module's output.
+    """
+    n = x.shape[0]
+    if isinstance(module, torch.nn.Linear):
+        if x.dim() == 2:
+            return x, b
+        d, o = x.shape[-1], b.shape[-1]
+        return x.reshape(n, -1, d).transpose(1, 2), b.reshape(n, -1, o).transpose(1, 2)
+    if isinstance(module, torch.nn.Conv2d):
+        if module.groups != 1 or x.dim() != 4:
+            raise Refusal(
+                "probe_layer_unsupported",
+                f"Conv2d with groups={module.groups} and input rank {x.dim()} is not measured",
+                ["exclude this layer via layers=[...]", "use groups=1 and batched 4-D input"],
+            )
+        padding: Any = module.padding
+        if isinstance(padding, str) or module.padding_mode != "zeros":
+            # the same explicit padding Conv2d applies itself for 'same' and non-zero modes
+            mode = "constant" if module.padding_mode == "zeros" else module.padding_mode
+            x = F.pad(x, module._reversed_padding_repeated_twice, mode=mode)
+            padding = 0
+        a = F.unfold(x, module.kernel_size, module.dilation, padding, module.stride)
+        return a, b.reshape(n, b.shape[1], -1)
+    raise Refusal(
+        "probe_layer_unsupported",
+        f"{type(module).__name__} is not an affine layer the probe measures",
+        ["select Linear or Conv2d modules via layers=[...]"],
+    )
+
+
+def per_example_sq_norms(a: torch.Tensor, b: torch.Tensor, method: str = "auto") -> torch.Tensor:
+    """Exact ``||B_i A_i^T||_F^2`` for each example.
+
+    Parameters
+    ----------
+    a, b
+        ``(n, d)``/``(n, o)`` (then the value is ``||A_i||^2 ||B_i||^2``) or ``(n, d, L)``/``(n, o, L)``.
+    method
+        ``"outer"`` forms the per-example products, ``"gram"`` uses ``<A^T A, B^T B>``,
+        ``"auto"`` picks the one with fewer flops. Both are exact up to float rounding.
+    """
+    if a.dim() == 2:
+        return a.square().sum(1) * b.square().sum(1)
+    _, d, positions = a.shape
+    o = b.shape[1]
+    if method == "auto":
+        method = "outer" if o * d <= positions * (d + o) else "gram"  # flops n*o*d*L vs n*L^2*(d+o)
+    if method == "outer":
+        return torch.bmm(b, a.transpose(1, 2)).square().sum((1, 2))
+    if method == "gram":
+        return (torch.bmm(a.transpose(1, 2), a) * torch.bmm(b.transpose(1, 2), b)).sum((1, 2))
+    raise ValueError(f"unknown method {method!r}")
+
+
+def block_tensors(a: torch.Tensor, b: torch.Tensor, with_bias: bool = True) -> BlockTensors:
+    """Per-example squared norms and mean gradients of the weight (and bias) blocks.
+
+    The mean gradient costs one matmul, the same work as the ordinary weight gradient.
+    """
+    n = a.shape[0]
+    if a.dim() == 2:
+        weight_mean = (b.transpose(0, 1) @ a) / n
+        bias_per_example = b
+    else:
+        o, d = b.shape[1], a.shape[1]
+        weight_mean = (b.transpose(0, 1).reshape(o, -1) @ a.transpose(1, 2).reshape(-1, d)) / n
+        bias_per_example = b.sum(2)
+    out = BlockTensors(weight_sq=per_example_sq_norms(a, b), weight_mean=weight_mean)
+    if with_bias:
+        out.bias_sq = bias_per_example.square().sum(1)
+        out.bias_mean = bias_per_example.sum(0) / n
+    return out
+
+
+@dataclass(frozen=True)
+class GradientMoments:
+    """Host-side gradient moments of one parameter block (float64 arithmetic on n scalars).
+
+    Attributes
+    ----------
+    fisher_trace
+        ``mean_i ||g_i||^2``: the exact empirical-Fisher trace of the block on the probe.
+    mean_grad_sq_norm
+        ``||G||^2`` with ``G = sum_i g_i / n`` (the mean-loss gradient).
+    covariance_trace
+        ``fisher_trace - mean_grad_sq_norm = mean_i ||g_i - G||^2`` (population-normalised);
+        clipped to 0 only for diagnosed round-off (``validity['covariance_clipped']``).
+    gradient_diversity
+        Yin et al.: ``sum_i ||g_i||^2 / ||sum_i g_i||^2``; ``None`` when the denominator is
+        negligible (legacy ``diversity`` is ``n`` times this).
+    grad_norm_rms
+        ``sqrt(mean_i ||g_i||^2)``.
+    grad_norm_quantiles
+        ``min, q25, median, q75, max`` of ``||g_i||`` (linear interpolation).
+    grad_fro_legacy_scale
+        ``||G||_F``: the Frobenius norm of the mean-loss gradient (legacy ``grad_fro``).
+    validity
+        The counts and denominators behind every ratio above.
+    """
+
+    fisher_trace: float | None
+    mean_grad_sq_norm: float | None
+    covariance_trace: float | None
+    gradient_diversity: float | None
+    grad_norm_rms: float | None
+    grad_norm_quantiles: dict[str, float] | None
+    grad_fro_legacy_scale: float | None
+    validity: dict[str, Any] = field(default_factory=dict)
+
+
+def absent_moments(reason: str, n: int) -> GradientMoments:
+    """All-``None`` moments for a block whose gradient is absent, stale or masked out."""
+    validity = {"n_examples": n, "gradient_present": False, "gradient_absent_reason": reason}
+    return GradientMoments(None, None, None, None, None, None, None, validity)
+
+
+def gradient_moments(sq_norms: np.ndarray, mean_grad_sq_norm: float) -> GradientMoments:
+    """Moments from the per-example squared norms and ``||G||^2``.
+
+    Parameters
+    ----------
+    sq_norms
+        ``||g_i||^2`` for each of the ``n`` examples.
+    mean_grad_sq_norm
+        ``||sum_i g_i / n||^2``.
+    """
+    sq = np.asarray(sq_norms, dtype=np.float64)
+    n = int(sq.size)
+    finite = int(np.isfinite(sq).sum())
+    validity: dict[str, Any] = {
+        "n_examples": n,
+        "finite_examples": finite,
+        "gradient_present": True,
+        "covariance_clipped": False,
+        "covariance_raw": None,
+        "covariance_roundoff_rtol": COVARIANCE_ROUNDOFF_RTOL,
+        "diversity_valid": 0,
+        "diversity_numerator": None,
+        "diversity_denominator": None,
+        "diversity_denominator_rtol": DIVERSITY_DENOMINATOR_RTOL,
+    }
+    if n == 0 or finite < n or not np.isfinite(mean_grad_sq_norm):
+        validity["gradient_absent_reason"] = "non_finite_gradient"
+        return GradientMoments(None, None, None, None, None, None, None, validity)
+    fisher = float(sq.mean())
+    msq = float(mean_grad_sq_norm)
+    raw = fisher - msq
+    validity["covariance_raw"] = raw
+    covariance: float | None = raw
+    if raw < 0.0:
+        if raw >= -COVARIANCE_ROUNDOFF_RTOL * fisher:
+            covariance, validity["covariance_clipped"] = 0.0, True
+        else:
+            covariance = None  # not round-off: refuse to present it as a variance
+    numerator, denominator = float(sq.sum()), n * n * msq
+    validity["diversity_numerator"], validity["diversity_denominator"] = numerator, denominator
+    diversity = None
+    if denominator > DIVERSITY_DENOMINATOR_RTOL * numerator and denominator > 0.0:
+        diversity, validity["diversity_valid"] = numerator / denominator, 1
+    norms = np.sqrt(np.maximum(sq, 0.0))
+    quantiles = {k: float(np.quantile(norms, q)) for k, q in QUANTILES.items()}
+    return GradientMoments(
+        fisher_trace=fisher,
+        mean_grad_sq_norm=msq,
+        covariance_trace=covariance,
+        gradient_diversity=diversity,
+        grad_norm_rms=float(np.sqrt(fisher)),
+        grad_norm_quantiles=quantiles,
+        grad_fro_legacy_scale=float(np.sqrt(msq)),
+        validity=validity,
+    )

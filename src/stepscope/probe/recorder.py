@@ -1,0 +1,189 @@
+"""Records returned by :meth:`DenseProbe.measure`, their legacy names, and flat scalar rows.
+
+A :class:`ProbeRecord` holds the step axes (``optimizer_step``, ``examples_seen``, ``epoch``), the
+model-level probe outcome (cross-entropy, accuracy, predicted-class counts, confusion matrix) and
+one :class:`LayerRecord` per measured affine module, keyed by its qualified name. Missing values
+are ``None`` with the counts behind them in ``validity``; nothing missing is written as 0.
+
+Example
+-------
+>>> axes = StepAxes(optimizer_step=10, examples_seen=640, epoch=0)
+>>> axes.to_dict()
+{'optimizer_step': 10, 'examples_seen': 640, 'epoch': 0}
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+#: canonical weight-block key -> (legacy name under ``layer-{i}/``, how the two relate).
+LEGACY_NAMES: dict[str, tuple[str, str]] = {
+    "fisher_trace": ("layer-{i}/fisher/diag_trace", "equal (legacy B at per-example scale)"),
+    "mean_grad_sq_norm": ("layer-{i}/enorms", "equal"),
+    "covariance_trace": ("layer-{i}/norms_centered", "equal (ours clipped only for round-off)"),
+    "gradient_diversity": ("layer-{i}/fisher/diversity", "legacy = n * ours (Yin et al.)"),
+    "grad_norm_rms": ("layer-{i}/mean_norm", "legacy = ours / sqrt(n)"),
+    "grad_norm_quantiles.min": ("layer-{i}/min_norm", "equal"),
+    "grad_norm_quantiles.median": ("layer-{i}/median_norm", "equal"),
+    "grad_norm_quantiles.max": ("layer-{i}/max_norm", "equal"),
+    "grad_fro_legacy_scale": ("layer-{i}/grad_fro", "equal (mean-loss gradient)"),
+    "activation_zero_fraction": ("layer-{i}/a_sparsity", "legacy counted entries <= 0; ours == 0"),
+    "backprop_zero_fraction": ("layer-{i}/b_sparsity", "legacy counted entries <= 0; ours == 0"),
+}
+#: legacy per-layer names with no canonical replacement here (buggy or out of this probe's scope).
+OMITTED_LEGACY: tuple[str, ...] = (
+    "lyap_hess_ave",
+    "lyap_jac_ave",
+    "band_bottou_stoch",
+    "lr1",
+    "lr2",
+    "openai_gradient_noise",
+)
+
+
+@dataclass(frozen=True)
+class StepAxes:
+    """The training clocks a measurement belongs to (never interchangeable)."""
+
+    optimizer_step: int
+    examples_seen: int
+    epoch: int
+
+    def to_dict(self) -> dict[str, int]:
+        """The three axes by name."""
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class ModelRecord:
+    """Model-level probe outcome in eval mode.
+
+    Attributes
+    ----------
+    loss
+        Mean cross-entropy over the probe (nats per example).
+    accuracy_fraction
+        Correct / n, in [0, 1].
+    predicted_counts
+        Examples predicted per class (argmax; ties go to the lowest index, counted in
+        ``argmax_tie_count``).
+    confusion
+        ``confusion[true][predicted]`` counts.
+    """
+
+    loss: float | None
+    accuracy_fraction: float
+    n_examples: int
+    n_correct: int
+    num_classes: int
+    predicted_counts: list[int]
+    confusion: list[list[int]]
+    argmax_tie_count: int
+
+
+@dataclass(frozen=True)
+class BlockRecord:
+    """Gradient moments and parameter distances of one parameter tensor (weight or bias).
+
+    Gradient moments are defined in :mod:`stepscope.probe.moments`; distances in
+    :mod:`stepscope.probe.state`. ``update_ratio = update / ||W_before||``.
+    """
+
+    fisher_trace: float | None
+    mean_grad_sq_norm: float | None
+    covariance_trace: float | None
+    gradient_diversity: float | None
+    grad_norm_rms: float | None
+    grad_norm_quantiles: dict[str, float] | None
+    grad_fro_legacy_scale: float | None
+    param_l2: float
+    displacement_from_init: float | None
+    delta_since_snapshot: float | None
+    delta_since_snapshot_start_step: int | None
+    delta_since_snapshot_end_step: int | None
+    delta_since_snapshot_interval_steps: int | None
+    update: float | None
+    update_ratio: float | None
+    update_step: int | None
+    validity: dict[str, Any] = field(default_factory=dict)
+
+    def __getitem__(self, key: str) -> Any:
+        """Mapping-style access to a field (``record.layers['fc']['fisher_trace']``)."""
+        if key not in self.keys():
+            raise KeyError(key)
+        return getattr(self, key)
+
+    def keys(self) -> list[str]:
+        """The field names."""
+        return [f.name for f in dataclasses.fields(self)]
+
+
+@dataclass(frozen=True)
+class LayerRecord(BlockRecord):
+    """One affine module: the weight block's fields, zero fractions, and the bias block.
+
+    ``activation_zero_fraction`` is the fraction of exact zeros in the layer input ``A`` (before
+    unfolding/padding); ``backprop_zero_fraction`` that of ``B``. Counts are in ``validity``.
+    ``bias`` is ``None`` when the module has no bias.
+    """
+
+    kind: str = "linear"
+    legacy_index: int = 0
+    activation_zero_fraction: float | None = None
+    backprop_zero_fraction: float | None = None
+    bias: BlockRecord | None = None
+
+
+@dataclass(frozen=True)
+class ProbeRecord:
+    """Everything one :meth:`DenseProbe.measure` call produced."""
+
+    step: StepAxes
+    model: ModelRecord
+    layers: dict[str, LayerRecord]
+    probe: dict[str, Any]
+    conventions: dict[str, Any]
+    cost: dict[str, Any]
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe nested dict (legacy-name map and omitted legacy names included)."""
+        out = dataclasses.asdict(self)
+        out["legacy_names"] = {
+            k: {"legacy_name": v[0], "relation": v[1]} for k, v in LEGACY_NAMES.items()
+        }
+        out["omitted_legacy_names"] = list(OMITTED_LEGACY)
+        return out
+
+    def scalars(self) -> dict[str, float | None]:
+        """Flat ``probe/<layer>/<key>`` -> value (``None`` kept) for every numeric field."""
+        out: dict[str, float | None] = {
+            "probe/model/loss": self.model.loss,
+            "probe/model/accuracy_fraction": self.model.accuracy_fraction,
+            "probe/model/argmax_tie_count": float(self.model.argmax_tie_count),
+        }
+        for name, layer in self.layers.items():
+            _flatten(f"probe/{name}", dataclasses.asdict(layer), out)
+        return out
+
+    def to_rows(self) -> list[dict[str, Any]]:
+        """One flat JSON-safe row per scalar, each carrying the three axes and the probe hash."""
+        axes = self.step.to_dict()
+        sha = self.probe.get("sha256")
+        return [
+            {"name": k, "value": v, **axes, "probe_sha256": sha} for k, v in self.scalars().items()
+        ]
+
+
+def _flatten(prefix: str, value: Any, out: dict[str, float | None]) -> None:
+    if isinstance(value, dict):
+        for key, sub in value.items():
+            _flatten(f"{prefix}/{key}", sub, out)
+    elif isinstance(value, bool):
+        out[prefix] = float(value)
+    elif isinstance(value, int | float):
+        out[prefix] = float(value) if math.isfinite(value) else None
+    elif value is None and not prefix.endswith("_reason"):
+        out[prefix] = None
