@@ -44,6 +44,7 @@ CODES: dict[str, str] = {
     "scale_grad_required": "a gradient-stream record lacks its scale_grad provenance",
     "ring_capacity_exhausted": "the RAM ring is full under the refuse policy",
     "merge_incompatible": "segments that cannot be merged (runs, steps or layouts differ)",
+    "history_step_out_of_order": "a step block was written at or before an already written step",
     # collector
     "step_transaction_required": "an operation needs the explicit step() transaction",
     "step_transaction_nested": "a step transaction was opened inside another",
@@ -60,6 +61,8 @@ CODES: dict[str, str] = {
     "profiler_session_inactive": "an operation needs an active profiling session",
     "device_time_unavailable": "no device events could be joined to ops",
     "trace_invalid": "a chrome trace file is unreadable or of an unknown shape",
+    "span_metadata_invalid": "region/span metadata is not a scalar (bool, int, float, str, None)",
+    "profile_view_invalid": "a profile view was asked for an unknown key, column or count",
     # probe
     "probe_split_invalid": "probe indices fall outside the fitting training split",
     "probe_layer_unsupported": "a probe layer is not an affine layer it can measure",
