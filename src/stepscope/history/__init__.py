@@ -1,0 +1,61 @@
+"""History: the per-step schema, the crash-safe artifact, the RAM ring and exact merges."""
+
+from stepscope.history.artifact import ArtifactWriter
+from stepscope.history.batch import ObservationBatch, batches_from_records
+from stepscope.history.fingerprint import model_fingerprint
+from stepscope.history.merge import (
+    fold_micro_batches,
+    merge_batches,
+    merge_ranks,
+    merge_spine_rows,
+)
+from stepscope.history.reader import HistogramSeries, HistoryReader, Series, open_history
+from stepscope.history.ring import RingBlock, RingPolicy, StepRing
+from stepscope.history.schema import (
+    FORMAT,
+    SCHEMA_VERSION,
+    ObservationRecord,
+    Phase,
+    Presence,
+    RunRecord,
+    ScaleGrad,
+    SiteRecord,
+    StepBlockRecord,
+    StepProvenance,
+    StepTruth,
+    Stream,
+    Tristate,
+)
+from stepscope.history.verify import VerifyReport
+
+__all__ = [
+    "FORMAT",
+    "SCHEMA_VERSION",
+    "ArtifactWriter",
+    "HistogramSeries",
+    "HistoryReader",
+    "ObservationBatch",
+    "ObservationRecord",
+    "Phase",
+    "Presence",
+    "RingBlock",
+    "RingPolicy",
+    "RunRecord",
+    "ScaleGrad",
+    "Series",
+    "SiteRecord",
+    "StepBlockRecord",
+    "StepProvenance",
+    "StepRing",
+    "StepTruth",
+    "Stream",
+    "Tristate",
+    "VerifyReport",
+    "batches_from_records",
+    "fold_micro_batches",
+    "merge_batches",
+    "merge_ranks",
+    "merge_spine_rows",
+    "model_fingerprint",
+    "open_history",
+]

@@ -1,0 +1,124 @@
+"""``stepscope show|verify|merge``: inspect, check and merge history artifacts.
+
+Example
+-------
+>>> from stepscope.cli import main
+>>> main(["verify", "runs/demo"])  # doctest: +SKIP
+0
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+import numpy as np
+
+
+def register(subparsers: Any) -> None:
+    """Add the history sub-commands to the ``stepscope`` parser."""
+    p = subparsers.add_parser("show", help="print a run's record, sites, streams, steps, sizes")
+    p.add_argument("run", help="artifact directory")
+    p.set_defaults(func=_show)
+    p = subparsers.add_parser(
+        "verify", help="recompute every chunk sha256 (exit 0 only if all hold)"
+    )
+    p.add_argument("run", help="artifact directory")
+    p.set_defaults(func=_verify)
+    p = subparsers.add_parser("merge", help="merge per-rank artifacts of one run")
+    p.add_argument("runs", nargs="+", help="rank artifact directories")
+    p.add_argument("--out", required=True, help="output artifact directory (must not exist)")
+    p.set_defaults(func=_merge)
+
+
+def _table(rows: list[list[str]]) -> str:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def _show(args: argparse.Namespace) -> int:
+    from stepscope.history.reader import open_history
+    from stepscope.history.schema import Stream
+
+    h = open_history(args.run)
+    r = h.run
+    steps = h.steps
+    print(f"run {r.run_id}  ({h.path})")
+    print(
+        f"  segments   {len(h.segments)}: "
+        + ", ".join(
+            s.segment_id + (f" (resumed at {s.resumed_at_step})" if s.parent_segment else "")
+            for s in h.segments
+        )
+    )
+    print(f"  rank/world {r.rank}/{r.world_size}  device {r.device}")
+    print(f"  model      {r.model_fingerprint or 'not recorded'}")
+    print("  packages   " + ", ".join(f"{k} {v}" for k, v in r.packages.items()))
+    span = f"{steps[0]}..{steps[-1]}" if len(steps) else "none"
+    print(f"  steps      {len(steps)} committed ({span}), {len(h.commits)} commits")
+    if h.torn_tail_bytes:
+        print(f"  torn tail  {h.torn_tail_bytes} bytes of an unfinished commit ignored")
+    obs = h.table("observations")
+    hist = h.table("histograms")
+    print()
+    rows = [["site", "name", "type", "signature", "ended"]]
+    for s in h.sites:
+        ended = f"{s.ended_step} ({s.ended_reason})" if s.ended_step is not None else "-"
+        rows.append([str(s.site_id), s.name, s.module_type, s.signature, ended])
+    print(_table(rows))
+    print()
+    rows = [["stream", "rows", "observed", "histograms"]]
+    for code, stream in enumerate(Stream, start=1):
+        sel = obs["stream"] == code
+        if sel.any():
+            n_hist = int((hist["stream"] == code).sum())
+            rows.append(
+                [
+                    stream.value,
+                    str(int(sel.sum())),
+                    str(int((obs["presence"][sel] == 1).sum())),
+                    str(n_hist),
+                ]
+            )
+    print(_table(rows) if len(rows) > 1 else "no observations committed")
+    if h.scalar_names:
+        print("\nscalars: " + ", ".join(h.scalar_names))
+    print()
+    sizes = h.sizes()
+    print(
+        "sizes: "
+        + ", ".join(f"{k} {_human(v)}" for k, v in sizes.items())
+        + f"; total {_human(float(np.sum(list(sizes.values()))) if sizes else 0)}"
+    )
+    return 0
+
+
+def _verify(args: argparse.Namespace) -> int:
+    from stepscope.history.reader import open_history
+
+    h = open_history(args.run)
+    report = h.verify()
+    for name, code, message in report.failures:
+        print(f"FAIL {name}: [{code}] {message}")
+    status = "ok" if report.ok else f"{len(report.failures)} FAILED"
+    print(
+        f"{status}: {report.checked_files} chunks, {_human(report.checked_bytes)} checked "
+        f"in {len(h.commits)} commits"
+    )
+    return 0 if report.ok else 1
+
+
+def _merge(args: argparse.Namespace) -> int:
+    from stepscope.history.merge import merge_ranks
+
+    out = merge_ranks(args.runs, args.out)
+    print(f"merged {len(args.runs)} rank artifacts into {out}")
+    return 0

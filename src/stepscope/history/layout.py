@@ -1,0 +1,224 @@
+"""On-disk layout of ``stepscope.history.v1``: table dtypes, chunk encoding, the catalog.
+
+Tables (one ``.npy`` structured array per table per stream per commit):
+
+``steps``
+    one row per step block (``-1`` / NaN encode ``None``: examples_seen, epoch, micro_batches,
+    scale, wall_time can never legitimately be negative or NaN).
+``observations``
+    one row per (step, site, stream, phase, micro_batch): storage codes plus the float64 spine.
+``histograms``
+    only rows where a histogram was taken: the key plus the int64 histogram row.
+``scalars``
+    generic per-step user scalars ``(step, name id, value)``; names live in the catalog.
+
+New row kinds are added as new table names; a reader skips tables it does not know (listing them
+in :attr:`HistoryReader.unknown_tables`), so old readers keep working on newer artifacts.
+"""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+import numpy as np
+
+from stepscope.errors import Refusal
+from stepscope.history.batch import REDUCTION_DTYPES, ObservationBatch, code_of
+from stepscope.history.schema import FORMAT, SiteRecord, StepBlockRecord, Tristate
+
+TABLES = ("steps", "observations", "histograms", "scalars")
+STEP_DTYPE = np.dtype(
+    [
+        ("step", "<i8"),
+        ("examples_seen", "<i8"),
+        ("epoch", "<i8"),
+        ("provenance", "u1"),
+        ("applied", "u1"),
+        ("unscaled", "u1"),
+        ("clipped", "u1"),
+        ("micro_batches", "<i4"),
+        ("scale", "<f8"),
+        ("wall_time", "<f8"),
+    ]
+)
+SCALAR_DTYPE = np.dtype([("step", "<i8"), ("name", "<i4"), ("value", "<f8")])
+_KEY = [
+    ("step", "<i8"),
+    ("site", "<i4"),
+    ("micro_batch", "<i2"),
+    ("stream", "u1"),
+    ("phase", "u1"),
+]
+
+
+def observation_dtype(spine_width: int) -> np.dtype:
+    """Row dtype of the observations table (142 bytes with a 15-wide spine)."""
+    return np.dtype(
+        [
+            *_KEY,
+            ("presence", "u1"),
+            ("scale_grad", "u1"),  # 0: not a gradient stream
+            ("rdtype", "u1"),  # index into REDUCTION_DTYPES
+            ("disclosure", "<i4"),  # index into catalog["disclosures"], -1: none
+            ("spine", "<f8", (spine_width,)),
+        ]
+    )
+
+
+def histogram_dtype(width: int) -> np.dtype:
+    """Row dtype of the histograms table."""
+    return np.dtype([*_KEY, ("counts", "<i8", (width,))])
+
+
+def encode_steps(blocks: list[StepBlockRecord]) -> np.ndarray:
+    """Step blocks as a ``STEP_DTYPE`` array."""
+    out = np.empty(len(blocks), STEP_DTYPE)
+    for i, b in enumerate(blocks):
+        t = b.truth
+        out[i] = (
+            b.optimizer_step,
+            -1 if b.examples_seen is None else b.examples_seen,
+            -1 if b.epoch is None else b.epoch,
+            code_of(b.provenance),
+            code_of(t.applied),
+            code_of(t.unscaled),
+            code_of(t.clipped),
+            -1 if t.micro_batches is None else t.micro_batches,
+            np.nan if t.scale is None else t.scale,
+            np.nan if b.wall_time is None else b.wall_time,
+        )
+    return out
+
+
+def decode_steps(rows: np.ndarray) -> list[StepBlockRecord]:
+    """Inverse of :func:`encode_steps`."""
+    from stepscope.history.batch import member_of
+    from stepscope.history.schema import StepProvenance, StepTruth
+
+    def opt(v: Any) -> int | None:
+        return None if v < 0 else int(v)
+
+    def optf(v: Any) -> float | None:
+        return None if np.isnan(v) else float(v)
+
+    return [
+        StepBlockRecord(
+            optimizer_step=int(r["step"]),
+            examples_seen=opt(r["examples_seen"]),
+            epoch=opt(r["epoch"]),
+            provenance=member_of(StepProvenance, r["provenance"]),
+            truth=StepTruth(
+                applied=member_of(Tristate, r["applied"]),
+                scale=optf(r["scale"]),
+                unscaled=member_of(Tristate, r["unscaled"]),
+                clipped=member_of(Tristate, r["clipped"]),
+                micro_batches=opt(r["micro_batches"]),
+            ),
+            wall_time=optf(r["wall_time"]),
+        )
+        for r in rows
+    ]
+
+
+def encode_batch(
+    step: int,
+    batch: ObservationBatch,
+    disclosure_id: int,
+    obs_dtype: np.dtype,
+    hist_dtype: np.dtype,
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """Vectorised: one batch to observation rows and (if any) histogram rows."""
+    n = batch.n_rows
+    obs = np.empty(n, obs_dtype)
+    micro = -1 if batch.micro_batch is None else batch.micro_batch
+    obs["step"] = step
+    obs["site"] = batch.site_ids
+    obs["micro_batch"] = micro
+    obs["stream"] = code_of(batch.stream)
+    obs["phase"] = code_of(batch.phase)
+    obs["presence"] = batch.presence
+    obs["scale_grad"] = 0 if batch.scale_grad is None else code_of(batch.scale_grad)
+    obs["rdtype"] = REDUCTION_DTYPES.index(batch.reduction_dtype)
+    obs["disclosure"] = disclosure_id
+    obs["spine"] = batch.spines
+    if batch.hist_rows is None or batch.n_histograms == 0:
+        return obs, None
+    if batch.histograms.shape[1] != hist_dtype["counts"].shape[0]:  # type: ignore[union-attr]
+        raise Refusal(
+            "sketch_descriptor_mismatch",
+            f"histogram rows have width {batch.histograms.shape[1]}, the run's descriptor "  # type: ignore[union-attr]
+            f"has width {hist_dtype['counts'].shape[0]}.",
+            ["reduce with the run's HistogramDescriptor (writer.descriptor)"],
+        )
+    hist = np.empty(batch.n_histograms, hist_dtype)
+    for name, _ in _KEY:
+        hist[name] = obs[name][batch.hist_rows]
+    hist["counts"] = batch.histograms
+    return obs, hist
+
+
+def npy_bytes(array: np.ndarray) -> bytes:
+    """Serialise one array as ``.npy`` (no pickle)."""
+    buf = io.BytesIO()
+    np.save(buf, array, allow_pickle=False)
+    return buf.getvalue()
+
+
+def npy_load(data: bytes, name: str, expected: np.dtype | None) -> np.ndarray:
+    """Parse ``.npy`` bytes without pickle; a wrong dtype refuses ``history_artifact_corrupt``."""
+    try:
+        array = np.lib.format.read_array(io.BytesIO(data), allow_pickle=False)
+    except (ValueError, OSError, EOFError, TypeError, SyntaxError) as exc:
+        raise Refusal(
+            "history_artifact_corrupt",
+            f"chunk {name} is not a readable .npy file ({exc}).",
+            ["restore the chunk from a copy", "run `stepscope verify` to list all damage"],
+        ) from None
+    if expected is not None and array.dtype != expected:
+        raise Refusal(
+            "history_artifact_corrupt",
+            f"chunk {name} has dtype {array.dtype}, expected {expected}.",
+            ["restore the chunk from a copy"],
+        )
+    return array
+
+
+def catalog_dict(
+    sites: list[SiteRecord], scalar_names: list[str], disclosures: list[tuple[str, ...]]
+) -> dict[str, Any]:
+    """The ``catalog.json`` content."""
+    return {
+        "format": FORMAT,
+        "sites": [s.to_dict() for s in sites],
+        "scalar_names": list(scalar_names),
+        "disclosures": [list(d) for d in disclosures],
+        "tables": {
+            "steps": {"dtype": _descr(STEP_DTYPE), "rows": "one per step block"},
+            "observations": {"rows": "one per (step, site, stream, phase, micro_batch)"},
+            "histograms": {"rows": "only where a histogram was taken"},
+            "scalars": {"dtype": _descr(SCALAR_DTYPE), "rows": "(step, name id, value)"},
+        },
+        "reduction_dtypes": list(REDUCTION_DTYPES),
+    }
+
+
+def parse_catalog(d: dict[str, Any]) -> tuple[list[SiteRecord], list[str], list[tuple[str, ...]]]:
+    """Sites, scalar names and disclosure sets from ``catalog.json`` (validated)."""
+    sites_raw, names, discl = d.get("sites"), d.get("scalar_names", []), d.get("disclosures", [])
+    if (
+        not isinstance(sites_raw, list)
+        or not isinstance(names, list)
+        or not isinstance(discl, list)
+        or not all(isinstance(n, str) for n in names)
+        or not all(isinstance(x, list) and all(isinstance(s, str) for s in x) for x in discl)
+    ):
+        raise Refusal("history_json_invalid", "catalog.json lacks sites/scalar_names/disclosures.")
+    sites = [SiteRecord.from_dict(s) for s in sites_raw]
+    if [s.site_id for s in sites] != list(range(len(sites))):
+        raise Refusal("history_json_invalid", "catalog.json site ids are not 0..n-1 in order.")
+    return sites, names, [tuple(x) for x in discl]
+
+
+def _descr(dtype: np.dtype) -> list[list[str]]:
+    return [[name, dtype[name].str] for name in dtype.names or ()]

@@ -1,0 +1,410 @@
+"""Read ``stepscope.history.v1`` artifacts: live, finished, or left behind by a killed writer.
+
+The reader sees exactly the committed chunks: the index logs are read first (a torn final line is
+ignored), then the catalog and manifest (written before any index row that needs them). Every chunk
+is checked against its sha256 when it is decoded; filters by stream, step range and site skip
+unrelated chunks without reading them. Missing is never zero: series carry a presence array.
+
+Example
+-------
+>>> h = open_history("runs/demo")  # doctest: +SKIP
+>>> s = h.series("fc1", "activation", "mean")  # doctest: +SKIP
+>>> s.steps[s.valid], s.values[s.valid]  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from stepscope.errors import Refusal
+from stepscope.history.batch import OBSERVED, code_of, member_of
+from stepscope.history.files import check_name, read_json, read_log, sha256_file
+from stepscope.history.layout import (
+    SCALAR_DTYPE,
+    STEP_DTYPE,
+    TABLES,
+    decode_steps,
+    histogram_dtype,
+    npy_load,
+    observation_dtype,
+    parse_catalog,
+)
+from stepscope.history.schema import (
+    FORMAT,
+    SCHEMA_VERSION,
+    Phase,
+    Presence,
+    RunRecord,
+    SiteRecord,
+    StepBlockRecord,
+    Stream,
+    _enum,
+)
+from stepscope.history.verify import VerifyReport, validate_commit, verify_files
+
+
+@dataclass(frozen=True)
+class Series:
+    """A step-indexed series. ``values`` is NaN wherever ``valid`` is False (never 0).
+
+    ``presence`` holds :class:`Presence` storage codes (see :meth:`presence_names`);
+    ``valid`` is ``presence == observed`` and a defined value (e.g. ``min`` of an all-NaN tensor
+    is not defined).
+    """
+
+    field: str
+    steps: np.ndarray
+    values: np.ndarray
+    presence: np.ndarray
+    valid: np.ndarray
+    site_ids: np.ndarray
+
+    @property
+    def valid_count(self) -> int:
+        """Number of steps holding a defined value."""
+        return int(self.valid.sum())
+
+    def presence_names(self) -> np.ndarray:
+        """``presence`` as strings (``"observed"``, ``"not_scheduled"``, ...)."""
+        names = np.array(["invalid", *(p.value for p in Presence)])
+        return names[self.presence]
+
+
+@dataclass(frozen=True)
+class HistogramSeries:
+    """Histogram rows of one site/stream, only at the steps where one was taken."""
+
+    steps: np.ndarray
+    site_ids: np.ndarray
+    counts: np.ndarray
+    descriptor: Any
+
+    def histogram(self, i: int) -> Any:
+        """Row ``i`` as a ``stepscope.stats.Histogram``."""
+        from stepscope.stats import Histogram
+
+        return Histogram.from_vector(self.counts[i], self.descriptor)
+
+
+class HistoryReader:
+    """A read view of one artifact directory (see :func:`open_history`)."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        if not self.path.is_dir():
+            raise Refusal(
+                "history_artifact_missing",
+                f"{self.path} is not a directory.",
+                ["pass the run directory that holds manifest.json, catalog.json and index.json"],
+            )
+        self.commits: list[dict[str, Any]] = []
+        self.logs: list[str] = []
+        self.torn_tail_bytes = 0
+        self._offsets: dict[str, int] = {}
+        self._cache: dict[str, np.ndarray] = {}
+        self.refresh()
+
+    # -- loading -----------------------------------------------------------------------------
+    def refresh(self) -> int:
+        """Pick up commits a live writer made since the last read; returns how many."""
+        index = read_json(self.path / "index.json", "index")
+        logs = index.get("logs")
+        if index.get("format") != FORMAT or not isinstance(logs, list):
+            raise Refusal("history_json_invalid", "index.json lacks format/logs.", [])
+        self.logs = [_log_name(x) for x in logs]
+        before = len(self.commits)
+        torn = 0
+        for name in self.logs:
+            got = read_log(self.path / "index" / name, self._offsets.get(name, 0))
+            for row in got.rows:
+                self.commits.append(validate_commit(row, name))
+            self._offsets[name] = got.next_offset
+            torn += got.torn_tail_bytes
+        self.torn_tail_bytes = torn
+        self._load_meta()  # after the index: it is at least as new as every row read
+        self._steps: np.ndarray | None = None
+        return len(self.commits) - before
+
+    def _load_meta(self) -> None:
+        from stepscope.stats import SPINE_WIDTH, HistogramDescriptor
+
+        man = read_json(self.path / "manifest.json", "manifest")
+        if man.get("format") != FORMAT or man.get("schema_version") != SCHEMA_VERSION:
+            raise Refusal(
+                "history_schema_unsupported",
+                f"manifest format {man.get('format')!r} version {man.get('schema_version')!r}; "
+                f"this stepscope reads {FORMAT} version {SCHEMA_VERSION}.",
+                ["open it with the stepscope version that wrote it"],
+            )
+        segs = man.get("segments")
+        if not isinstance(segs, list) or not segs or not isinstance(man.get("descriptor"), dict):
+            raise Refusal("history_json_invalid", "manifest lacks segments/descriptor.", [])
+        self.segments = [RunRecord.from_dict(s) for s in segs]
+        self.run = self.segments[0]
+        try:
+            self.descriptor = HistogramDescriptor.from_dict(man["descriptor"])
+        except TypeError as exc:
+            raise Refusal("history_json_invalid", f"manifest descriptor: {exc}", []) from None
+        self.sites, self.scalar_names, self.disclosures = parse_catalog(
+            read_json(self.path / "catalog.json", "catalog")
+        )
+        known = {s.segment_id for s in self.segments}
+        self._cutoff = {s.segment_id: np.iinfo(np.int64).max for s in self.segments}
+        for s in self.segments:
+            if s.parent_segment in self._cutoff and s.resumed_at_step is not None:
+                self._cutoff[s.parent_segment] = min(
+                    self._cutoff[s.parent_segment], s.resumed_at_step
+                )
+        for row in self.commits:
+            if row["segment"] not in known:
+                raise Refusal(
+                    "history_json_invalid",
+                    f"index row names segment {row['segment']!r} absent from the manifest.",
+                    ["restore manifest.json from a copy"],
+                )
+        self._dtypes = {
+            "steps": STEP_DTYPE,
+            "observations": observation_dtype(SPINE_WIDTH),
+            "histograms": histogram_dtype(self.descriptor.width),
+            "scalars": SCALAR_DTYPE,
+        }
+
+    @property
+    def unknown_tables(self) -> set[str]:
+        """Tables named in the index that this version does not read (newer row kinds)."""
+        return {f["table"] for r in self.commits for f in r["files"]} - set(TABLES)
+
+    def _selected(
+        self, table: str, stream: str | None, steps: tuple[int, int] | None, sites: Any
+    ) -> list[tuple[dict, dict]]:
+        out = []
+        for row in self.commits:
+            if row["step_lo"] >= self._cutoff[row["segment"]]:
+                continue
+            if steps is not None and (row["step_hi"] < steps[0] or row["step_lo"] > steps[1]):
+                continue
+            for f in row["files"]:
+                if f["table"] != table or (stream is not None and f["stream"] != stream):
+                    continue
+                if sites is not None and "site_lo" in f:
+                    if not ((sites >= f["site_lo"]) & (sites <= f["site_hi"])).any():
+                        continue
+                out.append((row, f))
+        return out
+
+    def _load(self, f: dict[str, Any]) -> np.ndarray:
+        name = f["name"]
+        cached = self._cache.get(name)
+        if cached is not None:
+            return cached
+        path = self.path / "chunks" / name
+        try:
+            digest, data = sha256_file(path)
+        except FileNotFoundError:
+            raise Refusal(
+                "history_artifact_missing",
+                f"committed chunk {name} is missing from {self.path / 'chunks'}.",
+                ["restore the chunk from a copy", "run `stepscope verify` to list all damage"],
+            ) from None
+        if digest != f["sha256"]:
+            raise Refusal(
+                "history_artifact_corrupt",
+                f"committed chunk {name} fails its sha256 (expected {f['sha256'][:12]}…, "
+                f"found {digest[:12]}…).",
+                [
+                    "restore the chunk from a copy or backup",
+                    "run `stepscope verify` for all damage",
+                ],
+            )
+        array = npy_load(data, name, self._dtypes[f["table"]])
+        if len(array) != f["rows"]:
+            raise Refusal("history_artifact_corrupt", f"chunk {name} row count differs.", [])
+        self._cache[name] = array
+        return array
+
+    def table(
+        self,
+        table: str,
+        stream: Stream | str | None = None,
+        steps: tuple[int, int] | None = None,
+        site_ids: np.ndarray | None = None,
+    ) -> np.ndarray:
+        """Committed rows of one table as a structured array (the low-level access path)."""
+        if table not in TABLES:
+            raise Refusal("history_series_unknown", f"unknown table {table!r}; one of {TABLES}.")
+        sv = None if stream is None else _enum(Stream, stream, "stream").value
+        parts = []
+        for row, f in self._selected(table, sv, steps, site_ids):
+            arr = self._load(f)
+            mask = arr["step"] < self._cutoff[row["segment"]]
+            if steps is not None:
+                mask &= (arr["step"] >= steps[0]) & (arr["step"] <= steps[1])
+            if site_ids is not None and "site" in arr.dtype.names:
+                mask &= np.isin(arr["site"], site_ids)
+            parts.append(arr if mask.all() else arr[mask])
+        if not parts:
+            return np.empty(0, self._dtypes[table])
+        return np.concatenate(parts)
+
+    # -- user-facing views -------------------------------------------------------------------
+    @property
+    def steps(self) -> np.ndarray:
+        """Committed optimizer steps (int64, increasing)."""
+        if self._steps is None:
+            self._steps = np.sort(self.table("steps")["step"])
+        return self._steps
+
+    def step_blocks(self, steps: tuple[int, int] | None = None) -> list[StepBlockRecord]:
+        """Committed step blocks as records."""
+        rows = self.table("steps", steps=steps)
+        return decode_steps(rows[np.argsort(rows["step"], kind="stable")])
+
+    def site_ids(self, site: int | str | SiteRecord) -> np.ndarray:
+        """Series ids of a site: an id, a record, or a name (all series ever bound to it)."""
+        if isinstance(site, SiteRecord):
+            site = site.site_id
+        if isinstance(site, (int, np.integer)) and 0 <= site < len(self.sites):
+            return np.array([site], dtype=np.int32)
+        ids = [s.site_id for s in self.sites if s.name == site]
+        if not ids:
+            raise Refusal(
+                "history_series_unknown",
+                f"no site {site!r} in {self.path}.",
+                ["list the sites with `stepscope show RUN` or reader.sites"],
+            )
+        return np.array(ids, dtype=np.int32)
+
+    def _cells(self, table: str, site: Any, stream: Any, phase: Any, steps: Any, micro: Any):
+        ids = self.site_ids(site)
+        rows = self.table(table, stream, steps, ids)
+        rows = rows[rows["micro_batch"] == (-1 if micro is None else micro)]
+        if phase is not None:
+            rows = rows[rows["phase"] == code_of(_enum(Phase, phase, "phase"))]
+        elif len(np.unique(rows["phase"])) > 1:
+            names = sorted(member_of(Phase, c).value for c in np.unique(rows["phase"]))
+            raise Refusal(
+                "history_series_unknown",
+                f"{stream} of {site!r} was observed in phases {names}.",
+                [f"pass phase= one of {names}"],
+            )
+        return rows[np.lexsort((rows["site"], rows["step"]))]
+
+    def series(
+        self,
+        site: int | str | SiteRecord,
+        stream: Stream | str,
+        field: str,
+        *,
+        phase: Phase | str | None = None,
+        steps: tuple[int, int] | None = None,
+        micro_batch: int | None = None,
+    ) -> Series:
+        """One spine field of one site and stream over steps (inclusive ``steps`` range).
+
+        ``micro_batch=None`` selects whole-step cells; an int selects that micro-batch's cells.
+        """
+        from stepscope.stats import SPINE_FIELDS
+
+        if field not in SPINE_FIELDS:
+            raise Refusal(
+                "history_series_unknown", f"unknown field {field!r}.", [f"one of {SPINE_FIELDS}"]
+            )
+        rows = self._cells("observations", site, stream, phase, steps, micro_batch)
+        values = rows["spine"][:, SPINE_FIELDS.index(field)].copy()
+        valid = (rows["presence"] == OBSERVED) & ~np.isnan(values)
+        values[~valid] = np.nan
+        return Series(
+            field, rows["step"].copy(), values, rows["presence"].copy(), valid, rows["site"].copy()
+        )
+
+    def histograms(
+        self,
+        site: int | str | SiteRecord,
+        stream: Stream | str,
+        *,
+        phase: Phase | str | None = None,
+        steps: tuple[int, int] | None = None,
+        micro_batch: int | None = None,
+    ) -> HistogramSeries:
+        """The histogram rows of one site and stream (only steps where one was taken)."""
+        rows = self._cells("histograms", site, stream, phase, steps, micro_batch)
+        return HistogramSeries(
+            rows["step"].copy(), rows["site"].copy(), rows["counts"].copy(), self.descriptor
+        )
+
+    def scalars(self, name: str, steps: tuple[int, int] | None = None) -> Series:
+        """A user scalar series (rows exist only where it was logged)."""
+        if name not in self.scalar_names:
+            raise Refusal(
+                "history_series_unknown", f"no scalar {name!r}.", [f"one of {self.scalar_names}"]
+            )
+        rows = self.table("scalars", steps=steps)
+        rows = rows[rows["name"] == self.scalar_names.index(name)]
+        rows = rows[np.argsort(rows["step"], kind="stable")]
+        n = len(rows)
+        return Series(
+            name,
+            rows["step"].copy(),
+            rows["value"].copy(),
+            np.full(n, OBSERVED, np.uint8),
+            np.ones(n, bool),
+            np.full(n, -1, np.int32),
+        )
+
+    def observations(
+        self,
+        site: int | str | SiteRecord | None = None,
+        stream: Stream | str | None = None,
+        steps: tuple[int, int] | None = None,
+    ) -> list:
+        """Decoded :class:`ObservationRecord` objects (convenient, not the fast path)."""
+        from stepscope.history.decode import records_from_rows
+
+        ids = None if site is None else self.site_ids(site)
+        obs = self.table("observations", stream, steps, ids)
+        hist = self.table("histograms", stream, steps, ids)
+        return records_from_rows(obs, hist, self.disclosures, self.descriptor)
+
+    def verify(self) -> VerifyReport:
+        """Recompute the sha256 of every committed chunk (including superseded segments)."""
+        return verify_files(self.path / "chunks", [f for r in self.commits for f in r["files"]])
+
+    def sizes(self) -> dict[str, int]:
+        """Committed bytes per table."""
+        out: dict[str, int] = {}
+        for r in self.commits:
+            for f in r["files"]:
+                out[f["table"]] = out.get(f["table"], 0) + f["bytes"]
+        return out
+
+
+def _log_name(entry: Any) -> str:
+    if not isinstance(entry, str) or not entry.startswith("index/"):
+        raise Refusal(
+            "history_chunk_name_invalid",
+            f"index.json names log {entry!r} outside index/.",
+            ["restore index.json from a copy"],
+        )
+    return check_name(entry[len("index/") :], "index.json")
+
+
+def open_history(path: str | os.PathLike[str]) -> HistoryReader:
+    """Open a history artifact for reading (also while its writer is still appending).
+
+    Parameters
+    ----------
+    path
+        The run directory written by :class:`~stepscope.history.ArtifactWriter`.
+
+    Returns
+    -------
+    HistoryReader
+        ``.run``, ``.segments``, ``.sites``, ``.steps``, ``.series()``, ``.histograms()``,
+        ``.scalars()``, ``.observations()``, ``.verify()``, ``.refresh()``.
+    """
+    return HistoryReader(path)

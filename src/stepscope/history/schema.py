@@ -1,0 +1,473 @@
+"""The per-step history schema: four normalised record layers with a JSON round trip.
+
+* :class:`RunRecord` — one segment of a run: identity, resume ancestry, fingerprint, versions,
+  histogram descriptor, cadences, budgets, device, rank/world.
+* :class:`SiteRecord` — the stable *structural* identity of an observed site (qualified module
+  name, module type, output signature). Labels are display only. Topology drift ends a series
+  (``ended_step``/``ended_reason``) and starts a new one; a series is never re-bound.
+* :class:`StepBlockRecord` — the training coordinate of one optimizer step, its provenance and its
+  optimizer truth (:class:`StepTruth`, ``unknown`` allowed).
+* :class:`ObservationRecord` — one (step, site, stream, phase) cell with a closed presence
+  vocabulary; a non-observed cell never carries a payload, gradient streams carry ``scale_grad``.
+
+Example
+-------
+>>> from stepscope.history.schema import SiteRecord
+>>> s = SiteRecord(site_id=0, name="fc1", module_type="torch.nn.Linear", signature="f32[*,8]")
+>>> SiteRecord.from_dict(s.to_dict()) == s
+True
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from stepscope.errors import Refusal
+
+#: Artifact format name and the schema version this code writes and reads.
+FORMAT = "stepscope.history.v1"
+SCHEMA_VERSION = 1
+
+
+class Stream(str, enum.Enum):
+    """What tensor a site's observation reduces."""
+
+    ACTIVATION = "activation"
+    GRADIENT = "gradient"
+    PARAMETER = "parameter"
+    UPDATE = "update"
+    ACTIVATION_GRAD = "activation_grad"
+
+
+#: Streams whose records must say whether the gradient was loss-scaled.
+GRADIENT_STREAMS = frozenset({Stream.GRADIENT, Stream.ACTIVATION_GRAD})
+
+
+class Phase(str, enum.Enum):
+    """When in the step the observation was taken."""
+
+    FORWARD = "forward"
+    BACKWARD = "backward"
+    PRE_STEP = "pre_step"
+    POST_STEP = "post_step"
+
+
+class Presence(str, enum.Enum):
+    """Why a cell does or does not hold data. Only ``observed`` may carry a payload."""
+
+    OBSERVED = "observed"
+    NOT_SCHEDULED = "not_scheduled"
+    SITE_ABSENT = "site_absent"
+    UNSUPPORTED = "unsupported"
+    CAPTURE_FAILED = "capture_failed"
+    BUDGET_DROPPED = "budget_dropped"
+
+
+class ScaleGrad(str, enum.Enum):
+    """Whether a gradient statistic was taken before or after loss-scale removal."""
+
+    SCALED = "scaled"
+    UNSCALED = "unscaled"
+    UNKNOWN = "unknown"
+
+
+class StepProvenance(str, enum.Enum):
+    """Which spelling produced a step block: the authoritative transaction or the hook."""
+
+    EXPLICIT = "explicit"
+    IMPLICIT = "implicit"
+
+
+class Tristate(str, enum.Enum):
+    """A yes/no fact that may be unknown (never silently defaulted to ``no``)."""
+
+    YES = "yes"
+    NO = "no"
+    UNKNOWN = "unknown"
+
+    @classmethod
+    def of(cls, value: bool | str | Tristate | None) -> Tristate:
+        """Normalise ``True/False/None`` or a vocabulary string (``None`` means unknown)."""
+        if isinstance(value, Tristate):
+            return value
+        if value is None:
+            return cls.UNKNOWN
+        if isinstance(value, bool):
+            return cls.YES if value else cls.NO
+        return _enum(cls, value, "tristate")
+
+
+def _enum(kind: type[enum.Enum], value: Any, what: str) -> Any:
+    if isinstance(value, kind):
+        return value
+    try:
+        return kind(value)
+    except (ValueError, TypeError):
+        allowed = ", ".join(m.value for m in kind)  # type: ignore[attr-defined]
+        code = "stream_unknown" if kind is Stream else "history_json_invalid"
+        raise Refusal(
+            code, f"{what} {value!r} is not one of: {allowed}.", [f"use one of: {allowed}"]
+        ) from None
+
+
+def _need(d: Mapping[str, Any], key: str, kind: type | tuple[type, ...], what: str) -> Any:
+    if not isinstance(d, Mapping) or key not in d:
+        raise Refusal(
+            "history_json_invalid",
+            f"{what} lacks the field {key!r}.",
+            ["rewrite the record with this stepscope version", "check the file was not truncated"],
+        )
+    value = d[key]
+    if not isinstance(value, kind) or (isinstance(value, bool) and bool not in _as_tuple(kind)):
+        raise Refusal(
+            "history_json_invalid",
+            f"{what} field {key!r} has type {type(value).__name__}.",
+            ["check the file was not edited or truncated"],
+        )
+    return value
+
+
+def _as_tuple(kind: type | tuple[type, ...]) -> tuple[type, ...]:
+    return kind if isinstance(kind, tuple) else (kind,)
+
+
+def _opt(d: Mapping[str, Any], key: str, kind: type | tuple[type, ...], what: str) -> Any:
+    if d.get(key) is None:
+        return None
+    return _need(d, key, kind, what)
+
+
+def _mapping(d: Mapping[str, Any], key: str, what: str) -> dict[str, Any]:
+    value = d.get(key, {})
+    if not isinstance(value, Mapping):
+        raise Refusal("history_json_invalid", f"{what} field {key!r} is not an object.", [])
+    return dict(value)
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """One segment of a run (a fresh start or a resume) and everything needed to read it.
+
+    Parameters
+    ----------
+    run_id, segment_id
+        The run and this segment's identity; a resumed segment has a new ``segment_id``.
+    parent_segment, resumed_at_step
+        Resume ancestry (``None`` for the first segment).
+    model_fingerprint
+        :func:`stepscope.history.model_fingerprint` of the model, or ``None`` if not given.
+    histogram_descriptor
+        ``HistogramDescriptor.to_dict()`` of every histogram in the run.
+    extra
+        JSON-safe extension room (e.g. overhead ``measurements`` recorded by later layers).
+
+    Example
+    -------
+    >>> r = RunRecord.new(run_id="demo")
+    >>> RunRecord.from_dict(r.to_dict()) == r
+    True
+    """
+
+    run_id: str
+    segment_id: str
+    schema_version: int = SCHEMA_VERSION
+    parent_segment: str | None = None
+    resumed_at_step: int | None = None
+    model_fingerprint: str | None = None
+    packages: Mapping[str, str] = field(default_factory=dict)
+    histogram_descriptor: Mapping[str, Any] = field(default_factory=dict)
+    cadences: Mapping[str, int] = field(default_factory=dict)
+    budgets: Mapping[str, float] = field(default_factory=dict)
+    device: str = "cpu"
+    rank: int = 0
+    world_size: int = 1
+    created_unix: float = 0.0
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def new(cls, run_id: str | None = None, **fields: Any) -> RunRecord:
+        """A first segment with fresh ids, current package versions and creation time."""
+        fields.setdefault("packages", package_versions())
+        fields.setdefault("created_unix", time.time())
+        if "histogram_descriptor" not in fields:
+            fields["histogram_descriptor"] = _default_descriptor()
+        return cls(run_id=run_id or uuid.uuid4().hex[:12], segment_id=_new_segment_id(), **fields)
+
+    def resumed(self, at_step: int) -> RunRecord:
+        """The record of a new segment that resumes this one at ``at_step``."""
+        d = self.to_dict()
+        d.update(
+            segment_id=_new_segment_id(),
+            parent_segment=self.segment_id,
+            resumed_at_step=int(at_step),
+            packages=package_versions(),
+            created_unix=time.time(),
+        )
+        return RunRecord.from_dict(d)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe dictionary."""
+        return {
+            "schema_version": self.schema_version,
+            "run_id": self.run_id,
+            "segment_id": self.segment_id,
+            "parent_segment": self.parent_segment,
+            "resumed_at_step": self.resumed_at_step,
+            "model_fingerprint": self.model_fingerprint,
+            "packages": dict(self.packages),
+            "histogram_descriptor": dict(self.histogram_descriptor),
+            "cadences": dict(self.cadences),
+            "budgets": dict(self.budgets),
+            "device": self.device,
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "created_unix": self.created_unix,
+            "extra": dict(self.extra),
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> RunRecord:
+        """Inverse of :meth:`to_dict`; malformed input refuses ``history_json_invalid``."""
+        w = "run record"
+        version = _need(d, "schema_version", int, w)
+        if version != SCHEMA_VERSION:
+            raise Refusal(
+                "history_schema_unsupported",
+                f"run record has schema version {version}; this stepscope reads {SCHEMA_VERSION}.",
+                ["open it with the stepscope version that wrote it"],
+            )
+        return cls(
+            schema_version=version,
+            run_id=_need(d, "run_id", str, w),
+            segment_id=_need(d, "segment_id", str, w),
+            parent_segment=_opt(d, "parent_segment", str, w),
+            resumed_at_step=_opt(d, "resumed_at_step", int, w),
+            model_fingerprint=_opt(d, "model_fingerprint", str, w),
+            packages=_mapping(d, "packages", w),
+            histogram_descriptor=_mapping(d, "histogram_descriptor", w),
+            cadences=_mapping(d, "cadences", w),
+            budgets=_mapping(d, "budgets", w),
+            device=_need(d, "device", str, w),
+            rank=_need(d, "rank", int, w),
+            world_size=_need(d, "world_size", int, w),
+            created_unix=float(_need(d, "created_unix", (int, float), w)),
+            extra=_mapping(d, "extra", w),
+        )
+
+
+@dataclass(frozen=True)
+class SiteRecord:
+    """Structural identity of one observed series.
+
+    ``site_id`` is the series id inside an artifact. Two sites are the same series only when
+    ``name``, ``module_type`` and ``signature`` all agree; ``label`` is display only.
+    ``ended_step``/``ended_reason`` close a series when the topology drifts.
+    """
+
+    site_id: int
+    name: str
+    module_type: str
+    signature: str
+    label: str | None = None
+    started_step: int | None = None
+    ended_step: int | None = None
+    ended_reason: str | None = None
+
+    @property
+    def structure(self) -> tuple[str, str, str]:
+        """The structural key that identifies the series (labels excluded)."""
+        return (self.name, self.module_type, self.signature)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe dictionary."""
+        return {
+            "site_id": self.site_id,
+            "name": self.name,
+            "module_type": self.module_type,
+            "signature": self.signature,
+            "label": self.label,
+            "started_step": self.started_step,
+            "ended_step": self.ended_step,
+            "ended_reason": self.ended_reason,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> SiteRecord:
+        """Inverse of :meth:`to_dict`."""
+        w = "site record"
+        return cls(
+            site_id=_need(d, "site_id", int, w),
+            name=_need(d, "name", str, w),
+            module_type=_need(d, "module_type", str, w),
+            signature=_need(d, "signature", str, w),
+            label=_opt(d, "label", str, w),
+            started_step=_opt(d, "started_step", int, w),
+            ended_step=_opt(d, "ended_step", int, w),
+            ended_reason=_opt(d, "ended_reason", str, w),
+        )
+
+
+@dataclass(frozen=True)
+class StepTruth:
+    """What the optimizer really did at a step; ``unknown``/``None`` where it cannot be known.
+
+    ``scale`` is the loss scale in force (``None``: unknown or no scaler),
+    ``micro_batches`` the number of accumulated micro-batches (``None``: unknown).
+    """
+
+    applied: Tristate = Tristate.UNKNOWN
+    scale: float | None = None
+    unscaled: Tristate = Tristate.UNKNOWN
+    clipped: Tristate = Tristate.UNKNOWN
+    micro_batches: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("applied", "unscaled", "clipped"):
+            object.__setattr__(self, name, Tristate.of(getattr(self, name)))
+        if self.scale is not None and not math.isfinite(self.scale):
+            raise Refusal("history_json_invalid", f"loss scale {self.scale} is not finite.", [])
+        if self.micro_batches is not None and self.micro_batches < 1:
+            raise Refusal("history_json_invalid", "micro_batches must be >= 1 or None.", [])
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe dictionary."""
+        return {
+            "applied": self.applied.value,
+            "scale": self.scale,
+            "unscaled": self.unscaled.value,
+            "clipped": self.clipped.value,
+            "micro_batches": self.micro_batches,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> StepTruth:
+        """Inverse of :meth:`to_dict`."""
+        w = "step truth"
+        scale = _opt(d, "scale", (int, float), w)
+        return cls(
+            applied=Tristate.of(_need(d, "applied", str, w)),
+            scale=None if scale is None else float(scale),
+            unscaled=Tristate.of(_need(d, "unscaled", str, w)),
+            clipped=Tristate.of(_need(d, "clipped", str, w)),
+            micro_batches=_opt(d, "micro_batches", int, w),
+        )
+
+
+@dataclass(frozen=True)
+class StepBlockRecord:
+    """The atomic training coordinate: one optimizer step and how it is known."""
+
+    optimizer_step: int
+    examples_seen: int | None = None
+    epoch: int | None = None
+    provenance: StepProvenance = StepProvenance.EXPLICIT
+    truth: StepTruth = field(default_factory=StepTruth)
+    wall_time: float | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "provenance", _enum(StepProvenance, self.provenance, "provenance"))
+        if self.optimizer_step < 0:
+            raise Refusal("history_json_invalid", "optimizer_step must be >= 0.", [])
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe dictionary."""
+        return {
+            "optimizer_step": self.optimizer_step,
+            "examples_seen": self.examples_seen,
+            "epoch": self.epoch,
+            "provenance": self.provenance.value,
+            "truth": self.truth.to_dict(),
+            "wall_time": self.wall_time,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> StepBlockRecord:
+        """Inverse of :meth:`to_dict`."""
+        w = "step block"
+        wall = _opt(d, "wall_time", (int, float), w)
+        return cls(
+            optimizer_step=_need(d, "optimizer_step", int, w),
+            examples_seen=_opt(d, "examples_seen", int, w),
+            epoch=_opt(d, "epoch", int, w),
+            provenance=_enum(StepProvenance, _need(d, "provenance", str, w), "provenance"),
+            truth=StepTruth.from_dict(_need(d, "truth", Mapping, w)),
+            wall_time=None if wall is None else float(wall),
+        )
+
+
+@dataclass(frozen=True)
+class ObservationRecord:
+    """One (step, site, stream, phase) cell.
+
+    ``spine`` is a ``stepscope.stats.RunningStats`` and ``histogram`` a
+    ``stepscope.stats.Histogram`` (or ``None``). Only ``presence=observed`` may carry them
+    (else ``presence_payload_forbidden``); gradient streams need ``scale_grad``
+    (else ``scale_grad_required``). ``micro_batch`` is ``None`` for a whole-step cell.
+    """
+
+    step: int
+    site_id: int
+    stream: Stream
+    phase: Phase
+    presence: Presence
+    spine: Any = None
+    histogram: Any = None
+    scale_grad: ScaleGrad | None = None
+    micro_batch: int | None = None
+    disclosures: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "stream", _enum(Stream, self.stream, "stream"))
+        object.__setattr__(self, "phase", _enum(Phase, self.phase, "phase"))
+        object.__setattr__(self, "presence", _enum(Presence, self.presence, "presence"))
+        object.__setattr__(self, "disclosures", tuple(self.disclosures))
+        if self.scale_grad is not None:
+            object.__setattr__(self, "scale_grad", _enum(ScaleGrad, self.scale_grad, "scale_grad"))
+        if self.presence is not Presence.OBSERVED and (
+            self.spine is not None or self.histogram is not None
+        ):
+            raise Refusal(
+                "presence_payload_forbidden",
+                f"step {self.step} site {self.site_id} {self.stream.value}: presence "
+                f"{self.presence.value!r} carries a payload; only 'observed' cells hold data.",
+                ["set presence='observed'", "or drop the spine/histogram"],
+            )
+        if self.stream in GRADIENT_STREAMS and self.scale_grad is None:
+            raise Refusal(
+                "scale_grad_required",
+                f"a {self.stream.value} record must say whether it was loss-scaled.",
+                ["pass scale_grad='scaled', 'unscaled' or 'unknown'"],
+            )
+
+
+def package_versions() -> dict[str, str]:
+    """Versions of python, torch, numpy and stepscope in this process."""
+    import platform
+
+    import numpy
+    import torch
+
+    from stepscope import __version__
+
+    return {
+        "python": platform.python_version(),
+        "torch": str(torch.__version__),
+        "numpy": numpy.__version__,
+        "stepscope": __version__,
+    }
+
+
+def _new_segment_id() -> str:
+    return uuid.uuid4().hex[:16]
+
+
+def _default_descriptor() -> dict[str, Any]:
+    from stepscope.stats import HistogramDescriptor
+
+    return HistogramDescriptor().to_dict()
