@@ -1,0 +1,190 @@
+/* stepscope fused CPU kernels: one pass per tensor, no temporaries.
+ *
+ * spine_*: writes 15 doubles in SPINE_FIELDS order
+ *   total, finite, zero, negative, nan, posinf, neginf, min, max, absmax, sum, sum_squares,
+ *   sum_abs, mean, m2
+ * Moments are accumulated in double around a shift K (the first finite element) so that
+ * m2 = sum(d^2) - sum(d)^2 / n suffers no cancellation from a large mean.
+ *
+ * hist_*: adds exact counts into a row of width W laid out as
+ *   [negative bins (nb), positive bins (nb), zero, underflow_pos, underflow_neg, overflow_pos,
+ *    overflow_neg, nan, posinf, neginf]
+ * The bin is the float's binary exponent (via a table indexed by sign+exponent) plus the number of
+ * exact integer mantissa thresholds the mantissa reaches. No log2, no rounding.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+    int64_t zero, neg, nan, pinf, ninf;
+    double sd, sd2, sq, sa, mn, mx;
+} part_t;
+
+static void part_init(part_t *p) {
+    memset(p, 0, sizeof(*p));
+    p->mn = INFINITY;
+    p->mx = -INFINITY;
+}
+
+static void part_add(part_t *a, const part_t *b) {
+    a->zero += b->zero; a->neg += b->neg; a->nan += b->nan; a->pinf += b->pinf; a->ninf += b->ninf;
+    a->sd += b->sd; a->sd2 += b->sd2; a->sq += b->sq; a->sa += b->sa;
+    if (b->mn < a->mn) a->mn = b->mn;
+    if (b->mx > a->mx) a->mx = b->mx;
+}
+
+static void finish(const part_t *p, int64_t n, double K, double *out) {
+    int64_t fin = n - p->nan - p->pinf - p->ninf;
+    out[0] = (double)n; out[1] = (double)fin; out[2] = (double)p->zero; out[3] = (double)p->neg;
+    out[4] = (double)p->nan; out[5] = (double)p->pinf; out[6] = (double)p->ninf;
+    if (fin > 0) {
+        double sum = K * (double)fin + p->sd;
+        double mean = K + p->sd / (double)fin;
+        double m2 = p->sd2 - p->sd * p->sd / (double)fin;
+        if (m2 < 0) m2 = 0;  /* round-off only: d^2 sums are non-negative */
+        out[7] = p->mn; out[8] = p->mx;
+        out[9] = fabs(p->mn) > fabs(p->mx) ? fabs(p->mn) : fabs(p->mx);
+        out[10] = sum; out[11] = p->sq; out[12] = p->sa; out[13] = mean; out[14] = m2;
+    } else {
+        for (int i = 7; i < 15; i++) out[i] = NAN;
+        out[10] = 0.0; out[11] = 0.0; out[12] = 0.0;  /* empty sums are exactly zero */
+    }
+}
+
+/* Branch-free body (bit selects instead of ternaries) so that GCC vectorizes the whole loop. */
+#define SPINE_RANGE(NAME, T, U, ABSMASK, EXPMASK, SIGNSHIFT)                                   \
+    static void NAME(const T *restrict x, int64_t lo, int64_t hi, double K, part_t *p) {      \
+        int64_t zero = 0, neg = 0, nan_ = 0, pinf = 0, ninf = 0;                              \
+        double sd = 0, sd2 = 0, sq = 0, sa = 0;                                               \
+        T mn = INFINITY, mx = -INFINITY;                                                      \
+        const U signbit = (U)1 << SIGNSHIFT;                                                  \
+        _Pragma("omp simd reduction(+:zero,neg,nan_,pinf,ninf,sd,sd2,sq,sa) reduction(min:mn) reduction(max:mx)") \
+        for (int64_t i = lo; i < hi; i++) {                                                   \
+            U u;                                                                              \
+            memcpy(&u, &x[i], sizeof(u));                                                     \
+            U a = u & ABSMASK;                                                                \
+            U finm = -(U)(a < EXPMASK); /* all ones when finite */                            \
+            U isinf_ = a == EXPMASK;                                                          \
+            U s = u >> SIGNSHIFT;                                                             \
+            zero += (a == 0);                                                                 \
+            neg += (finm & 1) & s & (a != 0);                                                 \
+            nan_ += (a > EXPMASK);                                                            \
+            pinf += isinf_ & (s ^ 1);                                                         \
+            ninf += isinf_ & s;                                                               \
+            U wb = u & finm, ab = a & finm;                                                   \
+            U lb = wb | (EXPMASK & ~finm), hb = wb | ((EXPMASK | signbit) & ~finm);           \
+            T w, av, l, h;                                                                    \
+            memcpy(&w, &wb, sizeof(w));                                                       \
+            memcpy(&av, &ab, sizeof(av));                                                     \
+            memcpy(&l, &lb, sizeof(l));                                                       \
+            memcpy(&h, &hb, sizeof(h));                                                       \
+            double wd = (double)w;                                                            \
+            double d = wd - K * (double)(finm & 1);                                           \
+            sd += d;                                                                          \
+            sd2 += d * d;                                                                     \
+            sq += wd * wd;                                                                    \
+            sa += (double)av;                                                                 \
+            mn = l < mn ? l : mn;                                                             \
+            mx = h > mx ? h : mx;                                                             \
+        }                                                                                     \
+        p->zero = zero; p->neg = neg; p->nan = nan_; p->pinf = pinf; p->ninf = ninf;          \
+        p->sd = sd; p->sd2 = sd2; p->sq = sq; p->sa = sa; p->mn = (double)mn; p->mx = (double)mx; \
+    }
+
+SPINE_RANGE(spine_range_f32, float, uint32_t, 0x7fffffffu, 0x7f800000u, 31)
+SPINE_RANGE(spine_range_f64, double, uint64_t, 0x7fffffffffffffffull, 0x7ff0000000000000ull, 63)
+
+#define SPINE_ENTRY(NAME, RANGE, T)                                                           \
+    void NAME(const T *x, int64_t n, int nthreads, double *out) {                             \
+        double K = 0.0;                                                                       \
+        for (int64_t i = 0; i < n; i++) {                                                     \
+            if (isfinite(x[i])) { K = (double)x[i]; break; }                                  \
+        }                                                                                     \
+        part_t total;                                                                         \
+        part_init(&total);                                                                    \
+        if (nthreads < 1 || n < 65536) nthreads = 1;                                          \
+        part_t *parts = (part_t *)calloc((size_t)nthreads, sizeof(part_t));                   \
+        _Pragma("omp parallel for num_threads(nthreads) schedule(static)")                    \
+        for (int t = 0; t < nthreads; t++) {                                                  \
+            int64_t lo = n * t / nthreads, hi = n * (t + 1) / nthreads;                       \
+            RANGE(x, lo, hi, K, &parts[t]);                                                   \
+        }                                                                                     \
+        for (int t = 0; t < nthreads; t++) part_add(&total, &parts[t]);                       \
+        free(parts);                                                                          \
+        finish(&total, n, K, out);                                                            \
+    }
+
+SPINE_ENTRY(stepscope_spine_f32, spine_range_f32, float)
+SPINE_ENTRY(stepscope_spine_f64, spine_range_f64, double)
+
+/* Histogram. table[se] (se = sign and exponent bits) holds the slot for that exponent, with bit 30
+ * set when the mantissa thresholds refine it (in-window exponents). Special slots: nb2 + {0 zero,
+ * 1 uf+, 2 uf-, 3 of+, 4 of-, 5 nan, 6 +inf, 7 -inf}; subnormals map to underflow (the window
+ * starts at or above the smallest normal). Phase 1 computes slot indices for a block (vectorized);
+ * phase 2 increments two interleaved private histograms (fewer store-to-load stalls). */
+#define HBLOCK 512
+#define HIST_RANGE(NAME, T, U, EBITS, MBITS)                                                  \
+    static void NAME(const T *restrict x, int64_t lo, int64_t hi, const int32_t *table,       \
+                     const U *thr, int nthr, int64_t nb2, int64_t *h0, int64_t *h1) {         \
+        const U emax = ((U)1 << EBITS) - 1;                                                   \
+        const U mmask = ((U)1 << MBITS) - 1;                                                  \
+        const U absmask = ((U)1 << (EBITS + MBITS)) - 1;                                      \
+        int32_t idx[HBLOCK];                                                                  \
+        U t0 = nthr > 0 ? thr[0] : mmask + 1, t1 = nthr > 1 ? thr[1] : mmask + 1;             \
+        U t2 = nthr > 2 ? thr[2] : mmask + 1;                                                 \
+        for (int64_t b = lo; b < hi; b += HBLOCK) {                                           \
+            int64_t len = hi - b < HBLOCK ? hi - b : HBLOCK;                                  \
+            _Pragma("omp simd")                                                               \
+            for (int64_t k = 0; k < len; k++) {                                               \
+                U u;                                                                          \
+                memcpy(&u, &x[b + k], sizeof(u));                                             \
+                U se = u >> MBITS;                                                            \
+                U e = se & emax;                                                              \
+                U m = u & mmask;                                                              \
+                int32_t entry = table[se];                                                    \
+                int32_t j = (int32_t)(m >= t0) + (int32_t)(m >= t1) + (int32_t)(m >= t2);    \
+                int32_t slot = (entry & 0x3fffffff) + ((entry >> 30) & 1) * j;                \
+                slot = (e == emax && m != 0) ? (int32_t)nb2 + 5 : slot;                       \
+                slot = ((u & absmask) == 0) ? (int32_t)nb2 : slot;                            \
+                idx[k] = slot;                                                                \
+            }                                                                                 \
+            if (nthr > 3) { /* finer grids: refine in-window slots with the remaining thresholds */ \
+                for (int64_t k = 0; k < len; k++) {                                           \
+                    U u;                                                                      \
+                    memcpy(&u, &x[b + k], sizeof(u));                                         \
+                    U se = u >> MBITS, m = u & mmask;                                         \
+                    if ((table[se] >> 30) & 1)                                                \
+                        for (int q = 3; q < nthr; q++) idx[k] += (m >= thr[q]);               \
+                }                                                                             \
+            }                                                                                 \
+            int64_t k = 0;                                                                    \
+            for (; k + 1 < len; k += 2) { h0[idx[k]]++; h1[idx[k + 1]]++; }                   \
+            if (k < len) h0[idx[k]]++;                                                        \
+        }                                                                                     \
+    }
+
+HIST_RANGE(hist_range_f32, float, uint32_t, 8, 23)
+HIST_RANGE(hist_range_f64, double, uint64_t, 11, 52)
+
+#define HIST_ENTRY(NAME, RANGE, T, U)                                                         \
+    void NAME(const T *x, int64_t n, const int32_t *table,                                  \
+              const U *thr, int nthr, int64_t nb2, int64_t width, int nthreads, int64_t *out) { \
+        if (nthreads < 1 || n < 65536) nthreads = 1;                                          \
+        int64_t *local = (int64_t *)calloc((size_t)nthreads * 2 * (size_t)width, sizeof(int64_t)); \
+        _Pragma("omp parallel for num_threads(nthreads) schedule(static)")                    \
+        for (int t = 0; t < nthreads; t++) {                                                  \
+            int64_t lo = n * t / nthreads, hi = n * (t + 1) / nthreads;                       \
+            int64_t *h0 = local + (size_t)t * 2 * width;                                      \
+            RANGE(x, lo, hi, table, thr, nthr, nb2, h0, h0 + width);                   \
+        }                                                                                     \
+        for (int64_t t = 0; t < 2 * (int64_t)nthreads; t++)                                   \
+            for (int64_t k = 0; k < width; k++) out[k] += local[t * width + k];               \
+        free(local);                                                                          \
+    }
+
+HIST_ENTRY(stepscope_hist_f32, hist_range_f32, float, uint32_t)
+HIST_ENTRY(stepscope_hist_f64, hist_range_f64, double, uint64_t)
+
+int stepscope_kernels_version(void) { return 2; }

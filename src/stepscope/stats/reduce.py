@@ -1,0 +1,343 @@
+"""Batched, device-side reductions: many tensors -> one fixed-width row each, no host sync.
+
+:func:`reduce_spines` turns a list of tensors (one per site) into a ``[n_sites, SPINE_WIDTH]``
+float64 tensor on their device; :func:`reduce_histograms` into ``[n_sites, descriptor.width]``
+int64 counts. Decoding a row on the host (``RunningStats.from_vector`` /
+``Histogram.from_vector``) gives the same object as ``.update()`` on that tensor.
+
+On the CPU a fused C kernel reads each tensor once (see ``_kernels.c``); elsewhere, or when the
+C kernel is unavailable, a pure-torch path computes the same quantities with device ops only (no
+``.item()``, no data-dependent shapes). Both paths are exact for every count and histogram bin.
+
+Example
+-------
+>>> import torch
+>>> from stepscope.stats.reduce import reduce_spines, SPINE_FIELDS
+>>> rows = reduce_spines([torch.tensor([1.0, -2.0, float("nan")]), torch.zeros(4)])
+>>> dict(zip(SPINE_FIELDS, rows[0].tolist()))["nan"], rows[1, 2].item()
+(1.0, 4.0)
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from stepscope.errors import Refusal
+from stepscope.stats import _native
+from stepscope.stats.descriptor import HistogramDescriptor
+
+SPINE_FIELDS: tuple[str, ...] = (
+    "total",
+    "finite",
+    "zero",
+    "negative",
+    "nan",
+    "posinf",
+    "neginf",
+    "min",
+    "max",
+    "absmax",
+    "sum",
+    "sum_squares",
+    "sum_abs",
+    "mean",
+    "m2",
+)
+SPINE_WIDTH = len(SPINE_FIELDS)
+#: Moments and sums are accumulated in this dtype whatever the input dtype.
+REDUCTION_DTYPE = "float64"
+
+_F32 = (8, 23)  # exponent bits, mantissa bits
+_F64 = (11, 52)
+
+
+def _prepare(t: torch.Tensor) -> torch.Tensor:
+    """A flat, contiguous float32/float64 view (or exact widening copy) of ``t``."""
+    if not isinstance(t, torch.Tensor):
+        raise Refusal(
+            "stat_dtype_unsupported",
+            f"expected a torch.Tensor, got {type(t).__name__}",
+            ["pass tensors (torch.as_tensor(x))"],
+        )
+    t = t.detach()
+    if t.is_complex():
+        raise Refusal(
+            "stat_dtype_unsupported",
+            f"complex tensors ({t.dtype}) have no ordered spine or signed histogram",
+            ["reduce t.real and t.imag (or t.abs()) as separate sites"],
+        )
+    if t.dtype in (torch.float32, torch.float64):
+        pass
+    elif t.dtype in (
+        torch.float16,
+        torch.bfloat16,
+        torch.bool,
+        torch.uint8,
+        torch.int8,
+        torch.int16,
+    ):
+        t = t.to(torch.float32)  # exact widening
+    elif t.dtype in (torch.int32, torch.int64):
+        t = t.to(torch.float64)  # exact below 2**53
+    elif t.is_floating_point():  # float8 variants etc.
+        t = t.to(torch.float32)
+    else:
+        raise Refusal(
+            "stat_dtype_unsupported",
+            f"dtype {t.dtype} is not supported",
+            ["convert to a floating or integer dtype first"],
+        )
+    return t.reshape(-1).contiguous()
+
+
+# ----------------------------------------------------------------------------------- spines
+
+
+def _torch_spine(x: torch.Tensor) -> torch.Tensor:
+    """The spine row of a flat float tensor with device ops only."""
+    n = x.numel()
+    out = torch.empty(SPINE_WIDTH, dtype=torch.float64, device=x.device)
+    if n == 0:
+        out.copy_(torch.tensor([0.0] * 7 + [float("nan")] * 3 + [0.0] * 3 + [float("nan")] * 2))
+        return out
+    fin = torch.isfinite(x)
+    isinf = torch.isinf(x)
+    finite = fin.sum()
+    w = torch.where(fin, x, torch.zeros((), dtype=x.dtype, device=x.device)).to(torch.float64)
+    s = w.sum()
+    fcount = finite.to(torch.float64)
+    mean = s / fcount
+    big = torch.tensor(float("inf"), dtype=x.dtype, device=x.device)
+    mn = torch.where(fin, x, big).min().to(torch.float64)
+    mx = torch.where(fin, x, -big).max().to(torch.float64)
+    nan = torch.tensor(float("nan"), dtype=torch.float64, device=x.device)
+    has = finite > 0
+    mn = torch.where(has, mn, nan)
+    mx = torch.where(has, mx, nan)
+    m2 = (
+        torch.where(fin, w - mean, torch.zeros((), dtype=torch.float64, device=x.device))
+        .square()
+        .sum()
+    )
+    parts = [
+        torch.tensor(float(n), dtype=torch.float64, device=x.device),
+        fcount,
+        (x == 0).sum(),
+        ((x < 0) & fin).sum(),
+        torch.isnan(x).sum(),
+        (isinf & (x > 0)).sum(),
+        (isinf & (x < 0)).sum(),
+        mn,
+        mx,
+        torch.maximum(mn.abs(), mx.abs()),
+        s,
+        w.square().sum(),
+        w.abs().sum(),
+        torch.where(has, mean, nan),
+        torch.where(has, m2, nan),
+    ]
+    torch.stack([p.to(torch.float64) for p in parts], out=out)
+    return out
+
+
+def reduce_spines(
+    tensors: Sequence[torch.Tensor], out: torch.Tensor | None = None, *, backend: str = "auto"
+) -> torch.Tensor:
+    """Spine rows for a list of tensors.
+
+    Parameters
+    ----------
+    tensors
+        One tensor per site, all on the same device. Any real dtype; complex refuses
+        ``stat_dtype_unsupported``.
+    out
+        Optional preallocated ``[len(tensors), SPINE_WIDTH]`` float64 buffer on that device (the
+        collector's staging buffer). Returned when given.
+    backend
+        ``"auto"`` (C kernel on the CPU when available), ``"c"`` or ``"torch"``.
+
+    Returns
+    -------
+    torch.Tensor
+        ``[n, SPINE_WIDTH]`` float64, fields in :data:`SPINE_FIELDS` order. Counts are exact
+        integers; ``min, max, absmax, mean, m2`` are NaN where a row has no finite value.
+    """
+    flats = [_prepare(t) for t in tensors]
+    device = flats[0].device if flats else torch.device("cpu")
+    if out is None:
+        out = torch.empty((len(flats), SPINE_WIDTH), dtype=torch.float64, device=device)
+    elif out.shape != (len(flats), SPINE_WIDTH) or out.dtype != torch.float64:
+        raise Refusal(
+            "stat_payload_invalid",
+            f"staging buffer has shape {tuple(out.shape)}/{out.dtype}, "
+            f"need ({len(flats)}, {SPINE_WIDTH})/float64",
+            ["allocate out with torch.empty((n_sites, SPINE_WIDTH), dtype=torch.float64)"],
+        )
+    lib = _select(backend, device)
+    threads = torch.get_num_threads()
+    if lib is not None and out.is_contiguous():
+        base = out.data_ptr()
+        for i, x in enumerate(flats):
+            fn = lib.stepscope_spine_f32 if x.dtype == torch.float32 else lib.stepscope_spine_f64
+            fn(x.data_ptr(), x.numel(), threads, base + i * SPINE_WIDTH * 8)
+        return out
+    for i, x in enumerate(flats):
+        out[i] = _torch_spine(x)
+    return out
+
+
+def _select(backend: str, device: torch.device):
+    if backend not in ("auto", "c", "torch"):
+        raise Refusal(
+            "settings_invalid", f"unknown kernel backend {backend!r}", ["use auto, c or torch"]
+        )
+    if backend == "torch" or device.type != "cpu":
+        return None
+    lib = _native.load()
+    if lib is None and backend == "c":
+        raise Refusal(
+            "settings_invalid",
+            "the C kernel was requested but is unavailable: " + _native.backend_info()["detail"],
+            ["install a C compiler (gcc) or use backend='auto'"],
+        )
+    return lib
+
+
+# ------------------------------------------------------------------------------- histograms
+
+
+#: Bit set in a slot-table entry when the mantissa thresholds refine the slot (in-window exponent).
+_INWIN = 1 << 30
+
+
+@functools.lru_cache(maxsize=32)
+def _tables(desc: HistogramDescriptor, fmt: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
+    """Slot table indexed by ``sign << ebits | exponent``, and the exact mantissa thresholds.
+
+    Entry = slot index, plus :data:`_INWIN` for exponents inside the window. Exponent 0 (zero and
+    subnormals) maps to underflow, the all-ones exponent to +/-inf; the kernels override zero and
+    NaN from the mantissa.
+    """
+    ebits, mbits = fmt
+    bias = (1 << (ebits - 1)) - 1
+    nb, bpo = desc.n_bins, desc.bins_per_octave
+    nb2 = 2 * nb
+    emax = (1 << ebits) - 1
+    table = np.zeros(1 << (ebits + 1), dtype=np.int32)
+    for sign in (0, 1):
+        under, over = nb2 + (2 if sign else 1), nb2 + (4 if sign else 3)
+        for e in range(emax + 1):
+            se = (sign << ebits) | e
+            exp = e - bias
+            if e == emax:
+                table[se] = nb2 + (7 if sign else 6)
+            elif e == 0 or exp < desc.lo_exp:  # subnormals lie below 2**(1-bias) <= 2**lo_exp
+                table[se] = under
+            elif exp >= desc.hi_exp:
+                table[se] = over
+            else:
+                table[se] = ((exp - desc.lo_exp) * bpo + (0 if sign else nb)) | _INWIN
+    thr = np.array(desc.mantissa_thresholds(mbits), dtype=np.uint32 if mbits == 23 else np.uint64)
+    return table, thr
+
+
+def _format_for(x: torch.Tensor, desc: HistogramDescriptor) -> tuple[torch.Tensor, tuple[int, int]]:
+    # float32 subnormals lie below 2**-126; a window reaching below that is binned in float64.
+    if x.dtype == torch.float32 and desc.lo_exp >= -126:
+        return x, _F32
+    return x.to(torch.float64), _F64
+
+
+@functools.lru_cache(maxsize=32)
+def _device_tables(desc: HistogramDescriptor, fmt: tuple[int, int], device: torch.device):
+    table, thr = _tables(desc, fmt)
+    return torch.from_numpy(table.astype(np.int64)).to(device), torch.from_numpy(
+        thr.astype(np.int64)
+    ).to(device)
+
+
+def _torch_histogram(x: torch.Tensor, desc: HistogramDescriptor, row: torch.Tensor) -> None:
+    x, fmt = _format_for(x, desc)
+    if x.numel() == 0:
+        return
+    ebits, mbits = fmt
+    table, thr = _device_tables(desc, fmt, x.device)
+    bits = x.view(torch.int32 if fmt == _F32 else torch.int64).to(torch.int64)
+    se = (bits >> mbits) & ((1 << (ebits + 1)) - 1)
+    emax = (1 << ebits) - 1
+    e = se & emax
+    m = bits & ((1 << mbits) - 1)
+    nb2 = 2 * desc.n_bins
+    j = torch.bucketize(m, thr, right=True) if thr.numel() else torch.zeros_like(m)
+    entry = table[se]
+    idx = (entry & (_INWIN - 1)) + ((entry >> 30) & 1) * j
+    idx = torch.where((e == emax) & (m != 0), torch.full_like(idx, nb2 + 5), idx)
+    idx = torch.where((e == 0) & (m == 0), torch.full_like(idx, nb2), idx)
+    row.index_add_(0, idx, torch.ones_like(idx))
+
+
+def reduce_histograms(
+    tensors: Sequence[torch.Tensor],
+    descriptor: HistogramDescriptor | None = None,
+    out: torch.Tensor | None = None,
+    *,
+    backend: str = "auto",
+) -> torch.Tensor:
+    """Exact signed log2 histogram rows for a list of tensors.
+
+    Parameters
+    ----------
+    tensors
+        One tensor per site, on one device.
+    descriptor
+        The grid; default :class:`HistogramDescriptor()`.
+    out
+        Optional preallocated ``[n, descriptor.width]`` int64 buffer; it is zeroed first.
+    backend
+        ``"auto"``, ``"c"`` or ``"torch"``.
+
+    Returns
+    -------
+    torch.Tensor
+        ``[n, width]`` int64: negative bins, positive bins, then ``SPECIAL_FIELDS``.
+    """
+    desc = descriptor or HistogramDescriptor()
+    flats = [_prepare(t) for t in tensors]
+    device = flats[0].device if flats else torch.device("cpu")
+    if out is None:
+        out = torch.zeros((len(flats), desc.width), dtype=torch.int64, device=device)
+    else:
+        if out.shape != (len(flats), desc.width) or out.dtype != torch.int64:
+            raise Refusal(
+                "stat_payload_invalid",
+                f"histogram buffer has shape {tuple(out.shape)}, need ({len(flats)}, {desc.width})",
+                ["allocate out with torch.zeros((n_sites, descriptor.width), dtype=torch.int64)"],
+            )
+        out.zero_()
+    lib = _select(backend, device)
+    if lib is not None and out.is_contiguous():
+        threads = torch.get_num_threads()
+        for i, x in enumerate(flats):
+            x, fmt = _format_for(x, desc)
+            table, thr = _tables(desc, fmt)
+            fn = lib.stepscope_hist_f32 if fmt == _F32 else lib.stepscope_hist_f64
+            fn(
+                x.data_ptr(),
+                x.numel(),
+                table.ctypes.data_as(ctypes.c_void_p),
+                thr.ctypes.data_as(ctypes.c_void_p),
+                len(thr),
+                2 * desc.n_bins,
+                desc.width,
+                threads,
+                out.data_ptr() + i * desc.width * 8,
+            )
+        return out
+    for i, x in enumerate(flats):
+        _torch_histogram(x, desc, out[i])
+    return out

@@ -1,0 +1,230 @@
+"""The scalar spine: exact counts and stable-merge moments of a stream of tensors.
+
+Definitions (over all elements seen so far):
+
+- ``total``: number of elements; ``finite``: not NaN and not +/-inf; ``zero``: exactly 0 (either
+  sign); ``negative``: finite and < 0; ``nan``, ``posinf``, ``neginf``: the specials.
+  ``total == finite + nan + posinf + neginf``. All exact Python ints.
+- Over finite values only: ``min``, ``max``, ``absmax`` (exact), ``sum``, ``sum_squares``,
+  ``sum_abs`` (float64 accumulations), ``mean`` and ``m2 = sum((x - mean)**2)`` (merged with Chan's
+  pairwise formulas), ``var = m2 / finite`` (population variance). Each is ``None`` when no
+  finite value has been seen — never 0 (sums of nothing are exactly 0.0).
+
+Example
+-------
+>>> import torch
+>>> s = RunningStats()
+>>> s.update(torch.tensor([1.0, 2.0, float("inf")]))
+>>> s.total, s.finite, s.posinf, s.mean, s.max
+(3, 2, 1, 1.5, 2.0)
+>>> RunningStats.from_dict(s.to_dict()) == s
+True
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import torch
+
+from stepscope.errors import Refusal
+from stepscope.stats.reduce import REDUCTION_DTYPE, SPINE_FIELDS, SPINE_WIDTH, reduce_spines
+
+COUNT_FIELDS: tuple[str, ...] = SPINE_FIELDS[:7]
+FLOAT_FIELDS: tuple[str, ...] = SPINE_FIELDS[7:]
+_SUM_FIELDS = ("sum", "sum_squares", "sum_abs")
+
+
+def _enc(value: float | None) -> float | str | None:
+    """JSON-safe float: non-finite floats become strings (JSON has no inf)."""
+    if value is None or math.isfinite(value):
+        return value
+    return repr(value)  # 'inf' / '-inf' / 'nan'
+
+
+def _dec(value: Any, name: str) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, str) and value in ("inf", "-inf", "nan"):
+        return float(value)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise Refusal("stat_payload_invalid", f"field {name!r} must be a number, got {value!r}")
+    return float(value)
+
+
+class RunningStats:
+    """Exact streaming spine of tensors (see module docstring for every field's definition).
+
+    ``update`` reduces on the tensor's device (fused C kernel on the CPU) and reads back one row;
+    ``merge`` combines two spines exactly for counts and with Chan's formulas for moments.
+    Consumes no RNG and never changes the tensor.
+    """
+
+    __slots__ = ("_c", "_f", "reduction_dtype")
+
+    def __init__(self) -> None:
+        self._c = dict.fromkeys(COUNT_FIELDS, 0)
+        self._f: dict[str, float | None] = dict.fromkeys(FLOAT_FIELDS, None)
+        for name in _SUM_FIELDS:
+            self._f[name] = 0.0
+        self.reduction_dtype = REDUCTION_DTYPE
+
+    # ---- field access
+    def __getattr__(self, name: str) -> Any:
+        if name in COUNT_FIELDS:
+            return self._c[name]
+        if name in FLOAT_FIELDS:
+            return self._f[name]
+        raise AttributeError(name)
+
+    @property
+    def var(self) -> float | None:
+        """Population variance of the finite values (``m2 / finite``), ``None`` if none."""
+        m2 = self._f["m2"]
+        return None if m2 is None else m2 / self._c["finite"]
+
+    # ---- streaming
+    def update(self, tensor: torch.Tensor) -> None:
+        """Fold every element of ``tensor`` into the spine (in place)."""
+        row = reduce_spines([tensor])[0].cpu().numpy()
+        merged = self.merge(RunningStats.from_vector(row, reduction_dtype=self.reduction_dtype))
+        self._c, self._f = merged._c, merged._f
+
+    def merge(self, other: RunningStats) -> RunningStats:
+        """A new spine over the union of both inputs (neither input is changed)."""
+        if not isinstance(other, RunningStats):
+            raise Refusal(
+                "stat_kind_mismatch", f"cannot merge RunningStats with {type(other).__name__}"
+            )
+        out = RunningStats()
+        out.reduction_dtype = self.reduction_dtype
+        for name in COUNT_FIELDS:
+            out._c[name] = self._c[name] + other._c[name]
+        for name in _SUM_FIELDS:
+            out._f[name] = self._f[name] + other._f[name]
+        na, nb = self._c["finite"], other._c["finite"]
+        if na == 0 or nb == 0:
+            src = other if na == 0 else self
+            for name in ("min", "max", "absmax", "mean", "m2"):
+                out._f[name] = src._f[name]
+            return out
+        out._f["min"] = min(self._f["min"], other._f["min"])
+        out._f["max"] = max(self._f["max"], other._f["max"])
+        out._f["absmax"] = max(self._f["absmax"], other._f["absmax"])
+        n = na + nb
+        delta = other._f["mean"] - self._f["mean"]
+        out._f["mean"] = self._f["mean"] + delta * (nb / n)
+        out._f["m2"] = self._f["m2"] + other._f["m2"] + delta * delta * (na * nb / n)
+        return out
+
+    # ---- vectors and dicts
+    def to_vector(self) -> np.ndarray:
+        """The float64 row in :data:`SPINE_FIELDS` order (NaN where a float field is ``None``)."""
+        vals = [float(self._c[n]) for n in COUNT_FIELDS]
+        vals += [math.nan if self._f[n] is None else float(self._f[n]) for n in FLOAT_FIELDS]
+        return np.asarray(vals, dtype=np.float64)
+
+    @classmethod
+    def from_vector(
+        cls, vec: np.ndarray | torch.Tensor, reduction_dtype: str = REDUCTION_DTYPE
+    ) -> RunningStats:
+        """Decode a spine row produced by :func:`reduce_spines` or :meth:`to_vector`."""
+        v = vec.detach().cpu().numpy() if isinstance(vec, torch.Tensor) else np.asarray(vec)
+        if v.shape != (SPINE_WIDTH,):
+            raise Refusal(
+                "stat_payload_invalid", f"spine row must have shape ({SPINE_WIDTH},), got {v.shape}"
+            )
+        out = cls()
+        out.reduction_dtype = reduction_dtype
+        for i, name in enumerate(COUNT_FIELDS):
+            out._c[name] = int(v[i])
+        has = out._c["finite"] > 0
+        for i, name in enumerate(FLOAT_FIELDS, start=len(COUNT_FIELDS)):
+            if name in _SUM_FIELDS:
+                out._f[name] = float(v[i])
+            else:
+                out._f[name] = float(v[i]) if has else None
+        out._validate()
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe dict (non-finite sums as strings); :meth:`from_dict` inverts it exactly."""
+        d: dict[str, Any] = {"kind": "running_stats", "reduction_dtype": self.reduction_dtype}
+        d.update(self._c)
+        d.update({k: _enc(v) for k, v in self._f.items()})
+        return d
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RunningStats:
+        """Rebuild from :meth:`to_dict` output; refuses ``stat_payload_invalid`` when malformed."""
+        if not isinstance(data, dict) or data.get("kind") != "running_stats":
+            raise Refusal(
+                "stat_payload_invalid",
+                "not a running_stats payload",
+                ["pass RunningStats.to_dict() output"],
+            )
+        missing = [k for k in SPINE_FIELDS if k not in data]
+        if missing:
+            raise Refusal("stat_payload_invalid", f"running_stats payload lacks {missing}")
+        out = cls()
+        out.reduction_dtype = str(data.get("reduction_dtype", REDUCTION_DTYPE))
+        for name in COUNT_FIELDS:
+            value = data[name]
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise Refusal(
+                    "stat_payload_invalid",
+                    f"count {name!r} must be a non-negative int, got {value!r}",
+                )
+            out._c[name] = value
+        for name in FLOAT_FIELDS:
+            out._f[name] = _dec(data[name], name)
+        out._validate()
+        return out
+
+    def _validate(self) -> None:
+        c = self._c
+        if (
+            c["finite"] != c["total"] - c["nan"] - c["posinf"] - c["neginf"]
+            or c["zero"] + c["negative"] > c["finite"]
+        ):
+            raise Refusal("stat_payload_invalid", f"inconsistent spine counts {c}")
+        has = c["finite"] > 0
+        for name in ("min", "max", "absmax", "mean", "m2"):
+            if (self._f[name] is None) == has:
+                raise Refusal(
+                    "stat_payload_invalid",
+                    f"field {name!r} must be {'set' if has else 'None'} when finite == {c['finite']}",
+                )
+        if any(self._f[n] is None for n in _SUM_FIELDS):
+            raise Refusal("stat_payload_invalid", "sums must be numbers (0.0 when empty)")
+
+    def to_tensorboard(self) -> dict[str, float | int]:
+        """Keyword arguments ``num, min, max, sum, sum_squares`` of ``add_histogram_raw``.
+
+        ``num`` is the number of finite values (the values ``sum`` and ``sum_squares`` describe);
+        NaN and infinities have no place on TensorBoard's axis and are exported separately.
+        With no finite value, ``min``/``max`` are 0.0 and ``num`` is 0 (TensorBoard needs numbers).
+        """
+        has = self._c["finite"] > 0
+        return {
+            "num": self._c["finite"],
+            "min": self._f["min"] if has else 0.0,
+            "max": self._f["max"] if has else 0.0,
+            "sum": self._f["sum"],
+            "sum_squares": self._f["sum_squares"],
+        }
+
+    # ---- comparison
+    def _key(self) -> tuple:
+        return (tuple(self._c.values()), tuple(self._f.values()), self.reduction_dtype)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, RunningStats) and self._key() == other._key()
+
+    __hash__ = None  # type: ignore[assignment]  # mutable
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{k}={v}" for k, v in {**self._c, **self._f}.items())
+        return f"RunningStats({fields})"
