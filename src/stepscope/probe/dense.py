@@ -249,9 +249,9 @@ class DenseProbe:
                 "a parameter or buffer was written during the probe's eval forward/backward",
                 ["make the model's eval forward free of in-place state updates"],
             )
-        record = self._assemble(model, layers, fwd, step, examples_seen, epoch, active or {})
         if self.init_snapshot is None and step == 0:
             self.init_snapshot = take_snapshot(self.tracked_params(model), 0)
+        record = self._assemble(model, layers, fwd, step, examples_seen, epoch, active or {})
         if resnapshot:
             self.snapshot = take_snapshot(self.tracked_params(model), step)
         record.cost["seconds"] = time.perf_counter() - started

@@ -1,0 +1,81 @@
+"""Per-example norm algebra and the host-side moment conventions (round-off, None + validity)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from stepscope.probe.moments import (
+    COVARIANCE_ROUNDOFF_RTOL,
+    block_tensors,
+    gradient_moments,
+    per_example_sq_norms,
+)
+
+
+def _explicit(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    # one explicit outer-product sum per example, float64
+    return torch.stack(
+        [
+            sum(torch.outer(b[i, :, l], a[i, :, l]) for l in range(a.shape[2])).square().sum()
+            for i in range(a.shape[0])
+        ]
+    )
+
+
+@pytest.mark.parametrize("method", ["outer", "gram", "auto"])
+def test_positional_sq_norms_match_explicit_per_example_sums(method):
+    g = torch.Generator().manual_seed(0)
+    a = torch.randn(5, 7, 9, generator=g, dtype=torch.float64)
+    b = torch.randn(5, 3, 9, generator=g, dtype=torch.float64)
+    expected = _explicit(a, b)
+    torch.testing.assert_close(per_example_sq_norms(a, b, method), expected)
+    # and the factor-norm product is a different number once positions exist
+    product = a.square().sum((1, 2)) * b.square().sum((1, 2))
+    assert not torch.allclose(product, expected, rtol=1e-2)
+
+
+def test_unknown_method_is_a_programming_error():
+    a = torch.ones(1, 2, 3)
+    with pytest.raises(ValueError):
+        per_example_sq_norms(a, a, "fast")
+
+
+def test_block_mean_gradient_and_bias_match_explicit_loop():
+    g = torch.Generator().manual_seed(1)
+    a = torch.randn(4, 6, 5, generator=g, dtype=torch.float64)
+    b = torch.randn(4, 2, 5, generator=g, dtype=torch.float64)
+    out = block_tensors(a, b)
+    per_example = torch.stack([b[i] @ a[i].T for i in range(4)])
+    torch.testing.assert_close(out.weight_mean, per_example.mean(0))
+    torch.testing.assert_close(out.bias_mean, b.sum(2).mean(0))
+    torch.testing.assert_close(out.bias_sq, b.sum(2).square().sum(1))
+    assert block_tensors(a, b, with_bias=False).bias_sq is None
+
+
+def test_roundoff_negative_covariance_is_clipped_and_recorded():
+    sq = np.array([2.0, 2.0])
+    m = gradient_moments(sq, 2.0 * (1 + COVARIANCE_ROUNDOFF_RTOL / 10))
+    assert m.covariance_trace == 0.0 and m.validity["covariance_clipped"] is True
+    assert m.validity["covariance_raw"] < 0
+
+
+def test_negative_covariance_beyond_roundoff_is_none_not_clipped():
+    m = gradient_moments(np.array([1.0, 1.0]), 1.5)
+    assert m.covariance_trace is None and m.validity["covariance_clipped"] is False
+    assert m.validity["covariance_raw"] == pytest.approx(-0.5)
+
+
+def test_non_finite_per_example_norms_make_every_moment_none():
+    m = gradient_moments(np.array([1.0, np.inf, 2.0]), 1.0)
+    assert m.fisher_trace is None and m.grad_norm_quantiles is None
+    assert m.validity["finite_examples"] == 2 and m.validity["n_examples"] == 3
+
+
+def test_negligible_denominator_gives_none_diversity_with_counts():
+    m = gradient_moments(np.array([1.0, 1.0]), 1e-9)
+    assert m.gradient_diversity is None and m.validity["diversity_valid"] == 0
+    assert m.validity["diversity_denominator"] == pytest.approx(4e-9)
+    ok = gradient_moments(np.array([1.0, 3.0]), 1.0)
+    assert ok.gradient_diversity == pytest.approx(4.0 / 4.0) and ok.validity["diversity_valid"] == 1
