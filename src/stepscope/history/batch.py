@@ -97,7 +97,7 @@ class ObservationBatch:
     histograms: np.ndarray | None = None
     scale_grad: ScaleGrad | None = None
     micro_batch: int | None = None
-    reduction_dtype: str = "float32"
+    reduction_dtype: str = "float64"
     disclosures: tuple[str, ...] = field(default=())
 
     def __post_init__(self) -> None:
@@ -222,7 +222,7 @@ def batches_from_records(records: Iterable[ObservationRecord]) -> list[Observati
     """Group per-observation records into columnar batches (one per shared attribute set)."""
     groups: dict[tuple, list[ObservationRecord]] = {}
     for r in records:
-        rdtype = getattr(r.spine, "reduction_dtype", "float32") if r.spine is not None else None
+        rdtype = getattr(r.spine, "reduction_dtype", "float64") if r.spine is not None else None
         key = (r.stream, r.phase, r.micro_batch, r.scale_grad, r.disclosures, rdtype)
         groups.setdefault(key, []).append(r)
     out = []
@@ -247,7 +247,7 @@ def batches_from_records(records: Iterable[ObservationRecord]) -> list[Observati
                 histograms=np.stack(hists) if hists else None,
                 scale_grad=scale,
                 micro_batch=micro,
-                reduction_dtype=rdtype or "float32",
+                reduction_dtype=rdtype or "float64",
                 disclosures=discl,
             )
         )

@@ -1,0 +1,77 @@
+"""Shared helpers: an independent float64 numpy spine and a small deterministic run writer."""
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from stepscope.history import ArtifactWriter, ObservationBatch, StepBlockRecord
+from stepscope.history.batch import code_of
+from stepscope.history.schema import Presence
+from stepscope.stats import SPINE_FIELDS
+
+
+def np_spine(x: np.ndarray) -> np.ndarray:
+    """The spine of ``x`` computed directly in float64 numpy (the test oracle)."""
+    x = np.asarray(x, dtype=np.float64).ravel()
+    f = x[np.isfinite(x)]
+    v = dict.fromkeys(SPINE_FIELDS, np.nan)
+    v.update(
+        total=x.size,
+        finite=f.size,
+        zero=(x == 0).sum(),
+        negative=(x < 0).sum(),
+        nan=np.isnan(x).sum(),
+        posinf=(x == np.inf).sum(),
+        neginf=(x == -np.inf).sum(),
+        sum=f.sum(),
+        sum_squares=(f * f).sum(),
+        sum_abs=np.abs(f).sum(),
+    )
+    if f.size:
+        v.update(
+            min=f.min(),
+            max=f.max(),
+            absmax=np.abs(f).max(),
+            mean=f.mean(),
+            m2=((f - f.mean()) ** 2).sum(),
+        )
+    return np.array([v[k] for k in SPINE_FIELDS], dtype=np.float64)
+
+
+OBSERVED = code_of(Presence.OBSERVED)
+NOT_SCHEDULED = code_of(Presence.NOT_SCHEDULED)
+
+
+def step_spines(step: int, n_sites: int) -> np.ndarray:
+    """Deterministic per-step spines (a function of the step only)."""
+    rng = np.random.default_rng(step)
+    return np.stack([np_spine(rng.normal(size=7)) for _ in range(n_sites)])
+
+
+def write_simple_run(path, n_steps=10, n_sites=3, commit_steps=3, start=0, writer=None, **kw):
+    """Activation spines for ``n_sites`` sites at each step; returns the writer (closed)."""
+    w = writer or ArtifactWriter(path, commit_steps=commit_steps, **kw)
+    ids = [w.register_site(f"s{i}", "torch.nn.Linear", "f32[7]") for i in range(n_sites)]
+    for step in range(start, start + n_steps):
+        b = ObservationBatch.observed("activation", "forward", ids, step_spines(step, n_sites))
+        w.write_step(StepBlockRecord(step), [b])
+    w.close()
+    return w
+
+
+@pytest.fixture
+def run_dir(tmp_path):
+    return tmp_path / "run"
+
+
+@pytest.fixture
+def hx():
+    """The helpers above (test modules cannot import conftest under importlib mode)."""
+    return SimpleNamespace(
+        np_spine=np_spine,
+        step_spines=step_spines,
+        write_simple_run=write_simple_run,
+        OBSERVED=OBSERVED,
+        NOT_SCHEDULED=NOT_SCHEDULED,
+    )
