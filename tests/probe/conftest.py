@@ -9,7 +9,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from probe_testkit import brute_force  # noqa: E402
+from probe_testkit import brute_force
 
 
 @pytest.fixture

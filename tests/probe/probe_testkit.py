@@ -91,7 +91,7 @@ def brute_force(
         seen: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         handles = [
             modules[name].register_forward_hook(
-                lambda m, a, o, name=name: seen.__setitem__(name, (a[0], o))
+                lambda m, a, o, name=name, seen=seen: seen.__setitem__(name, (a[0], o))
             )
             for name in layer_names
         ]

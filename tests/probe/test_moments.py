@@ -18,7 +18,7 @@ def _explicit(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     # one explicit outer-product sum per example, float64
     return torch.stack(
         [
-            sum(torch.outer(b[i, :, l], a[i, :, l]) for l in range(a.shape[2])).square().sum()
+            sum(torch.outer(b[i, :, p], a[i, :, p]) for p in range(a.shape[2])).square().sum()
             for i in range(a.shape[0])
         ]
     )

@@ -30,7 +30,7 @@ def _run(observe: bool, steps: int = 6):
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-3)
     x, y = make_data("cnn", n=48)
     probe = DenseProbe(x, y, size=12, seed=5) if observe else None
-    losses, grads_seen = [], []
+    losses = []
     for step in range(steps):
         batch = torch.randperm(48)[:16]  # consumes the global RNG: the data order stream
         opt.zero_grad()
