@@ -55,6 +55,10 @@ def availability_of(join: JoinResult | None, device_capable: bool) -> Availabili
 class HotPathRow:
     """One row of a hot path: ops aggregated by name (times in ns).
 
+    ``calls`` counts every profiler event of that name (``key_averages`` instead merges a lone
+    same-name child into its parent, e.g. ``aten::mean`` inside ``aten::mean``); totals count
+    each nest of same-name events once, so they are never double-counted.
+
     ``share`` is the row's value of the ranking metric over the whole (device time: the sum of
     all device event durations, residual included; CPU time: all non-internal CPU self time).
     Device fields are ``None`` when device time is not available -- never zero.
@@ -129,6 +133,16 @@ class ProfileResult:
         device = by == "device_time"
         join = self.require_device_time() if device else self._require_events()
         has_device = self.availability in (Availability.PARTIAL, Availability.JOINED)
+        by_event = {op.event: op for op in join.ops}
+
+        def outermost(op) -> bool:  # totals count a name once per nest (aten::mean in mean)
+            parent = op.parent
+            while parent is not None:
+                if by_event[parent].name == op.name:
+                    return False
+                parent = by_event[parent].parent
+            return True
+
         rows: dict[str, list] = {}
         for op in join.ops:
             if op.internal:
@@ -136,10 +150,11 @@ class ProfileResult:
             row = rows.setdefault(op.name, [op.owner_class, 0, 0, 0, 0, 0, 0])
             row[1] += 1
             row[2] += op.cpu_self_ns
-            row[3] += op.dur_ns
             row[4] += op.device_self_ns
-            row[5] += op.device_total_ns
             row[6] += op.launches
+            if outermost(op):
+                row[3] += op.dur_ns
+                row[5] += op.device_total_ns
         for group in join.groups:
             if not group.internal:
                 key = "ambiguous{" + " | ".join(group.names) + "}"

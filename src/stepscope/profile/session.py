@@ -177,8 +177,8 @@ class session:  # lower-case: used like a function: ``with ss.session() as s:``
         return self
 
     def _close_spans(self, session_span: Any) -> None:
+        self.registry.close_all(BOUNDARY_DISCLOSURE, keep=session_span)
         self.registry.close(session_span)
-        self.registry.close_all(BOUNDARY_DISCLOSURE)
 
     def __exit__(self, exc_type, exc, tb) -> bool:
         stack, self._stack = self._stack, None

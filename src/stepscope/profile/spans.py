@@ -215,16 +215,24 @@ class SpanRegistry:
                 span.end_ns = now
                 span.closed_by = reason
 
-    def close_all(self, reason: str) -> list[Span]:
-        """Close every span still open, disclosing ``reason`` on each; returns those spans."""
+    def close_all(self, reason: str, keep: Span | None = None) -> list[Span]:
+        """Close every span still open (but ``keep``), disclosing ``reason`` on each.
+
+        Returns the spans it closed. Parent stacks are reset; ``keep`` stays open for its owner
+        to close normally.
+        """
         now = time.perf_counter_ns()
         with self._lock:
-            leaked = sorted(self._open.values(), key=lambda s: s.span_id)
+            leaked = sorted(
+                (s for s in self._open.values() if s is not keep), key=lambda s: s.span_id
+            )
             for span in leaked:
                 span.end_ns = now
                 span.closed_by = reason
-            self._open.clear()
+                del self._open[span.span_id]
         self._stacks = threading.local()
+        if keep is not None and keep.end_ns is None:
+            self._stack().append(keep)
         return leaked
 
     @property
