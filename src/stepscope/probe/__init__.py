@@ -19,6 +19,12 @@ from stepscope.probe.recorder import (
     StepAxes,
 )
 from stepscope.probe.selection import ProbeSelection, probe_hash, select_probe
+from stepscope.probe.sink import (
+    probe_scalar_rows,
+    read_probe_axes,
+    read_probe_confusion,
+    write_probe_record,
+)
 from stepscope.probe.state import ParamSnapshot, StepUpdate
 
 __all__ = [
@@ -37,6 +43,10 @@ __all__ = [
     "choose_cadence",
     "choose_probe_size",
     "probe_hash",
+    "probe_scalar_rows",
+    "read_probe_axes",
+    "read_probe_confusion",
     "select_probe",
     "time_probe",
+    "write_probe_record",
 ]
