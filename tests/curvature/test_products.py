@@ -23,6 +23,16 @@ from stepscope.curvature.products import make_operator, probe_operator
 from stepscope.curvature.quadratic import directional
 from stepscope.errors import Refusal
 
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_intra_op_thread():
+    """Tiny products: thread-pool hand-offs dominate on a shared 2-core box; restored after."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 KINDS = ["hessian", "ggn", "empirical_fisher"]
 
 
