@@ -130,7 +130,9 @@ def _validate(x: Tensor, y: Tensor, mode: CurvatureMode, samples: int, eig_max: 
     if not isinstance(x, Tensor) or not isinstance(y, Tensor):
         raise Refusal("curvature_input_invalid", "x and y must be tensors", ["pass torch tensors"])
     if x.ndim < 1 or x.shape[0] < 1:
-        raise Refusal("curvature_input_invalid", f"x has shape {tuple(x.shape)}", ["pass (n, ...) inputs"])
+        raise Refusal(
+            "curvature_input_invalid", f"x has shape {tuple(x.shape)}", ["pass (n, ...) inputs"]
+        )
     if y.ndim != 1 or y.shape[0] != x.shape[0] or y.dtype not in (torch.int64, torch.int32):
         raise Refusal(
             "curvature_input_invalid",
@@ -211,7 +213,9 @@ def analyze_curvature(
     torch.set_float32_matmul_precision("highest")
     try:
         with preserved_state(model):
-            result = _analyze(model, x, y, mode_enum, samples, seed, eig_max_dimension, include_directional)
+            result = _analyze(
+                model, x, y, mode_enum, samples, seed, eig_max_dimension, include_directional
+            )
     finally:
         torch.set_float32_matmul_precision(prev_precision)
     meta = result["metadata"]
@@ -254,8 +258,11 @@ def _analyze(model, x, y, mode, samples, seed, eig_max, include_directional) -> 
     gen = torch.Generator().manual_seed(seed)
     if mode is CurvatureMode.EXACT:
         # one pass per output unit gives every layer's Jacobian; each family is a mix of it
-        jac = backprop_factors(logits, captures, output_directions(
-            Family.JACOBIAN_GRAM, flat, labels, mode, samples, gen))
+        jac = backprop_factors(
+            logits,
+            captures,
+            output_directions(Family.JACOBIAN_GRAM, flat, labels, mode, samples, gen),
+        )
         mix = {
             Family.EMPIRICAL_FISHER: ce_logit_gradient(flat, labels).unsqueeze(0),
             Family.CE_GGN: ce_hessian_sqrt(flat).permute(1, 0, 2),
@@ -277,7 +284,9 @@ def _analyze(model, x, y, mode, samples, seed, eig_max, include_directional) -> 
 
     def spectrum(rows: Tensor, label: str) -> dict[str, Any]:
         sp = factor_spectrum(rows, n, eig_max, seed)
-        eigenproblems.append({"factor": label, "dimension": sp["eigenproblem_dimension"], "method": sp["method"]})
+        eigenproblems.append(
+            {"factor": label, "dimension": sp["eigenproblem_dimension"], "method": sp["method"]}
+        )
         return sp
 
     for j, cap in enumerate(captures):
@@ -291,7 +300,8 @@ def _analyze(model, x, y, mode, samples, seed, eig_max, include_directional) -> 
         layers_out[cap.name] = entry
         if include_directional:
             directional[cap.name] = layer_directional(
-                a, {fam.value: per_family[fam][j].detach() for fam in Family},
+                a,
+                {fam.value: per_family[fam][j].detach() for fam in Family},
                 Family.EMPIRICAL_FISHER.value,
             )
     largest = max(eigenproblems, key=lambda e: e["dimension"])

@@ -124,7 +124,9 @@ def capture_forward(
     return logits, captures
 
 
-def backprop_factors(logits: Tensor, captures: Sequence[LayerCapture], directions: Tensor) -> list[Tensor]:
+def backprop_factors(
+    logits: Tensor, captures: Sequence[LayerCapture], directions: Tensor
+) -> list[Tensor]:
     """Backpropagate each output direction to every layer output.
 
     Parameters
@@ -233,7 +235,9 @@ def factor_spectrum(rows: Tensor, n: int, eig_max_dimension: int, seed: int = 0)
         eigs = torch.linalg.eigvalsh((mat + mat.T) / 2).flip(0)
         frob = float(eigs.norm())
         top = float(eigs[0]) if small else 0.0
-        out.update(method=EXACT_METHOD, eigenvalues=eigs.tolist(), effective_rank=_entropy_rank(eigs))
+        out.update(
+            method=EXACT_METHOD, eigenvalues=eigs.tolist(), effective_rank=_entropy_rank(eigs)
+        )
     else:
         k = min(APPROX_TOP_K, small)
         eigs, iters, residual = _subspace_top(gram_apply, small, k, seed, rows.dtype)

@@ -153,4 +153,3 @@ def layer_directional(
     for name, rows in family_backprops.items():
         out[name] = directional_metrics(inputs, ef, rows, ef)
     return out
-
