@@ -90,9 +90,13 @@ def _convert(index: int, e: Any) -> TraceEvent:
             if name.startswith("Memset")
             else kind
         )
-    # Host events: (pid, system tid); device events: (device, stream). Both come from the same
-    # fields that Kineto's own chrome export writes as pid/tid.
-    thread = (int(e.device_index()), int(e.device_resource_id()))
+    # Device events: (device, stream). Host events: the system thread id, which Kineto's own
+    # chrome export writes as tid for ops and runtime calls alike. The pid slot is not used:
+    # events of one live profiler all come from this process.
+    if kind in DEVICE_KINDS:
+        thread = (int(e.device_index()), int(e.device_resource_id()))
+    else:
+        thread = ("host", int(e.device_resource_id()))
     if kind is EventKind.CPU_OP:
         ext = e.external_id() if hasattr(e, "external_id") else e.correlation_id()
         correlation, external = None, _nonzero(ext)

@@ -38,6 +38,7 @@ MAX_NAME_CHARS = 160
 
 #: Scalar types accepted as span metadata.
 SCALAR_TYPES = (bool, int, float, str, type(None))
+_EXACT_SCALARS = frozenset(SCALAR_TYPES)
 
 
 class Altitude(str, Enum):
@@ -87,6 +88,8 @@ def escape_name(name: object) -> tuple[str, bool]:
 
 def check_scalar_metadata(metadata: dict[str, object]) -> dict[str, object]:
     """Return ``metadata`` if every value is a scalar, else refuse ``span_metadata_invalid``."""
+    if all(type(v) in _EXACT_SCALARS for v in metadata.values()):  # fast path, no subclasses
+        return metadata
     for key, value in metadata.items():
         if not isinstance(value, SCALAR_TYPES):
             raise Refusal(
