@@ -56,10 +56,28 @@ def _conv(seed: int) -> nn.Module:
     return nn.Sequential(nn.Conv2d(1, 2, 3), nn.Softplus(), nn.Flatten(), nn.Linear(2 * 2 * 2, 3))
 
 
+class _UnusedHead(nn.Module):
+    """A model with a parameter that the loss never sees (zero rows/columns in every matrix)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(4, 5), nn.GELU(), nn.Linear(5, 3))
+        self.unused_head = nn.Linear(5, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(x)
+
+
+def _unused(seed: int) -> nn.Module:
+    torch.manual_seed(seed)
+    return _UnusedHead()
+
+
 CASES = {
     "mlp_tanh": dict(build=_mlp, x_shape=(7, 4), seed=0),
     "mlp_batchnorm_dropout": dict(build=_bn_dropout, x_shape=(6, 4), seed=1),
     "conv_softplus": dict(build=_conv, x_shape=(5, 1, 4, 4), seed=2),
+    "unused_parameter": dict(build=_unused, x_shape=(6, 4), seed=3),
 }
 
 
@@ -156,7 +174,10 @@ def test_directional_quotient_matches_oracle_to_1e10(case: str, kind: str, direc
 def _mean_gradient_oracle(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     clone = __import__("copy").deepcopy(model).double().eval()
     loss = F.cross_entropy(clone(x.double()), y)
-    return _flat(torch.autograd.grad(loss, list(clone.parameters())))
+    grads = torch.autograd.grad(
+        loss, list(clone.parameters()), allow_unused=True, materialize_grads=True
+    )
+    return _flat(grads)
 
 
 def _saddle_model() -> nn.Module:

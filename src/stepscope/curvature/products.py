@@ -185,7 +185,9 @@ class CurvatureOperator:
     def mean_gradient(self) -> list[Tensor]:
         """:math:`\\nabla_\\theta L` on the probe batch (one backward; counted in ``gradients_used``)."""
         start = self._now()
-        grads = torch.autograd.grad(self.mean_loss(), list(self.params.values()))
+        grads = torch.autograd.grad(
+            self.mean_loss(), list(self.params.values()), allow_unused=True, materialize_grads=True
+        )
         self.gradients_used += 1
         self.seconds += self._now() - start
         return [g.detach() for g in grads]
@@ -247,7 +249,12 @@ class HessianOperator(CurvatureOperator):
 
     def _setup(self) -> None:
         leaves = list(self.params.values())
-        self._grads = torch.autograd.grad(self.mean_loss(), leaves, create_graph=True)
+        self._grads = torch.autograd.grad(
+            self.mean_loss(), leaves, create_graph=True, allow_unused=True, materialize_grads=True
+        )
+        # A gradient that does not depend on the parameters (e.g. of an unused parameter) has
+        # zero rows and columns in H; it is left out of the second backward.
+        self._live = [i for i, g in enumerate(self._grads) if g.requires_grad]
         self.gradients_used += 1
 
     def mean_gradient(self) -> list[Tensor]:
@@ -255,7 +262,16 @@ class HessianOperator(CurvatureOperator):
 
     def _apply(self, v: list[Tensor]) -> list[Tensor]:
         leaves = list(self.params.values())
-        hv = torch.autograd.grad(self._grads, leaves, grad_outputs=v, retain_graph=True)
+        if not self._live:
+            return [torch.zeros_like(t) for t in v]
+        hv = torch.autograd.grad(
+            [self._grads[i] for i in self._live],
+            leaves,
+            grad_outputs=[v[i] for i in self._live],
+            retain_graph=True,
+            allow_unused=True,
+            materialize_grads=True,
+        )
         return list(hv)
 
 
