@@ -10,6 +10,9 @@ Definitions (over all elements seen so far):
   pairwise formulas), ``var = m2 / finite`` (population variance). Each is ``None`` when no
   finite value has been seen — never 0 (sums of nothing are exactly 0.0).
 
+Accumulation is float64 whatever the input dtype. Float64 inputs with magnitudes above ~1e154
+overflow the squared sums to ``inf`` and ``m2`` to NaN; that is reported as is, never clamped.
+
 Example
 -------
 >>> import torch
@@ -218,7 +221,9 @@ class RunningStats:
 
     # ---- comparison
     def _key(self) -> tuple:
-        return (tuple(self._c.values()), tuple(self._f.values()), self.reduction_dtype)
+        # NaN compares equal to NaN here: an overflowed float64 moment (inf - inf) is a value
+        floats = tuple("nan" if isinstance(v, float) and math.isnan(v) else v for v in self._f.values())
+        return (tuple(self._c.values()), floats, self.reduction_dtype)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, RunningStats) and self._key() == other._key()
