@@ -48,6 +48,7 @@ from stepscope.probe.state import (
     UpdateCapture,
     capture_update,
     distances,
+    refresh_snapshot,
     take_snapshot,
 )
 
@@ -101,6 +102,7 @@ class DenseProbe:
         self.init_snapshot: ParamSnapshot | None = None
         self.snapshot: ParamSnapshot | None = None
         self.last_update: StepUpdate | None = None
+        self._snapshot_owned = False
         self._device_cache: dict[tuple[str, torch.dtype], tuple[torch.Tensor, torch.Tensor]] = {}
 
     # -- layers and parameters -------------------------------------------------------------
@@ -146,6 +148,7 @@ class DenseProbe:
     def take_snapshot(self, model: torch.nn.Module, step: int) -> ParamSnapshot:
         """Set the reference of ``delta_since_snapshot`` to the parameters at ``step``."""
         self.snapshot = take_snapshot(self.tracked_params(model), step)
+        self._snapshot_owned = False  # handed to the caller: never refreshed in place
         return self.snapshot
 
     @contextmanager
@@ -240,20 +243,27 @@ class DenseProbe:
         device = params[0].device if params else torch.device("cpu")
         x, y = self._batch(device, dtype)
         versions = _versions(model)
-        with preserved_state(model), torch.autocast(device.type, enabled=False):
+        # .grad is never written (autograd.grad on layer outputs only); _versions checks that
+        # instead of cloning every gradient
+        with (
+            preserved_state(model, restore_grads=False),
+            torch.autocast(device.type, enabled=False),
+        ):
             model.eval()
             fwd = run_probe_forward(model, layers, x, y)
         if _versions(model) != versions:
             raise Refusal(
                 "probe_state_changed",
-                "a parameter or buffer was written during the probe's eval forward/backward",
+                "a parameter, buffer or .grad was written during the probe's eval forward/backward",
                 ["make the model's eval forward free of in-place state updates"],
             )
         if self.init_snapshot is None and step == 0:
             self.init_snapshot = take_snapshot(self.tracked_params(model), 0)
         record = self._assemble(model, layers, fwd, step, examples_seen, epoch, active or {})
-        if resnapshot:
-            self.snapshot = take_snapshot(self.tracked_params(model), step)
+        if resnapshot:  # refresh the probe's own snapshot buffers in place (no new allocation)
+            own = self.snapshot if self._snapshot_owned else None
+            self.snapshot = refresh_snapshot(own, self.tracked_params(model), step)
+            self._snapshot_owned = True
         record.cost["seconds"] = time.perf_counter() - started
         return record
 
@@ -326,8 +336,11 @@ class DenseProbe:
         )
 
 
-def _versions(model: torch.nn.Module) -> list[int]:
-    return [t._version for t in model.parameters()] + [t._version for t in model.buffers()]
+def _versions(model: torch.nn.Module) -> list[Any]:
+    """Parameter, buffer and ``.grad`` versions plus ``.grad`` identities: any write shows."""
+    params = list(model.parameters())
+    grads = [(id(p.grad), p.grad._version) if p.grad is not None else None for p in params]
+    return [t._version for t in params] + [t._version for t in model.buffers()] + grads
 
 
 def _fraction(zeros: tuple[int, int, int, int] | None, offset: int) -> float | None:

@@ -62,13 +62,13 @@ class ProbeForward:
         parts: list[torch.Tensor] = [self.loss_sum.reshape(1), ties.reshape(1), confusion]
         layout: list[tuple[str, str, int]] = []
         for name, b in self.blocks.items():
-            for part, sq, mean in (
-                ("weight", b.weight_sq, b.weight_mean),
-                ("bias", b.bias_sq, b.bias_mean),
+            for part, sq, total in (
+                ("weight", b.weight_sq, b.weight_sum),
+                ("bias", b.bias_sq, b.bias_sum),
             ):
-                if sq is None or mean is None:
+                if sq is None or total is None:
                     continue
-                flat = mean.reshape(-1)
+                flat = total.reshape(-1)
                 parts += [sq.reshape(-1), torch.dot(flat, flat).reshape(1)]
                 layout.append((name, part, sq.numel()))
             parts.append(self.zero_counts[name])
@@ -84,10 +84,8 @@ class ProbeForward:
             for lname, part, size in layout:
                 if lname != name:
                     continue
-                layers[name][part] = (
-                    flat_host[pos : pos + size].copy(),
-                    float(flat_host[pos + size]),
-                )
+                sum_sq = float(flat_host[pos + size])  # ||sum_i g_i||^2; ||G||^2 = sum_sq / n^2
+                layers[name][part] = (flat_host[pos : pos + size].copy(), sum_sq / (n * n))
                 pos += size + 1
             counts = flat_host[pos : pos + 4].astype(np.int64)
             zero_counts[name] = (int(counts[0]), int(counts[1]), int(counts[2]), int(counts[3]))

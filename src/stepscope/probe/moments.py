@@ -23,7 +23,7 @@ Example
 >>> import torch
 >>> a, b = torch.ones(3, 2), torch.ones(3, 4)
 >>> dev = block_tensors(a, b)
->>> m = gradient_moments(dev.weight_sq.double().numpy(), float(dev.weight_mean.square().sum()))
+>>> m = gradient_moments(dev.weight_sq.double().numpy(), float(dev.weight_sum.square().sum()) / 9)
 >>> m.fisher_trace, m.mean_grad_sq_norm, m.covariance_trace, m.gradient_diversity
 (8.0, 8.0, 0.0, 0.3333333333333333)
 """
@@ -52,14 +52,15 @@ QUANTILES: dict[str, float] = {"min": 0.0, "q25": 0.25, "median": 0.5, "q75": 0.
 class BlockTensors:
     """On-device results for one parameter block (weight or bias), before the host transfer.
 
-    ``weight_sq`` holds ``||g_i||^2`` per example (shape ``(n,)``); ``weight_mean`` the mean-loss
-    gradient ``sum_i g_i / n`` (the parameter's shape, flattened for conv).
+    ``weight_sq`` holds ``||g_i||^2`` per example (shape ``(n,)``); ``weight_sum`` the summed
+    gradient ``sum_i g_i = n G`` (flattened for conv). Sums, not means: dividing a weight-sized
+    tensor by ``n`` costs a pass over it, dividing the squared norm by ``n^2`` costs nothing.
     """
 
     weight_sq: torch.Tensor
-    weight_mean: torch.Tensor
+    weight_sum: torch.Tensor
     bias_sq: torch.Tensor | None = None
-    bias_mean: torch.Tensor | None = None
+    bias_sum: torch.Tensor | None = None
 
 
 def affine_factors(
@@ -129,22 +130,21 @@ def per_example_sq_norms(a: torch.Tensor, b: torch.Tensor, method: str = "auto")
 
 
 def block_tensors(a: torch.Tensor, b: torch.Tensor, with_bias: bool = True) -> BlockTensors:
-    """Per-example squared norms and mean gradients of the weight (and bias) blocks.
+    """Per-example squared norms and summed gradients of the weight (and bias) blocks.
 
-    The mean gradient costs one matmul, the same work as the ordinary weight gradient.
+    The summed gradient costs one matmul, the same work as the ordinary weight gradient.
     """
-    n = a.shape[0]
     if a.dim() == 2:
-        weight_mean = (b.transpose(0, 1) @ a) / n
+        weight_sum = b.transpose(0, 1) @ a
         bias_per_example = b
     else:
         o, d = b.shape[1], a.shape[1]
-        weight_mean = (b.transpose(0, 1).reshape(o, -1) @ a.transpose(1, 2).reshape(-1, d)) / n
+        weight_sum = b.transpose(0, 1).reshape(o, -1) @ a.transpose(1, 2).reshape(-1, d)
         bias_per_example = b.sum(2)
-    out = BlockTensors(weight_sq=per_example_sq_norms(a, b), weight_mean=weight_mean)
+    out = BlockTensors(weight_sq=per_example_sq_norms(a, b), weight_sum=weight_sum)
     if with_bias:
         out.bias_sq = bias_per_example.square().sum(1)
-        out.bias_mean = bias_per_example.sum(0) / n
+        out.bias_sum = bias_per_example.sum(0)
     return out
 
 

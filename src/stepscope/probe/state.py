@@ -61,6 +61,27 @@ def take_snapshot(params: Mapping[str, torch.Tensor], optimizer_step: int) -> Pa
     return ParamSnapshot(int(optimizer_step), tensors, int(nbytes))
 
 
+def refresh_snapshot(
+    old: ParamSnapshot | None, params: Mapping[str, torch.Tensor], optimizer_step: int
+) -> ParamSnapshot:
+    """Like :func:`take_snapshot`, but copy into ``old``'s tensors when the layout matches.
+
+    Saves a fresh allocation per measurement; ``old`` must be owned by the caller (it changes).
+    """
+    same = old is not None and old.tensors.keys() == params.keys()
+    if not same or any(
+        old.tensors[k].shape != p.shape
+        or old.tensors[k].dtype != p.dtype
+        or old.tensors[k].device != p.device
+        for k, p in params.items()
+    ):
+        return take_snapshot(params, optimizer_step)
+    with torch.no_grad():
+        for name, p in params.items():
+            old.tensors[name].copy_(p.detach())
+    return ParamSnapshot(int(optimizer_step), old.tensors, old.nbytes)
+
+
 def distances(params: Mapping[str, torch.Tensor], snapshot: ParamSnapshot) -> dict[str, float]:
     """``||p - snapshot[p]||_2`` (Frobenius) for every parameter present in the snapshot."""
     out: dict[str, float] = {}
@@ -68,7 +89,7 @@ def distances(params: Mapping[str, torch.Tensor], snapshot: ParamSnapshot) -> di
         for name, p in params.items():
             ref = snapshot.tensors.get(name)
             if ref is not None and ref.shape == p.shape:
-                out[name] = float(torch.linalg.vector_norm(p.detach() - ref))
+                out[name] = float(torch.dist(p.detach(), ref))  # no temporary, unlike norm(p - ref)
     return out
 
 

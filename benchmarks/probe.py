@@ -1,0 +1,221 @@
+"""Cost of the dense probe next to the alternatives, as ratios to one forward+backward.
+
+Run (from the repository root)::
+
+    .venv/bin/python benchmarks/probe.py                 # Ciresan MLP, 128 examples, 1 thread
+    .venv/bin/python benchmarks/probe.py --widths 784,1000,500,10 --repeats 3
+
+Every method sees the same model weights and the same 128 examples, in the same process, with
+interleaved repeats; the table reports the median seconds and the ratio to the baseline, one
+forward+backward of the probe batch (mean cross-entropy, ``.backward()``):
+
+- ``stepscope DenseProbe.measure``: every probe quantity (per-example weight/bias moments, zero
+  fractions, parameter norms, loss/accuracy/confusion) in one forward and one backward.
+- ``torch.func vmap``: per-example gradients by ``vmap(grad)`` in chunks, then the same moments.
+- ``BackPACK BatchL2Grad`` / ``Variance``: one extended backward on a separate ``extend()`` copy.
+- ``Cockpit economy``: one training step with Cockpit's economy configuration, against one plain
+  training step; skipped with a printed reason if Cockpit does not import or would need more
+  memory than ``--cockpit-max-gb`` for its per-example gradients.
+
+Timings are wall-clock medians on a shared CPU: compare ratios, not seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import statistics
+import sys
+import time
+import warnings
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from stepscope.probe import DenseProbe
+
+
+def ciresan(widths: list[int]) -> nn.Sequential:
+    layers: list[nn.Module] = []
+    for i, (a, b) in enumerate(zip(widths[:-1], widths[1:])):
+        layers.append(nn.Linear(a, b))
+        if i < len(widths) - 2:
+            layers.append(nn.ReLU())
+    return nn.Sequential(*layers)
+
+
+def timed(fn: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def vmap_moments(model: nn.Module, x: torch.Tensor, y: torch.Tensor, chunk: int) -> None:
+    from torch.func import functional_call, grad, vmap
+
+    params = {k: v.detach() for k, v in model.named_parameters()}
+
+    def loss(p, xi, yi):
+        return F.cross_entropy(functional_call(model, p, (xi[None],)), yi[None], reduction="sum")
+
+    per_example = vmap(grad(loss), in_dims=(None, 0, 0))
+    sq = {k: [] for k in params}
+    total = {k: torch.zeros_like(v) for k, v in params.items()}
+    for s in range(0, x.shape[0], chunk):
+        g = per_example(params, x[s : s + chunk], y[s : s + chunk])
+        for k, v in g.items():
+            sq[k].append(v.flatten(1).square().sum(1))
+            total[k] += v.sum(0)
+    for k in params:  # the same moments the probe reports
+        fisher = torch.cat(sq[k]).mean()
+        _ = fisher - (total[k] / x.shape[0]).square().sum()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--widths", default="784,2500,2000,1500,1000,500,10")
+    ap.add_argument("--batch", type=int, default=128)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--slow-repeats", type=int, default=2, help="repeats for vmap and Cockpit")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--vmap-chunk", type=int, default=16)
+    ap.add_argument("--cockpit-max-gb", type=float, default=6.0)
+    ap.add_argument("--skip", default="", help="comma list of: vmap,backpack,cockpit")
+    args = ap.parse_args(argv)
+    skip = set(filter(None, args.skip.split(",")))
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    widths = [int(w) for w in args.widths.split(",")]
+    model = ciresan(widths)
+    n_params = sum(p.numel() for p in model.parameters())
+    g = torch.Generator().manual_seed(1)
+    x = torch.randint(0, 256, (args.batch, widths[0]), generator=g).float()  # pixel-like 0..255
+    x = x / 255.0
+    y = torch.randint(0, widths[-1], (args.batch,), generator=g)
+    probe = DenseProbe(x, y, size=args.batch, seed=0, input_normalization="x/255")
+
+    def fwd_bwd() -> None:
+        model.zero_grad(set_to_none=True)
+        F.cross_entropy(model(x), y).backward()
+
+    methods: dict[str, tuple[Callable[[], object], int]] = {
+        "forward+backward (baseline)": (fwd_bwd, args.repeats),
+        "stepscope DenseProbe.measure (all moments)": (
+            lambda: probe.measure(model, step=0, examples_seen=0, epoch=0, resnapshot=False),
+            args.repeats,
+        ),
+    }
+    notes: list[str] = []
+    if "vmap" not in skip:
+        methods[f"torch.func vmap per-example grads (chunk {args.vmap_chunk})"] = (
+            lambda: vmap_moments(model, x, y, args.vmap_chunk),
+            args.slow_repeats,
+        )
+    if "backpack" not in skip:
+        try:
+            from backpack import backpack, extend
+            from backpack.extensions import BatchL2Grad, Variance
+
+            bp_model = extend(copy.deepcopy(model))
+            bp_loss = extend(nn.CrossEntropyLoss())
+
+            def run_bp(ext: object) -> Callable[[], None]:
+                def fn() -> None:
+                    bp_model.zero_grad(set_to_none=True)
+                    with backpack(ext):
+                        bp_loss(bp_model(x), y).backward()
+
+                return fn
+
+            methods["BackPACK BatchL2Grad"] = (run_bp(BatchL2Grad()), args.repeats)
+            methods["BackPACK Variance"] = (run_bp(Variance()), args.repeats)
+        except Exception as exc:  # report, do not hide
+            notes.append(f"BackPACK skipped: {type(exc).__name__}: {exc}")
+    cockpit_rows = cockpit_runs(model, x, y, args, notes) if "cockpit" not in skip else {}
+    methods.update(cockpit_rows)
+
+    times: dict[str, list[float]] = {k: [] for k in methods}
+    for fn, _ in methods.values():  # warm-up
+        fn()
+    for r in range(max(reps for _, reps in methods.values())):
+        for name, (fn, reps) in methods.items():
+            if r < reps:
+                times[name].append(timed(fn))
+    med = {k: statistics.median(v) for k, v in times.items()}
+    base = med["forward+backward (baseline)"]
+    print(f"command: {' '.join([sys.executable, *sys.argv])}")
+    print(
+        f"model: Linear {widths} ReLU between ({n_params:,} parameters), batch {args.batch}, "
+        f"torch {torch.__version__}, threads {args.threads}"
+    )
+    print(f"{'method':58s} {'median s':>10s} {'x fwd+bwd':>10s} {'repeats':>8s}")
+    for name in methods:
+        ratio = med[name] / base
+        if name in cockpit_rows and "plain training step" not in name:
+            plain = med.get("plain training step (Cockpit baseline)")
+            extra = f"  ({med[name] / plain:.1f}x a plain step)" if plain else ""
+        else:
+            extra = ""
+        print(f"{name:58s} {med[name]:10.4f} {ratio:10.2f} {len(times[name]):8d}{extra}")
+    for note in notes:
+        print("note:", note)
+    return 0
+
+
+def cockpit_runs(model, x, y, args, notes) -> dict[str, tuple[Callable[[], object], int]]:
+    n_params = sum(p.numel() for p in model.parameters())
+    need_gb = 2 * args.batch * n_params * 4 / 1e9  # per-example gradients plus one working copy
+    if need_gb > args.cockpit_max_gb:
+        notes.append(
+            f"Cockpit economy skipped: its per-example gradients need ~{need_gb:.1f} GB "
+            f"(> --cockpit-max-gb {args.cockpit_max_gb}); rerun with a larger limit or --widths"
+        )
+        return {}
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            from backpack import extend
+            from cockpit import Cockpit
+            from cockpit.utils.configuration import configuration
+    except Exception as exc:
+        notes.append(f"Cockpit skipped: {type(exc).__name__}: {exc}")
+        return {}
+    cp_model = extend(copy.deepcopy(model))
+    cp_loss = extend(nn.CrossEntropyLoss())
+    each = nn.CrossEntropyLoss(reduction="none")
+    opt = torch.optim.SGD(cp_model.parameters(), lr=1e-3, momentum=0.9)
+    plain_model = copy.deepcopy(model)
+    plain_opt = torch.optim.SGD(plain_model.parameters(), lr=1e-3, momentum=0.9)
+    cockpit = Cockpit(list(cp_model.parameters()), quantities=configuration("economy"))
+    state = {"step": 0}
+
+    def cockpit_step() -> None:
+        opt.zero_grad()
+        out = cp_model(x)
+        loss, losses = cp_loss(out, y), each(out, y)
+        info = {
+            "batch_size": x.shape[0],
+            "individual_losses": losses,
+            "loss": loss,
+            "optimizer": opt,
+        }
+        with cockpit(state["step"], info=info):
+            loss.backward(create_graph=cockpit.create_graph(state["step"]))
+        opt.step()
+        state["step"] += 1
+
+    def plain_step() -> None:
+        plain_opt.zero_grad()
+        F.cross_entropy(plain_model(x), y).backward()
+        plain_opt.step()
+
+    return {
+        "plain training step (Cockpit baseline)": (plain_step, args.slow_repeats),
+        "Cockpit economy training step": (cockpit_step, args.slow_repeats),
+    }
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
