@@ -20,7 +20,7 @@ def np_spine(x: np.ndarray) -> np.ndarray:
         total=x.size,
         finite=f.size,
         zero=(x == 0).sum(),
-        negative=(x < 0).sum(),
+        negative=(f < 0).sum(),  # finite negatives (the kernel convention)
         nan=np.isnan(x).sum(),
         posinf=(x == np.inf).sum(),
         neginf=(x == -np.inf).sum(),
@@ -49,9 +49,11 @@ def step_spines(step: int, n_sites: int) -> np.ndarray:
     return np.stack([np_spine(rng.normal(size=7)) for _ in range(n_sites)])
 
 
-def write_simple_run(path, n_steps=10, n_sites=3, commit_steps=3, start=0, writer=None, **kw):
+def write_simple_run(
+    path, n_steps=10, n_sites=3, commit_steps=3, start=0, writer=None, run=None, **kw
+):
     """Activation spines for ``n_sites`` sites at each step; returns the writer (closed)."""
-    w = writer or ArtifactWriter(path, commit_steps=commit_steps, **kw)
+    w = writer or ArtifactWriter(path, run, commit_steps=commit_steps, **kw)
     ids = [w.register_site(f"s{i}", "torch.nn.Linear", "f32[7]") for i in range(n_sites)]
     for step in range(start, start + n_steps):
         b = ObservationBatch.observed("activation", "forward", ids, step_spines(step, n_sites))
@@ -65,7 +67,7 @@ def run_dir(tmp_path):
     return tmp_path / "run"
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def hx():
     """The helpers above (test modules cannot import conftest under importlib mode)."""
     return SimpleNamespace(

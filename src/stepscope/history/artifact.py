@@ -320,7 +320,15 @@ class ArtifactWriter:
                 f"{b.stream.value} batch names site ids outside 0..{len(self.sites) - 1}.",
                 ["register every site with register_site() first"],
             )
-        discl = self._intern(self.disclosures, b.disclosures) if b.disclosures else -1
+        discl: int | np.ndarray = (
+            self._intern(self.disclosures, b.disclosures) if b.disclosures else -1
+        )
+        if b.row_disclosures is not None:  # few distinct sets: intern each once
+            ids = {
+                d: self._intern(self.disclosures, d) if d else -1
+                for d in set(map(b.row_disclosure, range(b.n_rows)))
+            }
+            discl = np.array([ids[b.row_disclosure(i)] for i in range(b.n_rows)], np.int32)
         return encode_batch(step, b, discl, self._obs_dtype, self._hist_dtype)
 
     @staticmethod

@@ -86,6 +86,8 @@ class ObservationBatch:
         ``(m, width)``; ``None`` when no histogram was taken this step.
     scale_grad
         Required for gradient streams.
+    disclosures, row_disclosures
+        Disclosures of every row, and optionally extra ones per row (e.g. partial merges).
     """
 
     stream: Stream
@@ -99,6 +101,7 @@ class ObservationBatch:
     micro_batch: int | None = None
     reduction_dtype: str = "float64"
     disclosures: tuple[str, ...] = field(default=())
+    row_disclosures: tuple[tuple[str, ...], ...] | None = None
 
     def __post_init__(self) -> None:
         s = object.__setattr__
@@ -107,6 +110,8 @@ class ObservationBatch:
         if self.scale_grad is not None:
             s(self, "scale_grad", _enum(ScaleGrad, self.scale_grad, "scale_grad"))
         s(self, "disclosures", tuple(self.disclosures))
+        if self.row_disclosures is not None:
+            s(self, "row_disclosures", tuple(tuple(r) for r in self.row_disclosures))
         s(self, "site_ids", np.ascontiguousarray(self.site_ids, dtype=np.int32).reshape(-1))
         s(self, "presence", np.ascontiguousarray(self.presence, dtype=np.uint8).reshape(-1))
         s(self, "spines", np.ascontiguousarray(self.spines, dtype=np.float64))
@@ -122,6 +127,8 @@ class ObservationBatch:
             bad.append("site_ids repeat a site")
         if self.reduction_dtype not in REDUCTION_DTYPES:
             bad.append(f"reduction_dtype {self.reduction_dtype!r} not in {REDUCTION_DTYPES}")
+        if self.row_disclosures is not None and len(self.row_disclosures) != n:
+            bad.append(f"row_disclosures has {len(self.row_disclosures)} entries, expected {n}")
         if self.micro_batch is not None and not 0 <= self.micro_batch < 32767:
             bad.append(f"micro_batch {self.micro_batch} outside 0..32766")
         if (self.hist_rows is None) != (self.histograms is None):
@@ -160,6 +167,12 @@ class ObservationBatch:
                 f"a {self.stream.value} batch must say whether it was loss-scaled.",
                 ["pass scale_grad='scaled', 'unscaled' or 'unknown'"],
             )
+
+    def row_disclosure(self, i: int) -> tuple[str, ...]:
+        """All disclosures of row ``i`` (batch-wide first, then the row's own)."""
+        if self.row_disclosures is None or not self.row_disclosures[i]:
+            return self.disclosures
+        return tuple(dict.fromkeys((*self.disclosures, *self.row_disclosures[i])))
 
     @property
     def n_rows(self) -> int:
@@ -212,7 +225,7 @@ class ObservationBatch:
                     histogram=hist,
                     scale_grad=self.scale_grad,
                     micro_batch=self.micro_batch,
-                    disclosures=self.disclosures,
+                    disclosures=self.row_disclosure(i),
                 )
             )
         return out

@@ -78,8 +78,9 @@ def merge_batches(
 ) -> ObservationBatch:
     """Merge two batches of the same stream and phase over the union of their sites.
 
-    Rows observed on both sides merge; a row observed on one side keeps that side (and the batch
-    discloses ``merged_partial_coverage``); rows observed on neither keep the first presence.
+    Rows observed on both sides merge; a row observed on one side keeps that side and discloses
+    ``merged_partial_coverage``; rows observed on neither keep the first presence. A histogram
+    that covers only part of its row's spine discloses ``histogram_partial_coverage``.
     """
     if (a.stream, a.phase, a.scale_grad) != (b.stream, b.phase, b.scale_grad):
         raise Refusal(
@@ -103,9 +104,13 @@ def merge_batches(
     spines[oa & ~ob] = sa[oa & ~ob]
     spines[ob & ~oa] = sb[ob & ~oa]
     presence = np.where(oa | ob, OBSERVED, np.where(pa > 0, pa, pb)).astype(np.uint8)
-    disclosures = set(a.disclosures) | set(b.disclosures)
-    if (oa != ob).any():
-        disclosures.add(PARTIAL)
+    rows = [set() for _ in range(k)]  # per-row disclosures
+    for batch in (a, b):
+        pos = np.searchsorted(sites, batch.site_ids)
+        for j, p in enumerate(pos):
+            rows[p].update(batch.row_disclosure(j))
+    for p in np.flatnonzero(oa != ob):
+        rows[p].add(PARTIAL)
     hist_rows = histograms = None
     if ha is not None or hb is not None:
         width = (ha if ha is not None else hb).shape[1]  # type: ignore[union-attr]
@@ -118,8 +123,8 @@ def merge_batches(
                 counts[m] += h[m]
                 have |= m
         # a histogram is complete only if every observed side contributed one
-        if ((oa & ~hma) | (ob & ~hmb))[have].any():
-            disclosures.add(HIST_PARTIAL)
+        for p in np.flatnonzero(((oa & ~hma) | (ob & ~hmb)) & have):
+            rows[p].add(HIST_PARTIAL)
         hist_rows = np.flatnonzero(have)
         histograms = counts[have]
     return ObservationBatch(
@@ -135,7 +140,7 @@ def merge_batches(
         reduction_dtype="float32"
         if "float32" in (a.reduction_dtype, b.reduction_dtype)
         else "float64",
-        disclosures=tuple(sorted(disclosures)),
+        row_disclosures=tuple(tuple(sorted(r)) for r in rows) if any(rows) else None,
     )
 
 
