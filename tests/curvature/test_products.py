@@ -242,6 +242,15 @@ class _Tuple(nn.Module):
         return self.lin(x).unsqueeze(1)
 
 
+class _Detached(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x).detach()
+
+
 @pytest.mark.parametrize(
     ("call", "code"),
     [
@@ -255,6 +264,7 @@ class _Tuple(nn.Module):
         (lambda m, x, y: directional(m, x, y + 3), "curvature_input_invalid"),
         (lambda m, x, y: directional(m, x, y, dtype=torch.float16), "curvature_input_invalid"),
         (lambda m, x, y: directional(_Tuple(), x, y), "curvature_model_unsupported"),
+        (lambda m, x, y: directional(_Detached(), x, y), "curvature_model_unsupported"),
         (
             lambda m, x, y: directional(m.requires_grad_(False), x, y),
             "curvature_model_unsupported",
@@ -345,3 +355,37 @@ def test_products_and_gradients_are_counted() -> None:
     assert (op.products_used, op.gradients_used) == (3, 1) and op.seconds > 0
     with pytest.raises(Refusal):
         op.matvec([torch.ones(1)])
+
+
+class _ReverseOnlySquare(torch.autograd.Function):
+    """An op with a backward but no forward-mode rule (jvp)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x)
+        return x * x
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+        (x,) = ctx.saved_tensors
+        return 2 * x * grad
+
+
+class _ReverseOnlyModel(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _ReverseOnlySquare.apply(self.lin(x))
+
+
+def test_layer_without_forward_mode_refuses_ggn_but_hessian_still_works() -> None:
+    torch.manual_seed(0)
+    model = _ReverseOnlyModel()
+    x, y = torch.randn(5, 4), torch.tensor([0, 1, 2, 0, 1])
+    with pytest.raises(Refusal) as err:
+        directional(model, x, y, "random", kind="ggn")
+    assert err.value.code == "curvature_model_unsupported"
+    assert any("hessian" in r for r in err.value.remedies)
+    assert directional(model, x, y, "random", kind="hessian").value is not None

@@ -44,9 +44,10 @@ from contextlib import contextmanager
 from enum import Enum
 
 import torch
+import torch.autograd.forward_ad as fwAD
 import torch.nn.functional as F
 from torch import Tensor
-from torch.func import functional_call, jvp, vjp
+from torch.func import functional_call
 
 from stepscope._purity import float64_copy, preserved_state
 from stepscope.errors import Refusal
@@ -168,8 +169,14 @@ class CurvatureOperator:
                 f"the model output must be logits of shape (n, C); got {shape}.",
                 ["wrap the model so that it returns one (n, C) logit tensor"],
             )
-        if not self._labels_checked:  # one host sync, at setup, not per product
+        if not self._labels_checked:  # once, at setup, not per product (one host sync)
             self._labels_checked = True
+            if not out.requires_grad:
+                raise Refusal(
+                    "curvature_model_unsupported",
+                    "no trainable parameter influences the model output.",
+                    ["enable requires_grad on the parameters the output depends on"],
+                )
             if int(self.y.max()) >= out.shape[1]:
                 raise Refusal(
                     "curvature_input_invalid",
@@ -285,13 +292,43 @@ class _OutputCurvatureOperator(CurvatureOperator):
         raise NotImplementedError
 
     def _setup(self) -> None:
-        self._out, self._vjp = vjp(self._outputs, self.params)
+        # Plain autograd (no torch.func transform), so custom autograd.Functions work in reverse.
+        self._out = self._outputs(self.params)
+
+    def _vjp(self, cotangent: Tensor) -> list[Tensor]:
+        grads = torch.autograd.grad(
+            self._out,
+            list(self.params.values()),
+            grad_outputs=cotangent,
+            retain_graph=True,
+            allow_unused=True,
+            materialize_grads=True,
+        )
+        return list(grads)
 
     def _apply(self, v: list[Tensor]) -> list[Tensor]:
-        tangent = dict(zip(self.names, v))
-        _, jv = jvp(self._outputs, (self.params,), (tangent,))
-        (cotangent,) = self._vjp(self._weight(jv))
-        return [cotangent[name] for name in self.names]
+        # Forward-mode AD directly (dual tensors): ~3x less overhead than torch.func.jvp here.
+        try:
+            with fwAD.dual_level():
+                duals = {
+                    name: fwAD.make_dual(self.params[name].detach(), t)
+                    for name, t in zip(self.names, v)
+                }
+                jv = fwAD.unpack_dual(self._outputs(duals)).tangent
+        except (NotImplementedError, RuntimeError) as exc:
+            raise Refusal(
+                "curvature_model_unsupported",
+                f"forward-mode AD (the Jacobian-vector product of the {self.kind.value}) "
+                f"failed on this model: {exc}",
+                ["use kind='hessian' (reverse mode only)", "replace the unsupported layer"],
+            ) from exc
+        if jv is None:  # reverse mode sees the parameters but forward mode does not
+            raise Refusal(
+                "curvature_model_unsupported",
+                "forward-mode AD found no dependence of the outputs on the parameters.",
+                ["use kind='hessian'", "avoid .detach()/.data inside forward"],
+            )
+        return self._vjp(self._weight(jv))
 
 
 class GGNOperator(_OutputCurvatureOperator):
@@ -304,7 +341,7 @@ class GGNOperator(_OutputCurvatureOperator):
 
     def _setup(self) -> None:
         super()._setup()
-        self._probs = torch.softmax(self._out.detach(), dim=1)
+        self._probs = torch.softmax(self._out.detach(), dim=1)  # fixed at theta
 
     def _weight(self, jv: Tensor) -> Tensor:
         # (diag(p) - p p^T) u = p * (u - <p, u>): no 1 - p cancellation at high confidence.
