@@ -7,12 +7,8 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stepscope.profile.kineto import (
-    JoinStatus,
-    classify_owner,
-    interval_union_ns,
-    join_events,
-)
+from stepscope.profile.accounting import JoinStatus, classify_owner, interval_union_ns
+from stepscope.profile.kineto import join_events
 from stepscope.profile.results import Availability, availability_of
 from stepscope.profile.spans import OwnerClass
 from stepscope.profile.trace import EventKind, TraceEvent

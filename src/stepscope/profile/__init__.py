@@ -10,8 +10,9 @@ Example
 True
 """
 
+from stepscope.profile.accounting import JoinResult, JoinStatus
 from stepscope.profile.capture import from_profiler, kernel_profile, load_trace
-from stepscope.profile.kineto import JoinResult, JoinStatus, join_events
+from stepscope.profile.kineto import join_events
 from stepscope.profile.region import region
 from stepscope.profile.results import Availability, HotPathRow, ProfileResult
 from stepscope.profile.session import active_session, session

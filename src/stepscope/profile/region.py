@@ -29,7 +29,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from stepscope.profile import compat
-from stepscope.profile.kineto import REGION_PREFIX
+from stepscope.profile.accounting import REGION_PREFIX
 from stepscope.profile.session import active_session
 from stepscope.profile.spans import Altitude, OwnerClass, check_scalar_metadata, escape_name
 

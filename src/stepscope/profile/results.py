@@ -24,7 +24,7 @@ from enum import Enum
 from pathlib import Path
 
 from stepscope.errors import Refusal
-from stepscope.profile.kineto import JoinResult, JoinStatus
+from stepscope.profile.accounting import JoinResult, JoinStatus
 from stepscope.profile.spans import OwnerClass, Span
 
 SIDECAR_SCHEMA = "stepscope.kineto_ids.v1"

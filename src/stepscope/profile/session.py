@@ -34,8 +34,9 @@ import torch
 
 from stepscope.errors import Refusal
 from stepscope.profile import compat
+from stepscope.profile.accounting import SESSION_PREFIX
 from stepscope.profile.hooks import HOOK_ALTITUDES, AltitudeCapture
-from stepscope.profile.kineto import SESSION_PREFIX, join_events
+from stepscope.profile.kineto import join_events
 from stepscope.profile.results import Availability, ProfileResult, availability_of
 from stepscope.profile.spans import Altitude, OwnerClass, SpanRegistry
 
