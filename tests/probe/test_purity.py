@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from probe_testkit import make_data
 from torch import nn
 
+from stepscope import Refusal
 from stepscope._purity import snapshot_rng
 from stepscope.probe import DenseProbe
 
@@ -76,3 +78,41 @@ def test_measure_leaves_rng_modes_flags_and_buffers_unchanged():
     assert model[5].weight.requires_grad is False
     assert all(p.grad is None for p in model.parameters())
     assert all(torch.equal(state[k], v) for k, v in model.state_dict().items())
+
+
+class _Counter(nn.Module):
+    """Writes a buffer on every forward, even in eval mode (an impure model)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(3, 2)
+        self.register_buffer("calls", torch.zeros(()))
+
+    def forward(self, x):
+        self.calls += 1
+        return self.lin(x)
+
+
+def test_a_model_that_writes_state_in_eval_is_refused():
+    x, y = torch.randn(6, 3), torch.randint(0, 2, (6,))
+    with pytest.raises(Refusal) as err:
+        DenseProbe(x, y, size=4).measure(_Counter(), step=0, examples_seen=0, epoch=0)
+    assert err.value.code == "probe_state_changed"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_measure_matches_cpu_and_keeps_cuda_rng():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Dropout(0.5), nn.Linear(8, 4))
+    x, y = make_data("mlp")
+    cpu = DenseProbe(x, y, size=8).measure(model, step=0, examples_seen=0, epoch=0)
+    model.cuda()
+    torch.cuda.manual_seed(1)
+    rng = snapshot_rng()
+    gpu = DenseProbe(x, y, size=8).measure(model, step=0, examples_seen=0, epoch=0)
+    assert snapshot_rng().equals(rng)
+    for name in cpu.layers:
+        assert gpu.layers[name].fisher_trace == pytest.approx(
+            cpu.layers[name].fisher_trace, rel=1e-4
+        )
+    assert gpu.model.confusion == cpu.model.confusion
