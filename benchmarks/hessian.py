@@ -35,7 +35,7 @@ def _problem(args: argparse.Namespace) -> tuple[nn.Module, torch.Tensor, torch.T
     return model, x, y
 
 
-def _timed(fn, repeats: int = 3):
+def _timed(fn, repeats: int = 5):
     """Best wall time of ``repeats`` runs (the first call of a process pays one-off set-up)."""
     best = float("inf")
     for _ in range(repeats):
