@@ -44,3 +44,16 @@ def test_profile_cpu_only_trace(kineto_fixtures, capsys):
     assert err.value.code == "device_time_unavailable"
     assert run(["profile", trace, "--by", "cpu_time"]) == 0
     assert "aten::" in capsys.readouterr().out
+
+
+def test_the_stepscope_command_line_routes_to_profile(kineto_fixtures, capsys):
+    try:
+        from stepscope.cli import build_parser, main
+
+        build_parser()
+    except ImportError as exc:  # another area of the checkout failing to import
+        pytest.skip(f"stepscope.cli cannot build its parser here: {exc}")
+    assert main(["profile", str(kineto_fixtures / "cuda_triton_example.json.gz")]) == 0
+    assert "triton_poi_fused_add_cos_sin_0" in capsys.readouterr().out
+    assert main(["profile", str(kineto_fixtures / "cpu_only.json.gz")]) == 3  # refusal exit
+    assert "device_time_unavailable" in capsys.readouterr().err

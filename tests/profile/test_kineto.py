@@ -310,3 +310,30 @@ def test_sweep_matches_brute_force_innermost_containment(case):
         containing = [i for i, (a, e) in enumerate(intervals) if a <= s and s + 1 <= e]
         innermost = max(containing, key=lambda i: (intervals[i][0], -intervals[i][1]))
         assert got[f"k{corr}"] == f"op{innermost}"
+
+
+@settings(max_examples=40, deadline=None)
+@given(nested_ops(), st.data())
+def test_duplicated_innermost_intervals_form_exactly_that_group(case, data):
+    intervals, launch_starts = case
+    doubled = data.draw(st.sets(st.integers(0, len(intervals) - 1), max_size=len(intervals)))
+    b = Builder()
+    names: dict[tuple[int, int], list[str]] = {}
+    for i, (s, e) in enumerate(intervals):
+        copies = 2 if i in doubled else 1
+        for c in range(copies):
+            b.op(f"op{i}.{c}", s, e)
+            names.setdefault((s, e), []).append(f"op{i}.{c}")
+    for corr, s in enumerate(launch_starts, start=1):
+        b.launch(corr, s, s + 1)
+        b.kernel(corr, 20_000 + corr, 1)
+    result = join_events(b.events)
+    got = owners_by_name(result)
+    for corr, s in enumerate(launch_starts, start=1):
+        containing = [iv for iv in intervals if iv[0] <= s and s + 1 <= iv[1]]
+        innermost = max(containing, key=lambda iv: (iv[0], -iv[1]))
+        expected = names[innermost]
+        owner = got[f"k{corr}"]
+        assert (sorted(owner) if isinstance(owner, tuple) else [owner]) == sorted(expected)
+    acc = result.accounting
+    assert acc.joined_ns == acc.device_time_sum_ns == len(launch_starts)

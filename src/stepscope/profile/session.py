@@ -153,6 +153,8 @@ class session:  # lower-case: used like a function: ``with ss.session() as s:``
             raise Refusal("profiler_session_nested", "this session object is already open.", [])
         if self.borrowed:
             _check_borrowed(self._profiler)
+        self.registry = SpanRegistry()  # a reused session object starts with fresh spans
+        self.result = None
         stack = ExitStack()
         self._stack = stack
         try:
