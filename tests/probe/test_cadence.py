@@ -8,7 +8,13 @@ import pytest
 import torch
 from probe_testkit import make_data, make_model
 
-from stepscope.probe import DenseProbe, choose_cadence, choose_probe_size, time_probe
+from stepscope.probe import (
+    DenseProbe,
+    choose_cadence,
+    choose_probe_size,
+    plan_cadence,
+    time_probe,
+)
 
 
 def test_densest_cadence_keeps_overhead_at_or_under_target():
@@ -58,3 +64,6 @@ def test_time_probe_measures_real_costs_and_keeps_snapshots():
     assert len(probe_s) == len(step_s) == 3 and min(probe_s + step_s) > 0
     assert (probe.init_snapshot, probe.snapshot) == snaps
     assert choose_cadence(probe_s, step_s).cadence_steps >= 1
+    decision = plan_cadence(probe, model, step, target=0.5, repeats=2)
+    assert decision.probe_size == 8 and decision.dtype == "float32"
+    assert len(decision.measurements["probe_seconds"]) == 2 and decision.cadence_steps >= 1

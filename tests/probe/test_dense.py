@@ -199,3 +199,19 @@ def test_selected_layers_only_and_confusion_sums_to_n():
     assert list(rec.layers) == ["3"]
     assert sum(map(sum, rec.model.confusion)) == 16 == sum(rec.model.predicted_counts)
     assert rec.step.to_dict() == {"optimizer_step": 2, "examples_seen": 3, "epoch": 4}
+
+
+def test_measure_never_calls_backward_or_touches_grad(monkeypatch):
+    model = make_model("cnn")
+    x, y = make_data("cnn")
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+    grads = {n: (p.grad, p.grad.clone()) for n, p in model.named_parameters()}
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("measure called .backward()")
+
+    monkeypatch.setattr(torch.Tensor, "backward", forbidden)
+    monkeypatch.setattr(torch.autograd, "backward", forbidden)
+    DenseProbe(x, y, size=6).measure(model, step=0, examples_seen=0, epoch=0)
+    for n, p in model.named_parameters():
+        assert p.grad is grads[n][0] and torch.equal(p.grad, grads[n][1])

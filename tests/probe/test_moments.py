@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from stepscope.probe.moments import (
     COVARIANCE_ROUNDOFF_RTOL,
@@ -79,3 +81,20 @@ def test_negligible_denominator_gives_none_diversity_with_counts():
     assert m.validity["diversity_denominator"] == pytest.approx(4e-9)
     ok = gradient_moments(np.array([1.0, 3.0]), 1.0)
     assert ok.gradient_diversity == pytest.approx(4.0 / 4.0) and ok.validity["diversity_valid"] == 1
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    n=st.integers(1, 4),
+    d=st.integers(1, 5),
+    o=st.integers(1, 5),
+    positions=st.integers(1, 6),
+    seed=st.integers(0, 2**16),
+)
+def test_outer_and_gram_agree_with_explicit_sums_for_any_shape(n, d, o, positions, seed):
+    g = torch.Generator().manual_seed(seed)
+    a = torch.randn(n, d, positions, generator=g, dtype=torch.float64)
+    b = torch.randn(n, o, positions, generator=g, dtype=torch.float64)
+    expected = _explicit(a, b)
+    torch.testing.assert_close(per_example_sq_norms(a, b, "outer"), expected)
+    torch.testing.assert_close(per_example_sq_norms(a, b, "gram"), expected)

@@ -7,7 +7,13 @@ Example
 True
 """
 
-from stepscope.probe.cadence import CadenceDecision, choose_cadence, choose_probe_size, time_probe
+from stepscope.probe.cadence import (
+    CadenceDecision,
+    choose_cadence,
+    choose_probe_size,
+    plan_cadence,
+    time_probe,
+)
 from stepscope.probe.dense import DenseProbe
 from stepscope.probe.recorder import (
     LEGACY_NAMES,
@@ -42,6 +48,7 @@ __all__ = [
     "StepUpdate",
     "choose_cadence",
     "choose_probe_size",
+    "plan_cadence",
     "probe_hash",
     "probe_scalar_rows",
     "read_probe_axes",

@@ -176,3 +176,20 @@ def time_probe(
     finally:
         probe.init_snapshot, probe.snapshot = saved
     return probe_times, step_times
+
+
+def plan_cadence(
+    probe: DenseProbe,
+    model: torch.nn.Module,
+    train_step: Callable[[], Any],
+    target: float = DEFAULT_TARGET,
+    repeats: int = 5,
+    max_cadence: int | None = None,
+) -> CadenceDecision:
+    """Time the probe against real training steps and choose the densest cadence under ``target``.
+
+    The decision records the probe size, the model dtype (never changed) and every timing.
+    """
+    probe_s, step_s = time_probe(probe, model, train_step, repeats=repeats)
+    dtype = str(next(model.parameters()).dtype).replace("torch.", "")
+    return choose_cadence(probe_s, step_s, target, max_cadence, probe.selection.size, dtype)

@@ -38,9 +38,10 @@ import torch
 
 from stepscope._purity import preserved_state
 from stepscope.errors import Refusal
+from stepscope.probe.assemble import block_record, zero_fraction, zero_validity
 from stepscope.probe.forward import ProbeForward, run_probe_forward
 from stepscope.probe.moments import absent_moments, gradient_moments
-from stepscope.probe.recorder import BlockRecord, LayerRecord, ProbeRecord, StepAxes
+from stepscope.probe.recorder import LayerRecord, ProbeRecord, StepAxes
 from stepscope.probe.selection import DEFAULT_PROBE_SEED, ProbeSelection, select_probe
 from stepscope.probe.state import (
     ParamSnapshot,
@@ -304,20 +305,20 @@ class DenseProbe:
                     moments = gradient_moments(*host.layers[name][part])
                 else:
                     moments = absent_moments(reason, n)
-                blocks[part] = _block(
+                blocks[part] = block_record(
                     key, moments, param_l2, from_init, since, self.snapshot, step, upd
                 )
             zeros = host.zero_counts.get(name) if reason is None else None
             weight = blocks["weight"]
             validity = dict(weight.validity)
-            validity.update(_zero_validity(zeros))
+            validity.update(zero_validity(zeros))
             out[name] = LayerRecord(
                 **{f: getattr(weight, f) for f in weight.keys() if f != "validity"},
                 validity=validity,
                 kind="conv2d" if isinstance(module, torch.nn.Conv2d) else "linear",
                 legacy_index=index,
-                activation_zero_fraction=_fraction(zeros, 0),
-                backprop_zero_fraction=_fraction(zeros, 2),
+                activation_zero_fraction=zero_fraction(zeros, 0),
+                backprop_zero_fraction=zero_fraction(zeros, 2),
                 bias=blocks.get("bias"),
             )
         return ProbeRecord(
@@ -341,67 +342,6 @@ def _versions(model: torch.nn.Module) -> list[Any]:
     params = list(model.parameters())
     grads = [(id(p.grad), p.grad._version) if p.grad is not None else None for p in params]
     return [t._version for t in params] + [t._version for t in model.buffers()] + grads
-
-
-def _fraction(zeros: tuple[int, int, int, int] | None, offset: int) -> float | None:
-    if zeros is None or zeros[offset + 1] == 0:
-        return None
-    return zeros[offset] / zeros[offset + 1]
-
-
-def _zero_validity(zeros: tuple[int, int, int, int] | None) -> dict[str, int | None]:
-    keys = (
-        "activation_zero_count",
-        "activation_entries",
-        "backprop_zero_count",
-        "backprop_entries",
-    )
-    return dict(zip(keys, zeros if zeros is not None else (None,) * 4))
-
-
-def _block(
-    key: str,
-    moments: Any,
-    param_l2: dict[str, float],
-    from_init: dict[str, float],
-    since: dict[str, float],
-    snapshot: ParamSnapshot | None,
-    step: int,
-    upd: StepUpdate | None,
-) -> BlockRecord:
-    validity = dict(moments.validity)
-    has_delta = key in since and snapshot is not None
-    update = upd.update_norm.get(key) if upd else None
-    before = upd.param_norm_before.get(key) if upd else None
-    ratio = update / before if update is not None and before else None
-    validity.update(
-        init_snapshot_present=key in from_init,
-        delta_snapshot_present=has_delta,
-        update_present=update is not None,
-        update_ratio_denominator=before,
-        update_steps_verified=upd.steps_verified if upd else None,
-    )
-    return BlockRecord(
-        fisher_trace=moments.fisher_trace,
-        mean_grad_sq_norm=moments.mean_grad_sq_norm,
-        covariance_trace=moments.covariance_trace,
-        gradient_diversity=moments.gradient_diversity,
-        grad_norm_rms=moments.grad_norm_rms,
-        grad_norm_quantiles=moments.grad_norm_quantiles,
-        grad_fro_legacy_scale=moments.grad_fro_legacy_scale,
-        param_l2=param_l2[key],
-        displacement_from_init=from_init.get(key),
-        delta_since_snapshot=since.get(key) if has_delta else None,
-        delta_since_snapshot_start_step=snapshot.optimizer_step if has_delta else None,
-        delta_since_snapshot_end_step=int(step) if has_delta else None,
-        delta_since_snapshot_interval_steps=int(step) - snapshot.optimizer_step
-        if has_delta
-        else None,
-        update=update,
-        update_ratio=ratio,
-        update_step=upd.optimizer_step_before if update is not None else None,
-        validity=validity,
-    )
 
 
 __all__ = ["DenseProbe"]
