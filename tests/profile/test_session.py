@@ -197,3 +197,13 @@ def test_fallback_path_is_disclosed_and_matches_the_in_memory_events():
         )
 
     assert names(a.result) == names(b.result)
+
+
+def test_node_hooks_are_really_gone_after_the_session():
+    lin = torch.nn.Linear(3, 3)
+    with ss.session(altitudes=("grad_fn_fire",)) as s:
+        out = lin(torch.randn(2, 3)).sum()  # graph built while hooks are installed
+    before = len(s.registry.spans)
+    out.backward()  # the nodes fire after the session: no hook may run
+    assert len(s.registry.spans) == before
+    assert lin.weight.grad is not None
