@@ -169,9 +169,11 @@ def _entropy_rank(eigs: Tensor) -> float | None:
     return float(torch.exp(-(w * w.log()).sum()))
 
 
-def _subspace_top(gram_apply, dim: int, k: int, seed: int, dtype: torch.dtype):
-    gen = torch.Generator().manual_seed(seed)
-    q = torch.linalg.qr(torch.randn(dim, k, generator=gen, dtype=dtype))[0]
+def _subspace_top(gram_apply, dim: int, k: int, seed: int, like: Tensor):
+    gen = torch.Generator().manual_seed(seed)  # private CPU generator: global RNG untouched
+    start = torch.randn(dim, k, generator=gen, dtype=like.dtype).to(like.device)
+    q = torch.linalg.qr(start)[0]
+    dtype = like.dtype
     residual = math.inf
     iters = 0
     for iters in range(1, 501):  # noqa: B007 - the final count is reported
@@ -240,7 +242,7 @@ def factor_spectrum(rows: Tensor, n: int, eig_max_dimension: int, seed: int = 0)
         )
     else:
         k = min(APPROX_TOP_K, small)
-        eigs, iters, residual = _subspace_top(gram_apply, small, k, seed, rows.dtype)
+        eigs, iters, residual = _subspace_top(gram_apply, small, k, seed, rows)
         mat = rows @ rows.T / n if use_gram else rows.T @ rows / n  # Frobenius is exact either way
         frob = float(mat.norm())
         top = float(eigs[0])

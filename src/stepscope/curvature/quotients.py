@@ -105,19 +105,22 @@ def directional_metrics(
     rows = family_backprop.reshape(-1, family_backprop.shape[-1])  # (K n, d_out)
     a_gram = inputs @ inputs.T  # (n, n): a_i . a_j
     # per-example factors: b_i^T Bbar b_i = |rows b_i|^2 / n ; a_i^T Abar a_i = |A a_i|^2 / n
-    b_quad = ((rows @ ef_backprop.T) ** 2).sum(0) / n
+    rows_ef = rows @ ef_backprop.T  # (K n, n)
+    b_quad = (rows_ef**2).sum(0) / n
     a_quad = (a_gram * a_gram).sum(0) / n
     q_each = b_quad * a_quad
-    sq_each = (inputs * inputs).sum(1) * (ef_backprop * ef_backprop).sum(1)
-    mean_grad = ef_backprop.T @ inputs / n
-    # q(G) = |rows G A^T|_F^2 / n^2
-    q_mean = float(((rows @ mean_grad @ inputs.T) ** 2).sum() / n**2)
+    sq_each = a_gram.diagonal() * (ef_backprop * ef_backprop).sum(1)
+    # G A^T = (1/n) B^T (A A^T): never form the d_out x d_in mean gradient here
+    grad_a = ef_backprop.T @ a_gram / n  # (d_out, n)
+    q_mean = float(((rows @ grad_a) ** 2).sum() / n**2)  # q(G) = |rows G A^T|_F^2 / n^2
+    mean_grad = ef_backprop.T @ inputs / n  # summed squares keep |G|^2 >= 0 and exact-zero-aware
     g2 = float((mean_grad * mean_grad).sum())
     valid = sq_each > 0
     quotients = q_each[valid] / sq_each[valid]
     q_each_mean = float(q_each.mean())
     cov = q_each_mean - q_mean
-    fact = float(((rows @ ef_rows.T) ** 2).sum() / n**2) * float((a_gram * a_gram).sum() / n**2)
+    rows_f = rows_ef if ef_rows is ef_backprop else rows @ ef_rows.T
+    fact = float((rows_f**2).sum() / n**2) * float((a_gram * a_gram).sum() / n**2)
     fact_centered = fact - q_mean
     return {
         "mean_gradient_quadratic_form": q_mean,
