@@ -74,9 +74,10 @@ def test_legacy_diversity_is_n_times_yin_diversity(oracle):
     assert legacy == pytest.approx(8 * rec.layers["0"].gradient_diversity)
 
 
-def test_single_example_probe_has_zero_covariance_and_unit_diversity(oracle):
-    model = make_model("mlp")
-    x, y = make_data("mlp")
+@pytest.mark.parametrize("kind", ["mlp", "cnn", "seq"])
+def test_single_example_probe_has_zero_covariance_and_unit_diversity(kind):
+    model = make_model(kind)
+    x, y = make_data(kind)
     rec = DenseProbe(x, y, indices=[5]).measure(model, step=0, examples_seen=0, epoch=0)
     for layer in rec.layers.values():
         assert layer.gradient_diversity == pytest.approx(1.0, rel=1e-4)
@@ -166,6 +167,7 @@ def test_inplace_relu_model_measures_the_same_as_out_of_place():
         (nn.Sequential(nn.Linear(6, 4), nn.Unflatten(1, (2, 2))), "probe_output_invalid"),
         (nn.Linear(6, 2), "probe_output_invalid"),  # labels reach class 3
         (make_model("mlp").half(), "probe_dtype_unsupported"),
+        (nn.Sequential(nn.Linear(6, 4), nn.Linear(4, 4).double()), "probe_dtype_unsupported"),
         (nn.Sequential(nn.ReLU()), "probe_layer_unsupported"),
     ],
 )

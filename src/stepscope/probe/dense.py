@@ -227,11 +227,13 @@ class DenseProbe:
         started = time.perf_counter()
         layers = self.resolve_layers(model)
         params = list(model.parameters())
-        dtype = params[0].dtype if params else torch.float32
-        if dtype not in (torch.float32, torch.float64):
+        dtypes = {p.dtype for p in params} or {torch.float32}
+        dtype = next(iter(dtypes))
+        if len(dtypes) > 1 or dtype not in (torch.float32, torch.float64):
             raise Refusal(
                 "probe_dtype_unsupported",
-                f"the model's parameters are {dtype}; the probe measures in float32",
+                f"the model's parameters are {sorted(map(str, dtypes))}; the probe measures in "
+                "float32 (float64 accepted) and never lowers precision",
                 ["measure a float32 copy of the model (keep training precision separate)"],
             )
         unknown = sorted(set(active or {}) - set(layers))
