@@ -335,8 +335,17 @@ class ArtifactWriter:
     def _check_unique(encoded: list[tuple[np.ndarray, np.ndarray | None]]) -> None:
         if len(encoded) < 2:
             return
-        rows = np.concatenate([e[0][["site", "micro_batch", "stream", "phase"]] for e in encoded])
-        if len(np.unique(rows)) != len(rows):
+        # one int64 key per cell: site | micro_batch | stream | phase (cheaper than a record sort)
+        keys = np.concatenate(
+            [
+                (e[0]["site"].astype(np.int64) << 32)
+                | ((e[0]["micro_batch"].astype(np.int64) + 1) << 16)
+                | (e[0]["stream"].astype(np.int64) << 8)
+                | e[0]["phase"].astype(np.int64)
+                for e in encoded
+            ]
+        )
+        if len(np.unique(keys)) != len(keys):
             raise Refusal(
                 "stat_payload_invalid",
                 "a (site, stream, phase, micro_batch) cell appears twice in one step.",

@@ -56,6 +56,8 @@ class Phase(str, enum.Enum):
     BACKWARD = "backward"
     PRE_STEP = "pre_step"
     POST_STEP = "post_step"
+    PRE_CLIP = "pre_clip"  # gradients before / after clipping (append-only: codes are stored)
+    POST_CLIP = "post_clip"
 
 
 class Presence(str, enum.Enum):
