@@ -7,6 +7,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from stepscope import Refusal
 from stepscope.profile import compat, from_profiler, join_events
 from stepscope.profile.results import Availability, availability_of
 from stepscope.profile.trace import EventKind
@@ -148,3 +149,16 @@ def test_in_memory_thread_ids_are_the_system_thread_ids_of_the_trace():
         assert ops["aten::mm"].parent == forked.event and forked.parent is None
         tids.append((caller.thread[1], forked.thread[1]))
     assert tids[0] == tids[1]
+
+
+def test_reading_a_running_profiler_refuses():
+    prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+    prof.start()
+    try:
+        torch.ones(2).sum()
+        with pytest.raises(Refusal) as err:
+            from_profiler(prof)
+        assert err.value.code == "profiler_session_inactive" and "still running" in str(err.value)
+    finally:
+        prof.stop()
+    assert from_profiler(prof).hot_path(by="cpu_time")

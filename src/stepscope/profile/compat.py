@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from stepscope.errors import Refusal
 from stepscope.profile.trace import (
     DEVICE_KINDS,
     EventKind,
@@ -140,6 +141,13 @@ def extract_events(
         Events plus ``source`` (``in_memory_kineto`` or ``chrome_trace_fallback``) and
         disclosures naming the path taken.
     """
+    inner = getattr(prof, "profiler", None)
+    if inner is not None and hasattr(inner, "kineto_results") and inner.kineto_results is None:
+        raise Refusal(
+            "profiler_session_inactive",
+            "the profiler is still running: its events can be read once it has stopped.",
+            ["call from_profiler(prof) after the `with torch.profiler.profile(...)` block"],
+        )
     reason = "forced by the caller"
     if not force_fallback:
         try:
