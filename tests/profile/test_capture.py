@@ -81,3 +81,17 @@ def test_regions_record_occurrences_parents_and_metadata_in_a_session():
     batch_ops = [op for op in s.result.join.ops if op.name == "stepscope.region/batch"]
     assert len(batch_ops) == 2
     assert all(op.parent == ops["stepscope.region/epoch"].event for op in batch_ops)
+
+
+def test_stepscope_internal_work_is_left_out_of_the_per_op_views():
+    from stepscope.profile import compat
+
+    with ss.session() as s:
+        torch.ones(3).sum()
+        with compat.record_function("stepscope.internal/reduce"):
+            torch.ones(3).prod()  # our own work, e.g. a collector reduction
+    keys = {row.key for row in s.result.hot_path(by="cpu_time", top=1000)}
+    assert "aten::sum" in keys
+    assert "aten::prod" not in keys and "stepscope.internal/reduce" not in keys
+    internal = {op.name for op in s.result.join.ops if op.internal}
+    assert {"aten::prod", "stepscope.internal/reduce"} <= internal
