@@ -222,7 +222,9 @@ class RunningStats:
     # ---- comparison
     def _key(self) -> tuple:
         # NaN compares equal to NaN here: an overflowed float64 moment (inf - inf) is a value
-        floats = tuple("nan" if isinstance(v, float) and math.isnan(v) else v for v in self._f.values())
+        floats = tuple(
+            "nan" if isinstance(v, float) and math.isnan(v) else v for v in self._f.values()
+        )
         return (tuple(self._c.values()), floats, self.reduction_dtype)
 
     def __eq__(self, other: object) -> bool:

@@ -25,31 +25,53 @@ def _fmt(x: float) -> str:
 
 
 def render_histogram(hist: Histogram, width: int = 40, max_rows: int = 24) -> str:
-    """Non-empty buckets as rows ``[lower, upper)  count  bar``, specials labelled.
+    """Non-empty buckets as rows ``[lower, upper)  count  bar``, specials on their own rows.
 
-    When there are more than ``max_rows`` non-empty buckets, neighbouring rows are summed in
-    groups so the picture keeps its shape (counts stay exact; the labels show the merged range).
+    When there are more than ``max_rows`` non-empty log2 bins, neighbouring bins are summed in
+    groups so the picture keeps its shape (counts stay exact; labels show the merged range).
+    Exact zero, under/overflow and infinities are never merged into bins; NaN is listed last.
     """
-    rows = [(lo, up, c) for lo, up, c in hist.buckets(include_infinities=True) if c]
-    groups = max(1, math.ceil(len(rows) / max_rows))
-    merged = []
-    for i in range(0, len(rows), groups):
-        chunk = rows[i : i + groups]
-        merged.append((chunk[0][0], chunk[-1][1], sum(c for _, _, c in chunk)))
-    top = max((c for _, _, c in merged), default=1)
+    buckets = hist.buckets(include_infinities=True)
+    d = hist.descriptor
+    n_regular = 2 * d.n_bins
+    # positions of the regular bins in ``buckets``: after (-inf, overflow_neg) and around zero
+    regular = set(range(2, 2 + d.n_bins)) | set(range(5 + d.n_bins, 5 + d.n_bins + d.n_bins))
+    n_nonempty = sum(1 for i in regular if buckets[i][2])
+    group = max(1, math.ceil(n_nonempty / max_rows)) if n_regular else 1
+    merged: list[tuple[float, float, int, bool]] = []
+    pending: list[tuple[float, float, int]] = []
+
+    def flush() -> None:
+        if pending:
+            merged.append((pending[0][0], pending[-1][1], sum(c for _, _, c in pending), False))
+            pending.clear()
+
+    for i, (lo, up, c) in enumerate(buckets):
+        if i in regular:
+            if c:
+                pending.append((lo, up, c))
+                if len(pending) == group:
+                    flush()
+        else:
+            flush()
+            if c:
+                merged.append((lo, up, c, True))
+    flush()
+    top = max((c for *_, c, _ in merged), default=1)
     lines = []
-    for lo, up, c in merged:
-        label = (
-            "0 (exact)"
-            if lo == up == 0
-            else (f"{_fmt(lo)}" if lo == up else f"[{_fmt(lo)}, {_fmt(up)})")
-        )
+    for lo, up, c, special in merged:
+        if lo == up:
+            label = "0 (exact)" if lo == 0 else _fmt(lo)
+        else:
+            label = f"[{_fmt(lo)}, {_fmt(up)})" + (" *" if special else "")
         bar = "#" * max(1, round(width * c / top))
-        lines.append(f"{label:>24} {c:>9} {bar}")
+        lines.append(f"{label:>26} {c:>9} {bar}")
     if hist.nan:
-        lines.append(f"{'NaN':>24} {hist.nan:>9}")
+        lines.append(f"{'NaN':>26} {hist.nan:>9}")
     if not lines:
-        lines.append("(empty)")
+        return "(empty)"
+    if any(special and lo != up for lo, up, _, special in merged):
+        lines.append("  * underflow/overflow beyond the grid window")
     return "\n".join(lines)
 
 
