@@ -31,6 +31,7 @@ Example
 -------
 >>> import torch
 >>> from stepscope.curvature.eigen import top_eigenvalues
+>>> _ = torch.manual_seed(0)
 >>> model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 2))
 >>> x, y = torch.randn(8, 3), torch.randint(0, 2, (8,))
 >>> r = top_eigenvalues(model, x, y, k=2, kind="ggn", dtype=torch.float64, tol=1e-8)

@@ -20,6 +20,7 @@ Example
 -------
 >>> import torch
 >>> from stepscope.curvature.estimators import trace
+>>> _ = torch.manual_seed(0)
 >>> model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 2))
 >>> x, y = torch.randn(8, 3), torch.randint(0, 2, (8,))
 >>> r = trace(model, x, y, kind="ggn", samples=30, seed=0)

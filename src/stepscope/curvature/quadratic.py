@@ -7,8 +7,9 @@
 with :math:`H` the Hessian, :math:`G` the generalised Gauss-Newton matrix and :math:`F` the
 empirical Fisher of the mean cross-entropy on a fixed probe batch (see
 :mod:`stepscope.curvature.products`). :math:`q_H` is **signed** (negative along a direction of
-negative curvature, e.g. near a saddle); :math:`q_G, q_F \\ge 0`. They are different quantities
-and carry different names (:attr:`DirectionalCurvature.quantity`), never one label.
+negative curvature, e.g. near a saddle); :math:`q_G, q_F \\ge 0` up to rounding (a value of
+order :math:`-\\epsilon \\|M\\|` is reported as computed, never clipped). They are different
+quantities and carry different names (:attr:`DirectionalCurvature.quantity`), never one label.
 
 One direction is not a top eigenvalue (see :func:`stepscope.curvature.top_eigenvalues`). A
 finite-difference loss-difference estimate is deliberately not offered: with a tiny step it
@@ -18,6 +19,7 @@ Example
 -------
 >>> import torch
 >>> from stepscope.curvature.quadratic import directional
+>>> _ = torch.manual_seed(0)
 >>> model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 2))
 >>> x, y = torch.randn(8, 3), torch.randint(0, 2, (8,))
 >>> r = directional(model, x, y, direction="random", kind="ggn", seed=0)
