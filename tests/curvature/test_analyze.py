@@ -197,3 +197,28 @@ def test_sampled_mode_converges_as_samples_grow():
             max(abs(g["layers"]["0"]["ce_ggn"]["weight"]["trace"] - want) for g in got) / want
         )
     assert errs[1] < 0.1 and errs[1] < errs[0]
+
+
+def test_dead_layer_gives_none_values_that_are_counted_not_zeros():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 5), nn.ReLU(), nn.Linear(5, 3))
+    with torch.no_grad():
+        model[0].bias.fill_(-100.0)  # every ReLU output is 0: layer 2 sees a zero activation
+    x, y = torch.randn(6, 4), torch.randint(0, 3, (6,))
+    out = ss.analyze_curvature(model, x, y)
+    layer = out["layers"]["2"]
+    assert layer["activation_factor"]["top_eigenvalue"] == 0.0
+    assert layer["activation_factor"]["stable_rank"] is None
+    assert layer["activation_factor"]["effective_rank"] is None
+    for fam in ("empirical_fisher", "ce_ggn", "jacobian_gram"):
+        assert layer[fam]["kfac"]["relative_diagonal_error"] is None
+        assert layer[fam]["weight"]["trace"] == 0.0  # a measured zero: the block is zero
+    paths = out["metadata"]["undefined_values"]["paths"]
+    assert "layers.2.ce_ggn.kfac.relative_diagonal_error" in paths
+    assert out["metadata"]["undefined_values"]["count"] == len(paths) > 0
+    mom = out["directional"]["2"]["gradient_moments"]
+    assert mom["mean_gradient_zero"] and mom["gradient_diversity"] is None
+    assert "directional.2.gradient_moments.gradient_diversity" in paths
+    # layer 0 gets no gradient through the dead ReLU either: its ratios are None, not zero
+    pe = out["directional"]["0"]["ce_ggn"]["per_example_rayleigh_quotient"]
+    assert pe["valid_count"] == 0 and pe["mean"] is None

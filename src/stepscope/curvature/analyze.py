@@ -50,6 +50,7 @@ Example
 from __future__ import annotations
 
 import hashlib
+import logging
 import time
 from typing import Any
 
@@ -79,6 +80,7 @@ from stepscope.curvature.quotients import layer_directional
 from stepscope.errors import Refusal
 
 SCHEMA = "stepscope.curvature.v1"
+_LOG = logging.getLogger(__name__)
 
 #: canonical key -> the legacy name it replaces (LEGACY_METRICS.md)
 LEGACY_NAMES: dict[str, str] = {
@@ -230,9 +232,37 @@ def analyze_curvature(
         supplied_model_dtype=str(supplied_dtype),
         supplied_input_dtype=str(x.dtype),
         float32_matmul_precision_during_analysis="highest",
-        elapsed_s=time.perf_counter() - start,
+        derivative_dtype="float64",
+        reduction_dtype="float64",
+    )
+    undefined = _undefined_values(result)
+    meta["undefined_values"] = {"count": len(undefined), "paths": undefined}
+    meta["elapsed_s"] = time.perf_counter() - start
+    _LOG.info(
+        "analyze_curvature: %d layers, largest eigenproblem %d (%s), %.2f s",
+        len(result["layers"]),
+        meta["largest_eigenproblem_dimension"],
+        meta["largest_eigenproblem"],
+        meta["elapsed_s"],
     )
     return result
+
+
+#: keys whose ``None`` means "absent by construction", not "undefined ratio"
+_NONE_BY_DESIGN = {"bias", "probe_id", "directional", "censored"}
+
+
+def _undefined_values(tree: Any, path: str = "") -> list[str]:
+    """Dotted paths of every ``None`` that stands for an undefined quantity (zero denominator,
+    empty set, truncated spectrum), so the validity of a result is countable at a glance."""
+    if isinstance(tree, dict):
+        out: list[str] = []
+        for key, value in tree.items():
+            if key == "metadata" or (value is None and key in _NONE_BY_DESIGN):
+                continue
+            out += _undefined_values(value, f"{path}.{key}" if path else str(key))
+        return out
+    return [path] if tree is None else []
 
 
 def _analyze(model, x, y, mode, samples, seed, eig_max, include_directional) -> dict[str, Any]:
