@@ -262,6 +262,7 @@ class _Detached(nn.Module):
         (lambda m, x, y: directional(m, x, y.float()), "curvature_input_invalid"),
         (lambda m, x, y: directional(m, x, y[:-1]), "curvature_input_invalid"),
         (lambda m, x, y: directional(m, x, y + 3), "curvature_input_invalid"),
+        (lambda m, x, y: directional(m, x * math.inf, y), "curvature_input_invalid"),
         (lambda m, x, y: directional(m, x, y, dtype=torch.float16), "curvature_input_invalid"),
         (lambda m, x, y: directional(_Tuple(), x, y), "curvature_model_unsupported"),
         (lambda m, x, y: directional(_Detached(), x, y), "curvature_model_unsupported"),

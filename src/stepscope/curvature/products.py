@@ -178,6 +178,12 @@ class CurvatureOperator:
                     "no trainable parameter influences the model output.",
                     ["enable requires_grad on the parameters the output depends on"],
                 )
+            if not bool(torch.isfinite(out).all()):
+                raise Refusal(
+                    "curvature_input_invalid",
+                    "the model produces non-finite logits on the probe batch.",
+                    ["check the checkpoint and the probe inputs for nan/inf"],
+                )
             if int(self.y.max()) >= out.shape[1]:
                 raise Refusal(
                     "curvature_input_invalid",
