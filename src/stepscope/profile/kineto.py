@@ -97,9 +97,31 @@ def _sweep_thread(
 def join_events(events: Sequence[TraceEvent], ours: frozenset[str] = frozenset()) -> JoinResult:
     """Join device events to host ops by correlation id and same-thread containment.
 
-    ``ours`` names further host events that are stepscope's own overhead (e.g. the
-    ``PythonDispatchMode`` brackets torch adds while our ATen capture is on): their self time is
-    ours, what runs inside them is not.
+    Parameters
+    ----------
+    events
+        Normalised events; ``events[i].index`` must equal ``i``.
+    ours
+        Further host event names that are stepscope's own overhead (e.g. the
+        ``PythonDispatchMode`` brackets torch adds while our ATen capture is on): their self time
+        is ours, what runs inside them is not.
+
+    Returns
+    -------
+    JoinResult
+        Per-op records, per-device-event attributions, ambiguous groups, the two-part accounting
+        with its named residual, and the External-id cross-check.
+
+    Examples
+    --------
+    >>> from stepscope.profile.trace import EventKind, TraceEvent
+    >>> ops = [TraceEvent(i, EventKind.CPU_OP, "cpu_op", n, 0, 10, ("p", 1), None, None)
+    ...        for i, n in enumerate(["a", "b"])]  # two ops with the same interval
+    >>> launch = TraceEvent(2, EventKind.RUNTIME, "cuda_runtime", "launch", 1, 1, ("p", 1), 5, None)
+    >>> kernel = TraceEvent(3, EventKind.KERNEL, "kernel", "k", 50, 4, (0, 7), 5, None)
+    >>> r = join_events([*ops, launch, kernel])
+    >>> r.groups[0].names, r.groups[0].device_ns, r.accounting.part_a_ambiguous_ns
+    (('a', 'b'), 4, 4)
     """
     events = tuple(events)
     runtime_by_corr: dict[int, list[int]] = defaultdict(list)

@@ -189,7 +189,20 @@ class ProfileResult:
         return out
 
     def table(self, by: str = "cpu_time", top: int = 20) -> str:
-        """A fixed-width profile table with CPU and device columns (device ``n/a`` if missing)."""
+        """A fixed-width profile table with CPU and device columns (device ``n/a`` if missing).
+
+        Columns: op, calls, CPU self/total and device self/total in microseconds, and the share
+        of the ranking metric; the accounting summary follows the rows.
+
+        Examples
+        --------
+        >>> import torch, stepscope as ss
+        >>> r = ss.kernel_profile(torch.nn.Linear(4, 2), torch.randn(3, 4))
+        >>> print(r.table(by="cpu_time", top=2))  # doctest: +SKIP
+        op                          calls  cpu self us cpu total us  dev self us dev total us  share
+        aten::addmm                     1         41.0         52.3          n/a          n/a  38.2%
+        ...
+        """
         rows = self.hot_path(by=by, top=top)
 
         def us(ns: int | None) -> str:
@@ -224,7 +237,19 @@ class ProfileResult:
         return "\n".join(parts)
 
     def id_mapping(self) -> dict:
-        """The exact id mapping: each device event -> its launch -> its owner op (or group)."""
+        """The exact id mapping: each device event -> its launch -> its owner op (or group).
+
+        Events are named by the ids the trace itself carries (``correlation`` on device and
+        runtime events, ``external_id`` on ops) plus thread and start time in ns.
+
+        Examples
+        --------
+        >>> import torch, stepscope as ss
+        >>> r = ss.kernel_profile(torch.nn.ReLU(), torch.randn(3))
+        >>> m = r.id_mapping()
+        >>> m["schema"], m["device_events"]  # no device events on a CPU-only build
+        ('stepscope.kineto_ids.v1', [])
+        """
         join = self._require_events()
         ev = join.events
 
@@ -275,6 +300,14 @@ class ProfileResult:
 
         Returns the two paths. Refuses ``profiler_session_inactive`` when the result has no
         trace to write (a borrowed session).
+
+        Examples
+        --------
+        >>> import tempfile, torch, stepscope as ss
+        >>> r = ss.kernel_profile(torch.nn.ReLU(), torch.randn(3))
+        >>> trace, ids = r.export_chrome_trace(tempfile.mkdtemp() + "/relu.json")
+        >>> ids.name
+        'relu.json.ids.json'
         """
         path = Path(path)
         if self.exporter is None:
