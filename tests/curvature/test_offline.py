@@ -253,3 +253,21 @@ def test_hessian_extras_are_recorded_when_requested(panel):
     ]
     eigs = torch.linalg.eigvalsh(torch.cat(rows, 0))
     assert top["values"][0] == pytest.approx(eigs.max().item(), rel=1e-4)
+
+
+def test_npz_probe_loads_without_pickle_and_pins_the_same_bytes(panel):
+    import numpy as np
+
+    from stepscope.curvature.offline import load_probe
+
+    path = panel["tmp"] / "probe.npz"
+    np.savez(path, x=panel["x"].numpy(), y=panel["y"].numpy())
+    x, y = load_probe(path)
+    assert torch.equal(x, panel["x"]) and torch.equal(y, panel["y"])
+    pins = make_panel_pins([panel["src"]], {0: panel["ckpts"][0]}, path)
+    assert pins["probe_sha256"] == panel["pins"]["probe_sha256"]
+    bad = panel["tmp"] / "bad.pt"
+    torch.save({"inputs": panel["x"]}, bad)
+    with pytest.raises(ss.Refusal) as err:
+        load_probe(bad)
+    assert err.value.code == "curvature_input_invalid"
