@@ -20,7 +20,6 @@ True
 
 from __future__ import annotations
 
-import enum
 import math
 import time
 import uuid
@@ -29,93 +28,38 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stepscope.errors import Refusal
+from stepscope.history.vocab import (
+    GRADIENT_STREAMS,
+    Phase,
+    Presence,
+    ScaleGrad,
+    StepProvenance,
+    Stream,
+    Tristate,
+    _enum,
+)
+
+__all__ = [
+    "FORMAT",
+    "GRADIENT_STREAMS",
+    "SCHEMA_VERSION",
+    "ObservationRecord",
+    "Phase",
+    "Presence",
+    "RunRecord",
+    "ScaleGrad",
+    "SiteRecord",
+    "StepBlockRecord",
+    "StepProvenance",
+    "StepTruth",
+    "Stream",
+    "Tristate",
+    "package_versions",
+]
 
 #: Artifact format name and the schema version this code writes and reads.
 FORMAT = "stepscope.history.v1"
 SCHEMA_VERSION = 1
-
-
-class Stream(str, enum.Enum):
-    """What tensor a site's observation reduces."""
-
-    ACTIVATION = "activation"
-    GRADIENT = "gradient"
-    PARAMETER = "parameter"
-    UPDATE = "update"
-    ACTIVATION_GRAD = "activation_grad"
-
-
-#: Streams whose records must say whether the gradient was loss-scaled.
-GRADIENT_STREAMS = frozenset({Stream.GRADIENT, Stream.ACTIVATION_GRAD})
-
-
-class Phase(str, enum.Enum):
-    """When in the step the observation was taken."""
-
-    FORWARD = "forward"
-    BACKWARD = "backward"
-    PRE_STEP = "pre_step"
-    POST_STEP = "post_step"
-    PRE_CLIP = "pre_clip"  # gradients before / after clipping (append-only: codes are stored)
-    POST_CLIP = "post_clip"
-
-
-class Presence(str, enum.Enum):
-    """Why a cell does or does not hold data. Only ``observed`` may carry a payload."""
-
-    OBSERVED = "observed"
-    NOT_SCHEDULED = "not_scheduled"
-    SITE_ABSENT = "site_absent"
-    UNSUPPORTED = "unsupported"
-    CAPTURE_FAILED = "capture_failed"
-    BUDGET_DROPPED = "budget_dropped"
-
-
-class ScaleGrad(str, enum.Enum):
-    """Whether a gradient statistic was taken before or after loss-scale removal."""
-
-    SCALED = "scaled"
-    UNSCALED = "unscaled"
-    UNKNOWN = "unknown"
-
-
-class StepProvenance(str, enum.Enum):
-    """Which spelling produced a step block: the authoritative transaction or the hook."""
-
-    EXPLICIT = "explicit"
-    IMPLICIT = "implicit"
-
-
-class Tristate(str, enum.Enum):
-    """A yes/no fact that may be unknown (never silently defaulted to ``no``)."""
-
-    YES = "yes"
-    NO = "no"
-    UNKNOWN = "unknown"
-
-    @classmethod
-    def of(cls, value: bool | str | Tristate | None) -> Tristate:
-        """Normalise ``True/False/None`` or a vocabulary string (``None`` means unknown)."""
-        if isinstance(value, Tristate):
-            return value
-        if value is None:
-            return cls.UNKNOWN
-        if isinstance(value, bool):
-            return cls.YES if value else cls.NO
-        return _enum(cls, value, "tristate")
-
-
-def _enum(kind: type[enum.Enum], value: Any, what: str) -> Any:
-    if isinstance(value, kind):
-        return value
-    try:
-        return kind(value)
-    except (ValueError, TypeError):
-        allowed = ", ".join(m.value for m in kind)  # type: ignore[attr-defined]
-        code = "stream_unknown" if kind is Stream else "history_json_invalid"
-        raise Refusal(
-            code, f"{what} {value!r} is not one of: {allowed}.", [f"use one of: {allowed}"]
-        ) from None
 
 
 def _need(d: Mapping[str, Any], key: str, kind: type | tuple[type, ...], what: str) -> Any:
