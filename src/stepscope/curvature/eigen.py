@@ -228,9 +228,13 @@ def top_eigenvalues(
 def _lanczos(
     op: CurvatureOperator, k: int, max_iter: int, tol: float, gen: torch.Generator
 ) -> tuple[list[float], list[float], list[int], float]:
-    """Lanczos with full reorthogonalisation; explicit residuals for the top-k Ritz pairs."""
+    """Lanczos with full reorthogonalisation; explicit residuals for the top-k Ritz pairs.
+
+    Memory: the basis holds ``min(max_iter, P)`` vectors of length ``P`` (full reorthogonalisation).
+    """
     m_max = min(max_iter, op.dim)
-    basis: list[Tensor] = [_unit_orthogonal(op.random_flat(gen), [])]
+    basis = torch.empty(m_max, op.dim, dtype=op.dtype, device=op.device)
+    basis[0] = _unit_orthogonal(op.random_flat(gen), None)
     alphas: list[float] = []
     betas: list[float] = []  # betas[j] couples basis[j] and basis[j+1] (0.0 after a restart)
     theta = s = torch.empty(0)
@@ -241,9 +245,7 @@ def _lanczos(
         w = w - alpha * basis[j]
         if j > 0:
             w = w - betas[j - 1] * basis[j - 1]
-        stacked = torch.stack(basis)
-        for _ in range(2):  # full reorthogonalisation, twice is enough
-            w = w - stacked.T @ (stacked @ w)
+        w = _project_out(w, basis[: j + 1])  # full reorthogonalisation
         beta = float(torch.linalg.vector_norm(w))
         theta, s = torch.linalg.eigh(_tridiagonal(alphas, betas))
         top = torch.argsort(theta, descending=True)[: min(k, j + 1)]
@@ -256,12 +258,15 @@ def _lanczos(
         tiny = beta <= 1e3 * torch.finfo(op.dtype).eps * max(scale, 1e-300)
         betas.append(0.0 if tiny else beta)
         # On an invariant subspace continue from a fresh orthogonal vector (block-diagonal T).
-        basis.append(_unit_orthogonal(op.random_flat(gen) if tiny else w, basis))
+        if tiny:
+            basis[j + 1] = _unit_orthogonal(op.random_flat(gen), basis[: j + 1])
+        else:
+            basis[j + 1] = w / beta
     order = torch.argsort(theta, descending=True)[:k]  # m_max >= 1, so theta is set
-    stacked = torch.stack(basis[: theta.shape[0]])
+    used = basis[: theta.shape[0]]
     values, residuals = [], []
     for i in order.tolist():
-        ritz = stacked.T @ s[:, i].to(stacked.dtype)
+        ritz = used.T @ s[:, i].to(used.dtype)
         ritz = ritz / torch.linalg.vector_norm(ritz)
         mv = op.matvec_flat(ritz)  # explicit residual, not the Lanczos estimate
         value = float(ritz @ mv)
@@ -281,7 +286,8 @@ def _power(
     iterations: list[int] = []
     scale = 0.0
     for _ in range(k):
-        v = _unit_orthogonal(op.random_flat(gen), found)
+        previous = torch.stack(found) if found else None
+        v = _unit_orthogonal(op.random_flat(gen), previous)
         value = residual = float("nan")
         steps = 0
         for steps in range(1, max_iter + 1):
@@ -291,7 +297,7 @@ def _power(
             scale = max(scale, abs(value))
             if residual <= tol * scale or steps == max_iter:
                 break
-            projected = _project_out(w, found)
+            projected = _project_out(w, previous)
             norm = float(torch.linalg.vector_norm(projected))
             if norm == 0.0:
                 break  # M v = 0 on the complement: value 0, residual already exact
@@ -303,16 +309,16 @@ def _power(
     return values, residuals, iterations, scale
 
 
-def _project_out(w: Tensor, basis: list[Tensor]) -> Tensor:
-    if not basis:
+def _project_out(w: Tensor, basis: Tensor | None) -> Tensor:
+    """Remove the span of the orthonormal rows of ``basis`` (twice: enough in floating point)."""
+    if basis is None or basis.shape[0] == 0:
         return w
-    stacked = torch.stack(basis)
     for _ in range(2):
-        w = w - stacked.T @ (stacked @ w)
+        w = w - basis.T @ (basis @ w)
     return w
 
 
-def _unit_orthogonal(w: Tensor, basis: list[Tensor]) -> Tensor:
+def _unit_orthogonal(w: Tensor, basis: Tensor | None) -> Tensor:
     w = _project_out(w, basis)
     return w / torch.linalg.vector_norm(w)
 
