@@ -407,3 +407,19 @@ def test_module_and_doc_examples_run_as_written(capsys) -> None:
     for code in blocks:
         exec(compile(code, str(doc), "exec"), {"__name__": "__doc_example__"})
     assert "hessian_rayleigh_quotient_signed" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_float32_model_is_measured_in_float32_and_float64_on_request(kind: str) -> None:
+    model, x, y = _case("mlp_tanh")
+    oracle = dense_oracle(model, x, y, kind)
+    gen = torch.Generator().manual_seed(2)
+    direction = [torch.randn(p.shape, generator=gen) for p in model.parameters()]
+    v = _flat(direction)
+    expected = float(v @ oracle @ v / (v @ v))
+    single = directional(model, x, y, direction, kind=kind)
+    double = directional(model, x, y, direction, kind=kind, dtype=torch.float64)
+    assert (single.dtype, double.dtype) == ("float32", "float64")
+    assert single.value == pytest.approx(expected, rel=1e-4)
+    assert double.value == pytest.approx(expected, rel=1e-10)
+    assert all(p.dtype == torch.float32 for p in model.parameters())  # the copy was a copy
