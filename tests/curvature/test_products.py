@@ -423,3 +423,21 @@ def test_float32_model_is_measured_in_float32_and_float64_on_request(kind: str) 
     assert single.value == pytest.approx(expected, rel=1e-4)
     assert double.value == pytest.approx(expected, rel=1e-10)
     assert all(p.dtype == torch.float32 for p in model.parameters())  # the copy was a copy
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_conventions_agree_with_curvlinops_mean_reduction(kind: str) -> None:
+    curvlinops = pytest.importorskip("curvlinops", reason="curvlinops-for-pytorch not installed")
+    operator = {
+        "hessian": curvlinops.HessianLinearOperator,
+        "ggn": curvlinops.GGNLinearOperator,
+        "empirical_fisher": curvlinops.EFLinearOperator,
+    }[kind]
+    model, x, y = _case("mlp_tanh")
+    model = model.double()
+    x = x.double()
+    theirs = operator(model, nn.CrossEntropyLoss(), list(model.parameters()), [(x, y)])
+    with probe_operator(model, x, y, kind) as op:
+        eye = torch.eye(op.dim, dtype=torch.float64)
+        ours = torch.stack([op.matvec_flat(e) for e in eye], dim=1)
+    torch.testing.assert_close(ours, theirs @ eye, rtol=1e-10, atol=1e-13)
