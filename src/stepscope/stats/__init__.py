@@ -8,6 +8,7 @@ from stepscope.stats.reduce import (
     REDUCTION_DTYPE,
     SPINE_FIELDS,
     SPINE_WIDTH,
+    merge_spine_rows_torch,
     reduce_histograms,
     reduce_spines,
 )
@@ -27,6 +28,7 @@ __all__ = [
     "StreamingStat",
     "aggregate",
     "backend_info",
+    "merge_spine_rows_torch",
     "reduce_histograms",
     "reduce_spines",
     "render_histogram",

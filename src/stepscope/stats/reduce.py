@@ -341,3 +341,25 @@ def reduce_histograms(
     for i, x in enumerate(flats):
         _torch_histogram(x, desc, out[i])
     return out
+
+
+def merge_spine_rows_torch(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Merge spine rows ``a`` and ``b`` (``[..., SPINE_WIDTH]``) with device ops only.
+
+    Counts and sums add exactly, extrema combine, moments merge with Chan's pairwise formulas;
+    a side with no finite value contributes nothing to the moments. No host synchronisation.
+    """
+    i = {name: k for k, name in enumerate(SPINE_FIELDS)}
+    out = a + b  # counts and the three sums
+    for name in ("min", "max", "absmax"):
+        fn = torch.fmin if name == "min" else torch.fmax
+        out[..., i[name]] = fn(a[..., i[name]], b[..., i[name]])
+    na, nb = a[..., i["finite"]], b[..., i["finite"]]
+    ma, mb = a[..., i["mean"]], b[..., i["mean"]]
+    n = na + nb
+    delta = mb - ma
+    mean = ma + delta * (nb / n)
+    m2 = a[..., i["m2"]] + b[..., i["m2"]] + delta * delta * (na * nb / n)
+    out[..., i["mean"]] = torch.where(na == 0, mb, torch.where(nb == 0, ma, mean))
+    out[..., i["m2"]] = torch.where(na == 0, b[..., i["m2"]], torch.where(nb == 0, a[..., i["m2"]], m2))
+    return out

@@ -1,0 +1,623 @@
+"""``HistoryCollector``: module-tier collection that is cheap, batched and pure.
+
+Forward hooks reduce *detached* module outputs under ``no_grad`` at module return; tensor hooks on
+those outputs reduce their gradients (``activation_grad``); optimizer pre/post-step hooks reduce
+parameter gradients, parameter values and the actual update of a seeded parameter subvector.
+Every reduction writes a fixed-width row into a preallocated staging buffer on the tensor's
+device; rows reach the host in one copy per buffer at the step boundary, and the step is written
+to the history (disk-first artifact or RAM ring) and published on the event stream.
+
+Example
+-------
+>>> import torch, stepscope as ss
+>>> model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+>>> opt = torch.optim.SGD(model.parameters(), lr=0.1)
+>>> with ss.HistoryCollector(model, sites="Linear") as c:
+...     for _ in range(3):
+...         with c.step(opt, examples=16):
+...             loss = model(torch.randn(16, 4)).pow(2).mean()
+...             opt.zero_grad(); loss.backward(); opt.step()
+>>> [b.step_lo for b in c.ring.blocks()]
+[0, 1, 2]
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from stepscope.collect.plan import Plan, build_plan
+from stepscope.collect.settings import ALL_STREAMS, Cadence, WatchSettings, resolve_cadence
+from stepscope.collect.sites import (
+    ACTIVATION_STREAMS,
+    Row,
+    SiteCatalog,
+    build_rows,
+    output_signature,
+    param_signature,
+    update_indices,
+)
+from stepscope.collect.staging import Staging, to_host
+from stepscope.errors import Refusal
+from stepscope.history import (
+    ArtifactWriter,
+    ObservationBatch,
+    Presence,
+    RunRecord,
+    StepBlockRecord,
+    StepProvenance,
+    StepRing,
+    StepTruth,
+    Tristate,
+    model_fingerprint,
+)
+from stepscope.history.batch import code_of
+from stepscope.selection import Selector, select_modules
+from stepscope.stats import SPINE_WIDTH
+
+DEFAULT_STREAMS: tuple[str, ...] = ("activation", "gradient", "parameter", "update")
+_OBSERVED, _ABSENT = code_of(Presence.OBSERVED), code_of(Presence.SITE_ABSENT)
+_UNSUPPORTED = code_of(Presence.UNSUPPORTED)
+_PHASE = {
+    "activation": "forward",
+    "activation_grad": "backward",
+    "gradient": "pre_step",
+    "parameter": "post_step",
+    "update": "post_step",
+}
+
+
+def _leaf_modules(name: str, module: torch.nn.Module) -> bool:
+    return bool(name) and next(module.children(), None) is None
+
+
+@dataclass
+class StepState:
+    """What the current step has seen so far (host-side bookkeeping only)."""
+
+    step: int
+    spine_due: dict[str, bool]
+    hist_due: dict[str, bool]
+    explicit: bool = False
+    stepped: bool = False
+    grads_taken: bool = False
+    scale_grad: str = "unknown"
+    examples: int | None = None
+    epoch: int | None = None
+    clipped: bool | None = None
+    micro_batches: int | None = None
+    telemetry_s: float = 0.0
+    started: float = 0.0
+
+
+class StepTransaction:
+    """Handle yielded by :meth:`HistoryCollector.step`; lets the user declare step facts."""
+
+    def __init__(self, collector: HistoryCollector, state: StepState) -> None:
+        self._c, self._s = collector, state
+
+    @property
+    def step(self) -> int:
+        """The optimizer step being recorded (0-based)."""
+        return self._s.step
+
+    def declare(self, *, clipped: bool | None = None, micro_batches: int | None = None) -> None:
+        """Record facts the collector cannot see (gradient clipping, micro-batch count)."""
+        if clipped is not None:
+            self._s.clipped = bool(clipped)
+        if micro_batches is not None:
+            self._s.micro_batches = int(micro_batches)
+
+    def log(self, name: str, value: float | torch.Tensor) -> None:
+        """A user scalar for this step (batched to the host at the step boundary)."""
+        self._c.log(name, value)
+
+
+class HistoryCollector:
+    """Watch a model's training, step by step.
+
+    Parameters
+    ----------
+    model
+        The module to watch. It is never modified; hooks are removed by :meth:`close`.
+    sites
+        Selector of modules (type name, full-name glob, predicate or list; see
+        :mod:`stepscope.selection`). Default: every leaf module.
+    streams
+        Any of ``activation, gradient, parameter, update, activation_grad``.
+    cadence
+        Per-stream :class:`Cadence` (or int, or a ``{stream: ...}`` mapping); default
+        :data:`~stepscope.collect.settings.DEFAULT_CADENCE`.
+    settings
+        :class:`WatchSettings` (output directory, ring, descriptor, update sample, ...).
+    optimizer
+        Implicit spelling: the optimizer's step hooks end each step (unscale/clip status is then
+        ``unknown``). The explicit ``with collector.step(optimizer)`` transaction is authoritative.
+
+    Raises
+    ------
+    Refusal
+        ``selection_empty`` at construction when ``sites`` matches nothing (before any forward),
+        ``stream_unknown``, ``cadence_invalid``, ``settings_invalid``.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        sites: Selector | None = None,
+        streams: tuple[str, ...] | list[str] = DEFAULT_STREAMS,
+        cadence: Any = None,
+        settings: WatchSettings | None = None,
+        optimizer: torch.optim.Optimizer | None = None,
+    ) -> None:
+        streams = list(dict.fromkeys(streams))
+        unknown = [s for s in streams if s not in ALL_STREAMS]
+        if unknown or not streams:
+            raise Refusal(
+                "stream_unknown",
+                f"unknown streams {unknown or streams}",
+                [f"choose from {ALL_STREAMS}"],
+            )
+        self.model = model
+        self.settings = settings or WatchSettings()
+        self.streams = streams
+        self.cadences: dict[str, Cadence] = resolve_cadence(cadence, streams)
+        self.modules = select_modules(model, sites if sites is not None else _leaf_modules)
+        self.rows: list[Row] = build_rows(self.modules, streams)
+        if not self.rows:
+            raise Refusal(
+                "selection_empty",
+                f"the selected modules own no parameters for streams {streams}",
+                ["add 'activation' to streams", "select modules that own parameters"],
+            )
+        self.descriptor = self.settings.descriptor
+        self._by_stream: dict[str, list[Row]] = {
+            s: [r for r in self.rows if r.stream == s] for s in streams
+        }
+        self._act_rows: dict[int, dict[str, Row]] = {}
+        for r in self.rows:
+            if r.stream in ACTIVATION_STREAMS:
+                self._act_rows.setdefault(id(r.module), {})[r.stream] = r
+        self._stagings: dict[torch.device, Staging] = {}
+        self._handles: list[Any] = []
+        self._opt_handles: dict[int, list[Any]] = {}
+        self._pending_scalars: dict[str, float | torch.Tensor] = {}
+        self._update_old: dict[int, torch.Tensor] = {}
+        self._closed = False
+        self._next_step = 0
+        self._state: StepState | None = None
+        self._txn_open = False
+        self._scaler: Any = None
+        self.telemetry_seconds = 0.0
+        self._open_history(model)
+        self._register_param_sites()
+        try:
+            for _name, module in self.modules:
+                if id(module) in self._act_rows:
+                    self._handles.append(module.register_forward_hook(self._forward_hook))
+            if optimizer is not None:
+                self._attach_optimizer(optimizer)
+        except BaseException:
+            self.close()
+            raise
+        self._begin_step()
+
+    # ------------------------------------------------------------------ history sink
+    def _open_history(self, model: torch.nn.Module) -> None:
+        s = self.settings
+        rank, world = 0, 1
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
+        device = next((str(p.device) for p in model.parameters()), "cpu")
+        run = RunRecord.new(
+            run_id=s.run_id,
+            model_fingerprint=model_fingerprint(model),
+            histogram_descriptor=self.descriptor.to_dict(),
+            cadences={k: c.spine for k, c in self.cadences.items() if isinstance(c.spine, int)},
+            device=device,
+            rank=rank,
+            world_size=world,
+            extra={
+                **dict(s.extra),
+                "cadences": {k: c.describe() for k, c in self.cadences.items()},
+                "streams": self.streams,
+                "update_sample_size": s.update_sample_size,
+                "update_seed": s.update_seed,
+            },
+        )
+        self.writer: ArtifactWriter | None = None
+        self.catalog: Any
+        if s.output_dir:
+            path = Path(s.output_dir) / (f"rank{rank:03d}" if world > 1 else "")
+            self.ring = StepRing(s.ram_capacity, "refuse", disk_backed=True)
+            self.writer = ArtifactWriter(
+                path,
+                None if s.resume else run,
+                resume=s.resume,
+                commit_steps=s.commit_steps,
+                commit_seconds=s.commit_seconds,
+                durable=s.durable,
+                ring=self.ring,
+            )
+            self.catalog = self.writer
+            self.path: Path | None = path
+            if s.resume and self.writer.committed_step is not None:
+                self._next_step = self.writer.committed_step + 1
+        else:
+            self.ring = StepRing(s.ram_capacity, s.ram_policy)
+            self.catalog = SiteCatalog()
+            self.path = None
+        self.run = run
+
+    def _register_param_sites(self) -> None:
+        for r in self.rows:
+            if r.param is not None:
+                r.signature = param_signature(r.param)
+                r.site_id = self.catalog.register_site(
+                    r.site, r.module_type, r.signature, step=self._next_step
+                )
+                if r.stream == "update":
+                    r.update_index = update_indices(
+                        r.site,
+                        r.param.numel(),
+                        self.settings.update_sample_size,
+                        self.settings.update_seed,
+                        r.param.device,
+                    )
+
+    @property
+    def sites(self) -> list:
+        """The site catalog (:class:`~stepscope.history.SiteRecord` list)."""
+        return self.catalog.sites
+
+    # ------------------------------------------------------------------ plan
+    def plan(self) -> Plan:
+        """The plan table: rows (site, stream, cadence, elements and bytes per logged step)."""
+        return build_plan(
+            self.rows, self.cadences, self.descriptor.width, self.settings.update_sample_size
+        )
+
+    # ------------------------------------------------------------------ staging helpers
+    def _staging(self, device: torch.device) -> Staging:
+        st = self._stagings.get(device)
+        if st is None:
+            st = Staging(len(self.rows), device, self.descriptor, self.settings.kernel_backend)
+            self._stagings[device] = st
+        return st
+
+    def _reduce(self, row: Row, tensor: torch.Tensor) -> None:
+        state = self._state
+        if state is None or not state.spine_due[row.stream]:
+            return
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            self._staging(tensor.device).write(
+                row.index, tensor.detach(), state.hist_due[row.stream]
+            )
+        state.telemetry_s += time.perf_counter() - t0
+
+    def _recording(self) -> bool:
+        # inside a transaction always; in the implicit spelling only while the model trains
+        return self._state is not None and (self._txn_open or self.model.training)
+
+    # ------------------------------------------------------------------ hooks
+    def _forward_hook(self, module: torch.nn.Module, _inputs: Any, output: Any) -> None:
+        if not self._recording():
+            return
+        t = (
+            output
+            if isinstance(output, torch.Tensor)
+            else next((o for o in output if isinstance(o, torch.Tensor)), None)
+            if isinstance(output, (tuple, list))
+            else None
+        )
+        if t is None:
+            return
+        rows = self._act_rows[id(module)]
+        sig = output_signature(t)
+        for row in rows.values():
+            if row.signature != sig:  # discovery, or topology drift: a new series, never re-bound
+                row.signature = sig
+                row.site_id = self.catalog.register_site(
+                    row.site, row.module_type, sig, step=self._state.step
+                )
+        row = rows.get("activation")
+        if row is not None:
+            self._reduce(row, t)
+        grow = rows.get("activation_grad")
+        if grow is not None and t.requires_grad and self._state.spine_due["activation_grad"]:
+            t.register_hook(lambda g, grow=grow: self._reduce(grow, g))
+        for r in rows.values():
+            r.numel = t.numel()
+
+    def _attach_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
+        if id(optimizer) in self._opt_handles:
+            return
+        pre = optimizer.register_step_pre_hook(lambda opt, a, k: self._pre_step(opt))
+        post = optimizer.register_step_post_hook(lambda opt, a, k: self._post_step(opt))
+        self._opt_handles[id(optimizer)] = [pre, post]
+
+    def _take_gradients(self, phase_scale: str) -> None:
+        state = self._state
+        if state is None or state.grads_taken or "gradient" not in self.streams:
+            return
+        state.grads_taken = True
+        state.scale_grad = phase_scale
+        for row in self._by_stream["gradient"]:
+            if row.param.grad is not None:
+                self._reduce(row, row.param.grad)
+
+    def _pre_step(self, optimizer: torch.optim.Optimizer) -> None:
+        state = self._state
+        if state is None:
+            return
+        self._take_gradients(self._scale_status())
+        if "update" in self.streams and state.spine_due["update"]:
+            t0 = time.perf_counter()
+            with torch.no_grad():
+                for row in self._by_stream["update"]:
+                    self._update_old[row.index] = self._sample(row)
+            state.telemetry_s += time.perf_counter() - t0
+
+    def _sample(self, row: Row) -> torch.Tensor:
+        flat = row.param.detach().reshape(-1)
+        picked = flat if row.update_index is None else flat.index_select(0, row.update_index)
+        return picked.to(torch.float32, copy=True)
+
+    def _post_step(self, optimizer: torch.optim.Optimizer) -> None:
+        state = self._state
+        if state is None:
+            return
+        state.stepped = True
+        with torch.no_grad():
+            for row in self._by_stream.get("update", []):
+                old = self._update_old.pop(row.index, None)
+                if old is not None:
+                    self._reduce(row, self._sample(row) - old)
+            for row in self._by_stream.get("parameter", []):
+                self._reduce(row, row.param)
+        if not self._txn_open:  # implicit spelling: the optimizer step ends the step
+            self._finish_step(StepProvenance.IMPLICIT)
+
+    def _scale_status(self) -> str:
+        if not self._txn_open:
+            return "unknown"
+        if self._scaler is None:
+            return "unscaled"  # the explicit transaction declared no loss scaling
+        try:  # GradScaler.step unscales before calling optimizer.step
+            stages = [str(s.get("stage")) for s in self._scaler._per_optimizer_states.values()]
+            return (
+                "unscaled" if any("UNSCALED" in s or "STEPPED" in s for s in stages) else "scaled"
+            )
+        except AttributeError:
+            return "unknown"
+
+    # ------------------------------------------------------------------ step lifecycle
+    def _begin_step(self) -> None:
+        step = self._next_step
+        if not self.ring.disk_backed:
+            self.ring.check_room()  # refuse *before* the step that would not fit
+        self._state = StepState(
+            step=step,
+            spine_due={s: self.cadences[s].spine_due(step) for s in self.streams},
+            hist_due={s: self.cadences[s].histogram_due(step) for s in self.streams},
+            started=time.perf_counter(),
+        )
+        for st in self._stagings.values():
+            st.reset()
+
+    @contextmanager
+    def step(
+        self,
+        optimizer: torch.optim.Optimizer | None = None,
+        scaler: Any = None,
+        examples: int | None = None,
+        epoch: int | None = None,
+    ) -> Iterator[StepTransaction]:
+        """The explicit, authoritative step transaction.
+
+        Put one optimizer step (forward, backward, ``optimizer.step()``) inside. ``examples`` is
+        the number of examples this step consumed (accumulated into ``examples_seen``);
+        ``epoch`` is your own epoch count (never derived). An exception escaping the block
+        closes the collector (hooks removed, committed data kept) and propagates.
+        """
+        self._check_open()
+        if self._txn_open:
+            raise Refusal(
+                "step_transaction_nested", "a step transaction is already open", ["close it first"]
+            )
+        if optimizer is not None:
+            self._attach_optimizer(optimizer)
+        if self._state is None:
+            self._begin_step()
+        state = self._state
+        state.explicit, state.examples, state.epoch = True, examples, epoch
+        self._txn_open, self._scaler = True, scaler
+        try:
+            yield StepTransaction(self, state)
+        except BaseException:
+            self._txn_open = False
+            self.close()
+            raise
+        self._txn_open = False
+        if not state.grads_taken:  # no optimizer step happened: take gradients as left
+            self._take_gradients(self._scale_status() if scaler is not None else "unscaled")
+        self._finish_step(StepProvenance.EXPLICIT, optimizer_known=bool(self._opt_handles))
+        self._scaler = None
+
+    def _finish_step(self, provenance: StepProvenance, optimizer_known: bool = True) -> None:
+        state = self._state
+        t0 = time.perf_counter()
+        hist_step = any(state.hist_due.values())
+        host = {dev: st.to_host(hist_step) for dev, st in self._stagings.items()}
+        batches = self._batches(state, host)
+        scalars = self._drain_scalars()
+        applied = (
+            Tristate.of(state.stepped)
+            if (optimizer_known and provenance is StepProvenance.EXPLICIT)
+            else (Tristate.YES if state.stepped else Tristate.UNKNOWN)
+        )
+        truth = StepTruth(
+            applied=applied,
+            scale=None if self._scaler is None else float(self._scaler.get_scale()),
+            unscaled=Tristate.of(state.scale_grad == "unscaled")
+            if state.scale_grad != "unknown"
+            else Tristate.UNKNOWN,
+            clipped=Tristate.of(state.clipped),
+            micro_batches=state.micro_batches,
+        )
+        self._examples_seen = getattr(self, "_examples_seen", 0) + (state.examples or 0)
+        block = StepBlockRecord(
+            optimizer_step=state.step,
+            examples_seen=self._examples_seen if state.examples is not None else None,
+            epoch=state.epoch,
+            provenance=provenance,
+            truth=truth,
+            wall_time=time.time(),
+        )
+        if self.writer is not None:
+            self.writer.write_step(block, batches, scalars=scalars)
+        else:
+            self.ring.push(block, batches)
+        stream = self.settings.event_stream
+        if stream is not None:
+            from stepscope.events import events_from_step
+
+            stream.publish(events_from_step(block, batches, self.sites, self.descriptor, scalars))
+        state.telemetry_s += time.perf_counter() - t0
+        self.telemetry_seconds += state.telemetry_s
+        self.last_block, self.last_batches = block, batches
+        self._next_step = state.step + 1
+        self._state = None
+        self._begin_step()
+
+    def _batches(self, state: StepState, host: dict) -> list[ObservationBatch]:
+        out = []
+        for stream in self.streams:
+            if not state.spine_due[stream]:
+                continue
+            rows = [r for r in self._by_stream[stream] if r.site_id is not None]
+            if not rows:
+                continue
+            if stream == "update" and not state.stepped:
+                continue  # a skipped optimizer step records no update at all
+            idx = np.array([r.index for r in rows])
+            spines = np.full((len(rows), SPINE_WIDTH), np.nan)
+            presence = np.full(len(rows), _ABSENT, dtype=np.uint8)
+            hist_rows, hists = [], []
+            for dev, (sp, hi) in host.items():
+                st = self._stagings[dev]
+                fired = st.fired[idx] > 0
+                spines[fired] = sp[idx[fired]]
+                presence[fired] = _OBSERVED
+                if hi is not None and state.hist_due[stream]:
+                    for j in np.flatnonzero(st.hist_fired[idx]):
+                        hist_rows.append(j)
+                        hists.append(hi[idx[j]])
+            disclosures: tuple[str, ...] = ()
+            if stream == "update":
+                sampled = [r for r in rows if r.update_index is not None]
+                if sampled:
+                    disclosures = (f"update_sampled:{self.settings.update_sample_size}",)
+            out.append(
+                ObservationBatch(
+                    stream,
+                    _PHASE[stream]
+                    if not (stream == "gradient" and not state.stepped)
+                    else "backward",
+                    np.array([r.site_id for r in rows]),
+                    presence,
+                    spines,
+                    hist_rows=np.array(hist_rows, dtype=np.int64) if hists else None,
+                    histograms=np.stack(hists) if hists else None,
+                    scale_grad=self._scale_grad_of(stream, state),
+                    disclosures=disclosures,
+                )
+            )
+        return out
+
+    def _scale_grad_of(self, stream: str, state: StepState) -> str | None:
+        if stream == "gradient":
+            return state.scale_grad
+        if (
+            stream == "activation_grad"
+        ):  # taken during backward: scaled iff a scaler scaled the loss
+            if not state.explicit:
+                return "unknown"
+            return "scaled" if self._scaler is not None else "unscaled"
+        return None
+
+    # ------------------------------------------------------------------ user scalars
+    def log(self, name: str, value: float | torch.Tensor) -> None:
+        """Record a user scalar (loss, learning rate, ...) for the current step.
+
+        Tensors stay on their device until the step boundary, where all of them are moved to the
+        host in one transfer — never one ``.item()`` per call.
+        """
+        self._check_open()
+        if isinstance(value, torch.Tensor):
+            value = value.detach().reshape(())
+        self._pending_scalars[name] = value
+
+    def _drain_scalars(self) -> dict[str, float]:
+        if not self._pending_scalars:
+            return {}
+        names = list(self._pending_scalars)
+        vals = self._pending_scalars
+        tens = [n for n in names if isinstance(vals[n], torch.Tensor)]
+        out = {n: float(vals[n]) for n in names if n not in tens}
+        if tens:
+            stacked = torch.stack([vals[n].to(torch.float64) for n in tens])
+            for n, v in zip(tens, to_host(stacked).tolist()):
+                out[n] = v
+        self._pending_scalars = {}
+        return out
+
+    # ------------------------------------------------------------------ lifecycle
+    def _check_open(self) -> None:
+        if self._closed:
+            raise Refusal(
+                "collector_closed", "this collector is closed", ["create a new HistoryCollector"]
+            )
+
+    def close(self) -> None:
+        """Remove every hook and close the history (idempotent). Pending partial steps are dropped."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            for h in self._handles:
+                h.remove()
+            for hs in self._opt_handles.values():
+                for h in hs:
+                    h.remove()
+        finally:
+            self._handles, self._opt_handles = [], {}
+            self._state = None
+            if self.writer is not None:
+                self.writer.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def __enter__(self) -> HistoryCollector:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:  # pragma: no cover - best effort at interpreter shutdown
+        try:
+            if not self._closed:
+                for h in self._handles:
+                    h.remove()
+        except Exception:
+            pass

@@ -1,0 +1,209 @@
+"""What to watch stays flat on the collector; the plumbing knobs ride :class:`WatchSettings`.
+
+Cadences are per stream and per kernel: a :class:`Cadence` says how often the spine and how often
+the histogram is taken (every ``k``-th optimizer step, counting from step 0, or a predicate).
+
+Example
+-------
+>>> s = WatchSettings(output_dir="runs/a", histogram_descriptor=None)
+>>> s.ram_policy
+'refuse'
+>>> resolve_cadence({"parameter": 10}, ("activation", "parameter"))["parameter"]
+Cadence(spine=10, histogram=100)
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from stepscope.errors import Refusal
+from stepscope.stats import HistogramDescriptor
+
+
+class StreamName(str, enum.Enum):
+    """The five things a collector can watch."""
+
+    ACTIVATION = "activation"  # module outputs, at module return (forward)
+    GRADIENT = "gradient"  # parameter gradients, just before the optimizer step
+    PARAMETER = "parameter"  # parameter values, just after the optimizer step
+    UPDATE = "update"  # the actual parameter change of the optimizer step (sampled)
+    ACTIVATION_GRAD = "activation_grad"  # gradients of module outputs (tensor hooks)
+
+
+ALL_STREAMS: tuple[str, ...] = tuple(s.value for s in StreamName)
+
+Schedule = int | Callable[[int], bool]
+
+
+@dataclass(frozen=True)
+class Cadence:
+    """How often each kernel runs for one stream.
+
+    Parameters
+    ----------
+    spine
+        Take the spine every ``spine`` optimizer steps (steps 0, k, 2k, ...) or when the
+        predicate ``spine(step)`` is true.
+    histogram
+        The same for the histogram (``0`` or ``None``: never). A histogram step that is not a
+        spine step still takes the spine (the histogram's ``num/sum`` come from it).
+    """
+
+    spine: Schedule = 1
+    histogram: Schedule | None = 10
+
+    def __post_init__(self) -> None:
+        for name in ("spine", "histogram"):
+            v = getattr(self, name)
+            if v is None or callable(v):
+                continue
+            if (
+                isinstance(v, bool)
+                or not isinstance(v, int)
+                or v < 0
+                or (name == "spine" and v == 0)
+            ):
+                raise Refusal(
+                    "cadence_invalid",
+                    f"cadence {name}={v!r} must be a positive int (histogram: >= 0) or a predicate",
+                    ["use Cadence(spine=1, histogram=10)"],
+                )
+
+    @staticmethod
+    def _due(schedule: Schedule | None, step: int) -> bool:
+        if schedule is None or schedule == 0:
+            return False
+        if callable(schedule):
+            return bool(schedule(step))
+        return step % schedule == 0
+
+    def spine_due(self, step: int) -> bool:
+        """Whether the spine is taken at ``step`` (histogram steps imply it)."""
+        return self._due(self.spine, step) or self.histogram_due(step)
+
+    def histogram_due(self, step: int) -> bool:
+        """Whether the histogram is taken at ``step``."""
+        return self._due(self.histogram, step)
+
+    def describe(self) -> dict[str, Any]:
+        """JSON-safe description for the run record."""
+
+        def d(v: Schedule | None) -> Any:
+            return getattr(v, "__name__", "predicate") if callable(v) else v
+
+        return {"spine": d(self.spine), "histogram": d(self.histogram)}
+
+
+#: Default cadences, chosen by measurement (see README, benchmarks/overhead.py): cheap streams
+#: every step; parameters, which change slowly, every 10 steps; histograms every 50 steps.
+DEFAULT_CADENCE: dict[str, Cadence] = {
+    "activation": Cadence(1, 50),
+    "gradient": Cadence(1, 50),
+    "parameter": Cadence(10, 50),
+    "update": Cadence(1, 50),
+    "activation_grad": Cadence(1, 50),
+}
+
+
+def resolve_cadence(
+    cadence: int | Cadence | Mapping[str, int | Cadence] | None, streams: Iterable[str]
+) -> dict[str, Cadence]:
+    """Turn the user's ``cadence=`` into one :class:`Cadence` per watched stream.
+
+    An int ``k`` means spine every ``k`` steps and histogram every ``10*k``.
+    """
+
+    def one(v: int | Cadence) -> Cadence:
+        if isinstance(v, Cadence):
+            return v
+        if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+            return Cadence(v, 10 * v)
+        raise Refusal("cadence_invalid", f"cadence {v!r} is not a positive int or a Cadence")
+
+    streams = list(streams)
+    if cadence is None:
+        return {s: DEFAULT_CADENCE[s] for s in streams}
+    if isinstance(cadence, Mapping):
+        unknown = set(cadence) - set(ALL_STREAMS)
+        if unknown:
+            raise Refusal(
+                "stream_unknown",
+                f"cadence names unknown streams {sorted(unknown)}",
+                [f"use {ALL_STREAMS}"],
+            )
+        return {s: one(cadence[s]) if s in cadence else DEFAULT_CADENCE[s] for s in streams}
+    c = one(cadence)
+    return dict.fromkeys(streams, c)
+
+
+@dataclass(frozen=True)
+class WatchSettings:
+    """Plumbing knobs of a :class:`~stepscope.HistoryCollector` (frozen).
+
+    Parameters
+    ----------
+    output_dir
+        Artifact directory (disk-first, crash-safe). ``None``: RAM-only ring.
+    run_id
+        Run identity written in the run record (default: a fresh id).
+    resume
+        Append a new segment to an existing artifact in ``output_dir`` (needs the explicit
+        ``step()`` transaction for an exact step coordinate).
+    ram_capacity, ram_policy
+        Ring of recent step blocks; RAM-only policy ``refuse`` (default), ``drop_oldest`` or
+        ``coarsen``. With disk on the ring is an LRU cache.
+    histogram_descriptor
+        The histogram grid (default ``HistogramDescriptor()``).
+    update_sample_size
+        Elements per parameter in the update channel: a seeded subvector of
+        ``min(numel, update_sample_size)`` distinct indices (exact when it covers the parameter).
+    update_seed
+        Seed of the private generator that draws the update indices (never the global RNG).
+    commit_steps, commit_seconds
+        Artifact commit interval: a kill loses at most the steps not yet committed.
+    event_stream
+        A :class:`~stepscope.EventStream` to publish each step's events on (optional).
+    kernel_backend
+        ``"auto"``, ``"c"`` or ``"torch"`` (see :func:`stepscope.stats.backend_info`).
+    durable
+        ``fsync`` artifact files (turn off only for throwaway benchmarks).
+    extra
+        JSON-safe fields copied into the run record.
+    """
+
+    output_dir: str | None = None
+    run_id: str | None = None
+    resume: bool = False
+    ram_capacity: int = 256
+    ram_policy: str = "refuse"
+    histogram_descriptor: HistogramDescriptor | None = None
+    update_sample_size: int = 4096
+    update_seed: int = 20260909
+    commit_steps: int = 32
+    commit_seconds: float | None = 10.0
+    event_stream: Any = None
+    kernel_backend: str = "auto"
+    durable: bool = True
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.ram_capacity < 1:
+            problems.append("ram_capacity must be >= 1")
+        if self.ram_policy not in ("refuse", "drop_oldest", "coarsen"):
+            problems.append(f"ram_policy {self.ram_policy!r} not in refuse/drop_oldest/coarsen")
+        if self.update_sample_size < 1:
+            problems.append("update_sample_size must be >= 1")
+        if self.kernel_backend not in ("auto", "c", "torch"):
+            problems.append(f"kernel_backend {self.kernel_backend!r} not in auto/c/torch")
+        if self.resume and not self.output_dir:
+            problems.append("resume needs an output_dir")
+        if problems:
+            raise Refusal("settings_invalid", "invalid WatchSettings: " + "; ".join(problems) + ".")
+
+    @property
+    def descriptor(self) -> HistogramDescriptor:
+        return self.histogram_descriptor or HistogramDescriptor()

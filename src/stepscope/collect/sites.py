@@ -1,0 +1,110 @@
+"""Row keys of a collector: which (stream, site) pairs it reduces, and the site catalog.
+
+Activation streams have one row per selected module (site = qualified module name);
+parameter streams (``gradient``, ``parameter``, ``update``) one row per parameter the selected
+modules own directly (site = ``"<module>.<param>"``; a tied parameter belongs to its first owner).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+
+import torch
+
+from stepscope.history import SiteRecord
+
+ACTIVATION_STREAMS = ("activation", "activation_grad")
+PARAM_STREAMS = ("gradient", "parameter", "update")
+
+
+@dataclass
+class Row:
+    """One (stream, site) row of the staging buffer."""
+
+    index: int
+    stream: str
+    site: str
+    module_type: str
+    module: torch.nn.Module
+    param: torch.nn.Parameter | None = None
+    numel: int | None = None  # elements per observation (None until discovered)
+    site_id: int | None = None  # catalog id (None until registered)
+    signature: str | None = None
+    update_index: torch.Tensor | None = field(default=None, repr=False)  # sampled update indices
+
+
+def output_signature(t: torch.Tensor) -> str:
+    """Structural signature of a module output: dtype and shape with the batch dim as ``*``."""
+    dims = ["*", *map(str, t.shape[1:])] if t.dim() else []
+    return f"{str(t.dtype).replace('torch.', '')}[{','.join(dims)}]"
+
+
+def param_signature(p: torch.Tensor) -> str:
+    return f"{str(p.dtype).replace('torch.', '')}[{','.join(map(str, p.shape))}]"
+
+
+def build_rows(modules: list[tuple[str, torch.nn.Module]], streams: list[str]) -> list[Row]:
+    """All row keys, activation streams first, in module order."""
+    rows: list[Row] = []
+    seen_params: set[int] = set()
+    owned: list[tuple[str, torch.nn.Module, torch.nn.Parameter]] = []
+    for name, module in modules:
+        for pname, p in module.named_parameters(recurse=False):
+            if id(p) not in seen_params:
+                seen_params.add(id(p))
+                owned.append((f"{name}.{pname}", module, p))
+    for stream in streams:
+        if stream in ACTIVATION_STREAMS:
+            for name, module in modules:
+                rows.append(Row(len(rows), stream, name, type(module).__name__, module))
+        else:
+            for site, module, p in owned:
+                rows.append(
+                    Row(len(rows), stream, site, type(module).__name__, module, p, p.numel())
+                )
+    return rows
+
+
+def update_indices(
+    site: str, numel: int, k: int, seed: int, device: torch.device
+) -> torch.Tensor | None:
+    """``min(numel, k)`` distinct indices from a private generator seeded by (seed, site).
+
+    ``None`` means the whole parameter (exact statistics). The global RNG is never touched.
+    """
+    if numel <= k:
+        return None
+    digest = hashlib.sha256(f"{seed}:{site}".encode()).digest()
+    gen = torch.Generator(device="cpu").manual_seed(
+        int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
+    )
+    idx = torch.randperm(numel, generator=gen)[:k].sort().values
+    return idx.to(device)
+
+
+class SiteCatalog:
+    """Site records with topology-drift handling, for RAM-only runs (the writer keeps its own).
+
+    A name bound to a different structure ends its series and starts a new one; never re-binds.
+    """
+
+    def __init__(self) -> None:
+        self.sites: list[SiteRecord] = []
+        self._active: dict[str, int] = {}
+
+    def register_site(
+        self, name: str, module_type: str, signature: str, step: int | None = None
+    ) -> int:
+        from dataclasses import replace
+
+        current = self._active.get(name)
+        if current is not None:
+            site = self.sites[current]
+            if (site.module_type, site.signature) == (module_type, signature):
+                return current
+            self.sites[current] = replace(site, ended_step=step, ended_reason="topology_drift")
+        site_id = len(self.sites)
+        self.sites.append(SiteRecord(site_id, name, module_type, signature, None, step))
+        self._active[name] = site_id
+        return site_id
