@@ -222,3 +222,12 @@ def test_dead_layer_gives_none_values_that_are_counted_not_zeros():
     # layer 0 gets no gradient through the dead ReLU either: its ratios are None, not zero
     pe = out["directional"]["0"]["ce_ggn"]["per_example_rayleigh_quotient"]
     assert pe["valid_count"] == 0 and pe["mean"] is None
+
+
+@pytest.mark.parametrize("context", [torch.no_grad, torch.inference_mode])
+def test_works_under_no_grad_and_inference_mode(context):
+    model, x, y = model_and_data()
+    want = ss.analyze_curvature(model, x, y)["layers"]
+    with context():
+        got = ss.analyze_curvature(model, x, y)["layers"]
+    assert got == want

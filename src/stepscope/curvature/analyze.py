@@ -214,7 +214,8 @@ def analyze_curvature(
     prev_precision = torch.get_float32_matmul_precision()
     torch.set_float32_matmul_precision("highest")
     try:
-        with preserved_state(model):
+        # autograd is needed even when called under no_grad() or inference_mode()
+        with preserved_state(model), torch.inference_mode(False), torch.enable_grad():
             result = _analyze(
                 model, x, y, mode_enum, samples, seed, eig_max_dimension, include_directional
             )
@@ -272,8 +273,7 @@ def _analyze(model, x, y, mode, samples, seed, eig_max, include_directional) -> 
     xd = x.detach().to(torch.float64)
     layers = affine_layers(work)
     names = dict(layers)
-    with torch.enable_grad():
-        logits, captures = capture_forward(work, xd, layers)
+    logits, captures = capture_forward(work, xd, layers)
     if logits.ndim != 2 or logits.shape[0] != x.shape[0]:
         raise Refusal(
             "curvature_model_unsupported",
