@@ -247,3 +247,16 @@ def test_spine_only_observation_costs_under_200_bytes(run_dir, hx):
     assert rows == 8000
     per_row = (sizes["observations"] + sizes["steps"]) / rows
     assert per_row < 200, per_row
+
+
+def test_resumed_writer_reports_the_last_durable_step(run_dir, hx):
+    hx.write_simple_run(run_dir, n_steps=7, commit_steps=3)
+    w = ArtifactWriter(run_dir, resume=True)
+    assert w.committed_step == 6 and w.run.resumed_at_step == 7
+    w.close()
+    w = ArtifactWriter(run_dir, resume=True, resume_at_step=4)
+    assert w.committed_step == 3
+    hx.write_simple_run(run_dir, n_steps=1, start=4, writer=w)
+    h = open_history(run_dir)
+    assert h.steps.tolist() == [0, 1, 2, 3, 4]  # the grandparent's 4..6 are superseded too
+    assert h.series("s0", "activation", "sum").values[4] == hx.step_spines(4, 3)[0, 10]

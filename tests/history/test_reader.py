@@ -252,3 +252,39 @@ def test_fuzzed_json_files_only_ever_raise_refusal(pristine, tmp_path, file, dat
         pass
     finally:
         (run / file).write_bytes(original)
+
+
+def test_valid_npy_of_the_wrong_dtype_refuses_corrupt(run_dir, hx):
+    import hashlib
+    import io
+
+    h = open_history(_run(run_dir, hx))
+    name = _chunk(h, "observations")
+    buf = io.BytesIO()
+    np.save(buf, np.zeros(4), allow_pickle=False)
+    (run_dir / "chunks" / name).write_bytes(buf.getvalue())
+
+    def mutate(rows):
+        for r in rows:
+            for f in r["files"]:
+                if f["name"] == name:
+                    f["sha256"] = hashlib.sha256(buf.getvalue()).hexdigest()
+
+    _rewrite_log(run_dir, mutate)
+    with pytest.raises(Refusal) as err:
+        _read_everything(open_history(run_dir))
+    assert err.value.code == "history_artifact_corrupt" and "dtype" in err.value.message
+
+
+def test_in_place_chunk_view_matches_numpys_own_parser(run_dir, hx):
+    import io
+
+    from stepscope.history.layout import npy_load
+
+    h = open_history(_run(run_dir, hx))
+    for r in h.commits:
+        for f in r["files"]:
+            data = (run_dir / "chunks" / f["name"]).read_bytes()
+            ours = npy_load(data, f["name"], h._dtypes[f["table"]])
+            ref = np.load(io.BytesIO(data), allow_pickle=False)
+            assert ours.dtype == ref.dtype and ours.tobytes() == ref.tobytes()

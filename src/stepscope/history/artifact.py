@@ -111,6 +111,8 @@ class ArtifactWriter:
         self._active: dict[str, int] = {}  # site name -> open series id
         self._last_step: int | None = None
         self._catalog_dirty = False
+        self.commits = 0
+        self.committed_step: int | None = None  # the last step durable on disk (effective view)
         if (self.path / "manifest.json").exists() or (self.path / "index.json").exists():
             if not resume:
                 raise Refusal(
@@ -123,8 +125,6 @@ class ArtifactWriter:
             self._open_fresh(run or RunRecord.new())
         self._reset_pending()
         self._last_commit = time.monotonic()
-        self.commits = 0
-        self.committed_step: int | None = None
 
     # -- setup -------------------------------------------------------------------------------
     def _open_fresh(self, run: RunRecord) -> None:
@@ -162,6 +162,8 @@ class ArtifactWriter:
         self.disclosures = list(reader.disclosures)
         self._active = {s.name: s.site_id for s in self.sites if s.ended_step is None}
         self._last_step = at_step - 1
+        if last is not None and at_step > 0:
+            self.committed_step = min(last, at_step - 1)
         self._start_segment()
 
     def _start_segment(self) -> None:

@@ -155,11 +155,15 @@ class HistoryReader:
         )
         known = {s.segment_id for s in self.segments}
         self._cutoff = {s.segment_id: np.iinfo(np.int64).max for s in self.segments}
-        for s in self.segments:
-            if s.parent_segment in self._cutoff and s.resumed_at_step is not None:
-                self._cutoff[s.parent_segment] = min(
-                    self._cutoff[s.parent_segment], s.resumed_at_step
-                )
+        parents = {s.segment_id: s.parent_segment for s in self.segments}
+        for s in self.segments:  # a resume supersedes every ancestor's steps from its step on
+            ancestor, seen = s.parent_segment, {s.segment_id}
+            while s.resumed_at_step is not None and ancestor in self._cutoff:
+                if ancestor in seen:
+                    raise Refusal("history_json_invalid", "manifest segments form a cycle.", [])
+                seen.add(ancestor)
+                self._cutoff[ancestor] = min(self._cutoff[ancestor], s.resumed_at_step)
+                ancestor = parents[ancestor]
         for row in self.commits:
             if row["segment"] not in known:
                 raise Refusal(
