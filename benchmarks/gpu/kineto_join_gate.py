@@ -58,6 +58,15 @@ def describe(label, result):
         f" (b) {acc.part_b_internal_ns / 1e3:.1f}us residual={acc.residual_ns or 'none'}"
         f" xcheck agree/disagree/na={cc.agree}/{cc.disagree}/{cc.unavailable}"
     )
+    if acc.residual_ns:  # show what did not join, to make a failure actionable
+        events = result.join.events
+        shown = 0
+        for a in result.join.device:
+            if a.owner is None and a.group is None and shown < 5:
+                launch = events[a.launch].name if a.launch is not None else None
+                print(f"      unjoined [{a.status.value}] {events[a.event].name[:70]} "
+                      f"corr={events[a.event].correlation} launch={launch}")  # fmt: skip
+                shown += 1
     return frac
 
 

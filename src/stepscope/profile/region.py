@@ -30,7 +30,7 @@ from typing import Any, TypeVar
 
 from stepscope.profile import compat
 from stepscope.profile.accounting import REGION_PREFIX
-from stepscope.profile.session import active_session
+from stepscope.profile.session import _ACTIVE
 from stepscope.profile.spans import Altitude, OwnerClass, check_scalar_metadata, escape_name
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -62,7 +62,7 @@ class region:  # lower-case: used like a function: ``with ss.region("fwd"):``
         self._entered: list[tuple[Any, Any, Any]] | None = None
 
     def __enter__(self) -> region:
-        current = active_session()
+        current = _ACTIVE[0]  # the slot itself: the inert path is one index and one compare
         if current is None:
             return self
         registry = current.registry
@@ -93,7 +93,7 @@ class region:  # lower-case: used like a function: ``with ss.region("fwd"):``
 
         @functools.wraps(func)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            if active_session() is None:
+            if _ACTIVE[0] is None:
                 return func(*args, **kwargs)
             with region(name, **metadata):
                 return func(*args, **kwargs)

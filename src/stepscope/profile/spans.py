@@ -88,7 +88,10 @@ def escape_name(name: object) -> tuple[str, bool]:
 
 def check_scalar_metadata(metadata: dict[str, object]) -> dict[str, object]:
     """Return ``metadata`` if every value is a scalar, else refuse ``span_metadata_invalid``."""
-    if all(type(v) in _EXACT_SCALARS for v in metadata.values()):  # fast path, no subclasses
+    for value in metadata.values():  # fast path: exact scalar types, no generator
+        if type(value) not in _EXACT_SCALARS:
+            break
+    else:
         return metadata
     for key, value in metadata.items():
         if not isinstance(value, SCALAR_TYPES):
