@@ -75,7 +75,7 @@ class HotPathRow:
     share: float
 
 
-@dataclass
+@dataclass(frozen=True)
 class ProfileResult:
     """Joined profiler events, their availability, spans and provenance."""
 
