@@ -1,0 +1,93 @@
+"""Events, checks and trackers: one scan of the tensors, many consumers.
+
+The collector writes each step's rows to the artifact and hands them to :func:`events_from_step`;
+the resulting :class:`ObserverEvent` s go out on an :class:`EventStream` to checks
+(:class:`NonFiniteCheck`, :class:`ZeroFractionCheck`, :class:`GradientNormCheck`,
+:class:`UpdateRatioCheck`) and trackers (:class:`TensorBoardTracker`, :class:`WandbTracker`,
+:class:`JsonlTracker`). :func:`export_run` replays a finished artifact through the same path.
+"""
+
+from stepscope.events.checks import (
+    Check,
+    CheckAction,
+    CheckWarning,
+    Finding,
+    GradientNormCheck,
+    NonFiniteCheck,
+    UpdateRatioCheck,
+    ZeroFractionCheck,
+)
+from stepscope.events.convert import SpineScalar, event_prefix, events_from_step, spine_scalars
+from stepscope.events.event import (
+    Axis,
+    EventKind,
+    EventSource,
+    GradientStage,
+    HistogramPayload,
+    ObserverEvent,
+    Verdict,
+)
+from stepscope.events.export import ExportReport, export_run, replay, step_events
+from stepscope.events.stream import (
+    MAX_CONSECUTIVE_FAILURES,
+    CheckFailed,
+    EventStream,
+    Subscriber,
+    SubscriberFailureWarning,
+    SubscriberLike,
+    SubscriberStatus,
+)
+from stepscope.events.trackers import (
+    JsonlTracker,
+    TensorBoardTracker,
+    Tracker,
+    TrackerCounts,
+    WandbLogWarning,
+    WandbTracker,
+    read_jsonl,
+)
+from stepscope.events.views import exponent_view, exponent_view_raw, np_histogram, tensorboard_raw
+
+__all__ = [
+    "MAX_CONSECUTIVE_FAILURES",
+    "Axis",
+    "Check",
+    "CheckAction",
+    "CheckFailed",
+    "CheckWarning",
+    "EventKind",
+    "EventSource",
+    "EventStream",
+    "ExportReport",
+    "Finding",
+    "GradientNormCheck",
+    "GradientStage",
+    "HistogramPayload",
+    "JsonlTracker",
+    "NonFiniteCheck",
+    "ObserverEvent",
+    "SpineScalar",
+    "Subscriber",
+    "SubscriberFailureWarning",
+    "SubscriberLike",
+    "SubscriberStatus",
+    "TensorBoardTracker",
+    "Tracker",
+    "TrackerCounts",
+    "UpdateRatioCheck",
+    "Verdict",
+    "WandbLogWarning",
+    "WandbTracker",
+    "ZeroFractionCheck",
+    "event_prefix",
+    "events_from_step",
+    "exponent_view",
+    "exponent_view_raw",
+    "export_run",
+    "np_histogram",
+    "read_jsonl",
+    "replay",
+    "spine_scalars",
+    "step_events",
+    "tensorboard_raw",
+]

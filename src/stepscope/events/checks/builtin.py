@@ -1,0 +1,261 @@
+"""Built-in checks, each a function of events only (no tensor is ever re-scanned).
+
+* :class:`NonFiniteCheck` — NaN/inf appeared (``nonfinite_count > 0`` or a non-finite user scalar);
+  remembers the first step and site.
+* :class:`ZeroFractionCheck` — the fraction of exact zeros of a site exceeds a threshold (dead
+  units: a ReLU layer whose outputs are all zero). Whole-tensor fraction, not per unit.
+* :class:`GradientNormCheck` — gradient l2 norm above ``upper`` (exploding) or below ``lower``
+  (vanishing).
+* :class:`UpdateRatioCheck` — ``update l2 / parameter l2`` of the same site at the same step outside
+  ``[lower, upper]``; also publishes the ratio itself as a derived scalar.
+
+Example
+-------
+>>> import warnings
+>>> from stepscope.events import EventStream, ObserverEvent, EventKind, EventSource
+>>> stream = EventStream()
+>>> check = stream.subscribe(GradientNormCheck(lower=1e-6, upper=10.0))
+>>> e = ObserverEvent(EventKind.SCALAR, "gradient.backward/fc/l2", 2, value=50.0, site="fc",
+...                   stream="gradient", phase="backward", field="l2", stage="backward",
+...                   scale_provenance="unscaled", source=EventSource.SPINE)
+>>> with warnings.catch_warnings(record=True):
+...     stream.publish([e])
+>>> check.verdicts[0].verdict.message
+'gradient l2 of fc is 50 > 10 (exploding) at step 2 [backward, unscaled]'
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from stepscope.events.checks.base import Check, CheckAction, Finding
+from stepscope.events.convert import SpineScalar
+from stepscope.events.event import EventKind, EventSource, ObserverEvent
+from stepscope.history.schema import Phase, Stream
+
+__all__ = ["GradientNormCheck", "NonFiniteCheck", "UpdateRatioCheck", "ZeroFractionCheck"]
+
+
+def _scalar(e: ObserverEvent, field: SpineScalar, streams: frozenset[Stream] | None) -> bool:
+    return (
+        e.kind is EventKind.SCALAR
+        and e.source is EventSource.SPINE
+        and e.field == field.value
+        and (streams is None or e.stream in streams)
+    )
+
+
+def _streams(streams: Sequence[Stream | str] | None) -> frozenset[Stream] | None:
+    return None if streams is None else frozenset(Stream(s) for s in streams)
+
+
+def _where(e: ObserverEvent) -> str:
+    parts = [p.value for p in (e.stage, e.scale_provenance) if p is not None]
+    return f" [{', '.join(parts)}]" if parts else ""
+
+
+class NonFiniteCheck(Check):
+    """NaN or inf appeared in a site's tensor or in a user scalar.
+
+    Parameters
+    ----------
+    streams
+        Streams to watch (default: all). User scalars are always watched.
+    action
+        ``warn``, ``raise`` or ``stop``.
+
+    Attributes
+    ----------
+    first
+        The first violating event (earliest step, then publication order: the collector
+        publishes sites in forward order, so this is where NaN/inf first appeared).
+    """
+
+    name = "nonfinite"
+
+    def __init__(
+        self,
+        streams: Sequence[Stream | str] | None = None,
+        action: CheckAction | str = CheckAction.WARN,
+    ) -> None:
+        super().__init__(action)
+        self.streams = _streams(streams)
+        self.first: ObserverEvent | None = None
+
+    def evaluate(self, events: Sequence[ObserverEvent]) -> list[Finding | ObserverEvent]:
+        """Findings for every event showing a non-finite value."""
+        out: list[Finding | ObserverEvent] = []
+        for e in events:
+            if _scalar(e, SpineScalar.NONFINITE_COUNT, self.streams) and e.value > 0:  # type: ignore[operator]
+                msg = (
+                    f"{int(e.value)} non-finite value(s) in {e.stream.value} of {e.site} "  # type: ignore[arg-type, union-attr]
+                    f"at step {e.optimizer_step}{_where(e)}"
+                )
+            elif (
+                e.kind is EventKind.SCALAR
+                and e.source is EventSource.USER_SCALAR
+                and not math.isfinite(e.value)  # type: ignore[arg-type]
+            ):
+                msg = f"user scalar {e.name} is {e.value} at step {e.optimizer_step}"
+            else:
+                continue
+            if self.first is None or e.optimizer_step < self.first.optimizer_step:
+                self.first = e
+            out.append(Finding(e, msg, observed=e.value, upper=0.0 if e.field else None))
+        return out
+
+
+class ZeroFractionCheck(Check):
+    """The fraction of exact zeros of a site is above ``threshold`` (e.g. dead ReLU units).
+
+    Parameters
+    ----------
+    threshold
+        A fraction in [0, 1); a site whose ``zero_fraction > threshold`` is reported.
+    streams
+        Streams to watch (default: activations).
+    """
+
+    name = "zero_fraction"
+
+    def __init__(
+        self,
+        threshold: float = 0.99,
+        streams: Sequence[Stream | str] | None = (Stream.ACTIVATION,),
+        action: CheckAction | str = CheckAction.WARN,
+    ) -> None:
+        super().__init__(action)
+        self.threshold = float(threshold)
+        self.streams = _streams(streams)
+
+    def evaluate(self, events: Sequence[ObserverEvent]) -> list[Finding | ObserverEvent]:
+        """Findings for zero fractions above the threshold."""
+        return [
+            Finding(
+                e,
+                f"zero fraction of {e.stream.value} {e.site} is {e.value:.4g} > "  # type: ignore[union-attr]
+                f"{self.threshold:g} at step {e.optimizer_step}{_where(e)}",
+                observed=e.value,
+                upper=self.threshold,
+            )
+            for e in events
+            if _scalar(e, SpineScalar.ZERO_FRACTION, self.streams) and e.value > self.threshold  # type: ignore[operator]
+        ]
+
+
+class GradientNormCheck(Check):
+    """Gradient l2 norms outside ``[lower, upper]``: vanishing below, exploding above.
+
+    Thresholds apply to the norm as recorded; the verdict names its ``scale_provenance`` (a
+    loss-scaled gradient's norm is the unscaled one times the scale).
+    """
+
+    name = "gradient_norm"
+
+    def __init__(
+        self,
+        lower: float = 1e-7,
+        upper: float = 1e3,
+        streams: Sequence[Stream | str] = (Stream.GRADIENT,),
+        action: CheckAction | str = CheckAction.WARN,
+    ) -> None:
+        super().__init__(action)
+        self.lower, self.upper = float(lower), float(upper)
+        self.streams = _streams(streams)
+
+    def evaluate(self, events: Sequence[ObserverEvent]) -> list[Finding | ObserverEvent]:
+        """Findings for norms outside the band."""
+        out: list[Finding | ObserverEvent] = []
+        for e in events:
+            if not _scalar(e, SpineScalar.L2, self.streams):
+                continue
+            v = e.value
+            if v > self.upper:  # type: ignore[operator]
+                what = f"{v:.4g} > {self.upper:g} (exploding)"
+            elif v < self.lower:  # type: ignore[operator]
+                what = f"{v:.4g} < {self.lower:g} (vanishing)"
+            else:
+                continue
+            msg = f"{e.stream.value} l2 of {e.site} is {what} at step {e.optimizer_step}{_where(e)}"  # type: ignore[union-attr]
+            out.append(Finding(e, msg, observed=v, lower=self.lower, upper=self.upper))
+        return out
+
+
+class UpdateRatioCheck(Check):
+    """``update l2 / parameter l2`` of one site at one step outside ``[lower, upper]``.
+
+    Parameters
+    ----------
+    lower, upper
+        The band of healthy ratios (a common rule of thumb is around 1e-3 per step).
+    parameter_phase
+        Which parameter observation is the denominator (default ``pre_step``, the weight the
+        update was applied to; ``None`` takes the first parameter l2 seen at that step).
+
+    Each ratio is also published as a ``scalar`` event ``"update_ratio/{site}"`` (source
+    ``check``); a zero parameter norm gives an ``unavailable`` event
+    (``undefined_zero_parameter_norm``), never an infinite or zero ratio.
+    """
+
+    name = "update_ratio"
+
+    def __init__(
+        self,
+        lower: float = 1e-6,
+        upper: float = 1e-1,
+        parameter_phase: Phase | str | None = Phase.PRE_STEP,
+        action: CheckAction | str = CheckAction.WARN,
+    ) -> None:
+        super().__init__(action)
+        self.lower, self.upper = float(lower), float(upper)
+        self.parameter_phase = None if parameter_phase is None else Phase(parameter_phase)
+        self._pending: dict[tuple[int, str], dict[str, ObserverEvent]] = {}
+
+    def evaluate(self, events: Sequence[ObserverEvent]) -> list[Finding | ObserverEvent]:
+        """Pair update and parameter norms (across publishes of the same step) and compare."""
+        out: list[Finding | ObserverEvent] = []
+        for e in events:
+            if not _scalar(e, SpineScalar.L2, frozenset({Stream.UPDATE, Stream.PARAMETER})):
+                continue
+            if e.micro_batch is not None:
+                continue
+            role = "update" if e.stream is Stream.UPDATE else "parameter"
+            if role == "parameter" and self.parameter_phase not in (None, e.phase):
+                continue
+            slot = self._pending.setdefault((e.optimizer_step, e.site), {})  # type: ignore[arg-type]
+            slot.setdefault(role, e)
+            if len(slot) == 2:
+                del self._pending[(e.optimizer_step, e.site)]  # type: ignore[arg-type]
+                out.extend(self._compare(slot["update"], slot["parameter"]))
+        if events:  # forget unmatched halves of steps older than the previous one
+            newest = max(e.optimizer_step for e in events)
+            self._pending = {k: v for k, v in self._pending.items() if k[0] >= newest - 1}
+        return out
+
+    def _compare(self, upd: ObserverEvent, par: ObserverEvent) -> list[Finding | ObserverEvent]:
+        common = {
+            "optimizer_step": upd.optimizer_step,
+            "examples_seen": upd.examples_seen,
+            "epoch": upd.epoch,
+            "site": upd.site,
+            "stream": Stream.UPDATE,
+            "phase": upd.phase,
+            "field": "update_to_weight_ratio",
+            "source": EventSource.CHECK,
+        }
+        name = f"update_ratio/{upd.site}"
+        if par.value == 0:
+            reason = "undefined_zero_parameter_norm"
+            return [ObserverEvent(EventKind.UNAVAILABLE, name, reason=reason, **common)]
+        ratio = upd.value / par.value  # type: ignore[operator]
+        derived = ObserverEvent(EventKind.SCALAR, name, value=ratio, **common)
+        out: list[Finding | ObserverEvent] = [derived]
+        if not self.lower <= ratio <= self.upper:
+            side = "above" if ratio > self.upper else "below"
+            msg = (
+                f"update/weight l2 ratio of {upd.site} is {ratio:.4g}, {side} "
+                f"[{self.lower:g}, {self.upper:g}] at step {upd.optimizer_step}"
+            )
+            out.append(Finding(derived, msg, observed=ratio, lower=self.lower, upper=self.upper))
+        return out

@@ -1,0 +1,150 @@
+"""Weights & Biases tracker: one batched ``wandb.log`` row per step, on a declared x-axis.
+
+Facts this follows (see ``ECOSYSTEM.md``): W&B's ``_step`` is not the scientific axis, so the
+tracker declares its :class:`~stepscope.events.Axis` with ``define_metric(axis)`` and
+``define_metric("*", step_metric=axis)`` and puts ``optimizer_step``, ``examples_seen`` and
+``epoch`` (where known) in every row. Events are buffered per axis value and sent as ONE row when
+the axis value changes (the logging boundary) or on :meth:`flush`/:meth:`close`. It never calls
+``wandb.watch`` (no tensor hooks: the collector already reduced everything). Histograms are sent
+on the signed log2 bin-index axis (:func:`~stepscope.events.views.np_histogram`, <= 512 bins).
+
+A failing ``wandb.log`` is caught, counted in :attr:`WandbTracker.failed_rows`, warned about once
+(:class:`WandbLogWarning`) and never raised: training goes on and the local history artifact,
+written before events are published, holds everything.
+
+Example
+-------
+>>> import os
+>>> os.environ["WANDB_MODE"] = "offline"  # doctest: +SKIP
+>>> tracker = WandbTracker(project="demo", dir="runs/wandb")  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from typing import Any
+
+from stepscope.errors import require_extra
+from stepscope.events.event import Axis, ObserverEvent
+from stepscope.events.trackers.base import Tracker
+from stepscope.events.views import np_histogram
+
+__all__ = ["WandbLogWarning", "WandbTracker"]
+
+
+class WandbLogWarning(RuntimeWarning):
+    """``wandb.log`` failed; the row was not sent (the local artifact is unaffected)."""
+
+
+class WandbTracker(Tracker):
+    """Send events to a W&B run, one row per axis value.
+
+    Parameters
+    ----------
+    run
+        An existing run (from ``wandb.init``); not finished by :meth:`close`. When ``None`` a run
+        is started with ``project``, ``dir``, ``mode`` (e.g. ``"offline"``), ``name``, ``config``.
+    axis
+        The x-axis declared with ``define_metric``.
+    histograms
+        Send histogram events as ``wandb.Histogram`` (index axis).
+    wandb_module
+        The ``wandb`` module to use (default: import it, refusing ``extra_missing`` if absent).
+    """
+
+    def __init__(
+        self,
+        run: Any = None,
+        *,
+        axis: Axis | str = Axis.OPTIMIZER_STEP,
+        histograms: bool = True,
+        project: str | None = None,
+        dir: str | os.PathLike[str] | None = None,
+        mode: str | None = None,
+        name: str | None = None,
+        config: dict[str, Any] | None = None,
+        wandb_module: Any = None,
+    ) -> None:
+        super().__init__(axis)
+        self._wandb = wandb_module or require_extra("wandb", "wandb", "the W&B tracker")
+        self._owns = run is None
+        if run is None:
+            if dir is not None:
+                os.makedirs(dir, exist_ok=True)
+            run = self._wandb.init(
+                project=project,
+                dir=None if dir is None else str(dir),
+                mode=mode,
+                name=name,
+                config={**(config or {}), "stepscope_x_axis": self.axis.value},
+            )
+        self.run = run
+        self.histograms = histograms
+        self.run.define_metric(self.axis.value)
+        self.run.define_metric("*", step_metric=self.axis.value)
+        self._row: dict[str, Any] = {}
+        self._row_x: int | None = None
+        self.rows_sent = 0
+        self.failed_rows = 0
+        self.last_error: str | None = None
+        self._warned = False
+
+    def _row_for(self, event: ObserverEvent, x: int) -> dict[str, Any]:
+        if self._row_x is not None and x != self._row_x:
+            self.flush()
+        if not self._row:
+            self._row_x = x
+            for a in Axis:
+                v = event.axis(a)
+                if v is not None:
+                    self._row[a.value] = v
+        return self._row
+
+    def write_scalar(self, event: ObserverEvent, x: int) -> None:
+        """Add ``name: value`` to the row of axis value ``x``."""
+        self._row_for(event, x)[event.name] = event.value
+
+    def write_histogram(self, event: ObserverEvent, x: int) -> None:
+        """Add ``name: wandb.Histogram`` on the signed bin-index axis (if enabled)."""
+        if not self.histograms:
+            return
+        h = np_histogram(event.histogram)  # type: ignore[arg-type]
+        if h is None:
+            return
+        counts, edges = h
+        hist = self._wandb.Histogram(np_histogram=(counts.tolist(), edges.tolist()))
+        self._row_for(event, x)[event.name + "/exponent_view"] = hist
+
+    def write_verdict(self, event: ObserverEvent, x: int) -> None:
+        """Add the verdict message (a string) to the row."""
+        v = event.verdict
+        self._row_for(event, x)[event.name] = f"[{v.action}] {v.message}"  # type: ignore[union-attr]
+
+    def flush(self) -> None:
+        """Send the buffered row with one ``wandb.log`` call; failures are caught and counted."""
+        if not self._row:
+            return
+        row, self._row, self._row_x = self._row, {}, None
+        try:
+            self.run.log(row)
+            self.rows_sent += 1
+        except Exception as exc:  # never block training; the artifact keeps the history
+            self.failed_rows += 1
+            self.last_error = f"{type(exc).__name__}: {exc}"
+            if not self._warned:
+                self._warned = True
+                warnings.warn(
+                    f"stepscope: wandb.log failed ({self.last_error}); rows are dropped from W&B "
+                    "but kept in the local history artifact (re-send with `stepscope export "
+                    "RUN --wandb DIR`).",
+                    WandbLogWarning,
+                    stacklevel=2,
+                )
+
+    def close(self) -> None:
+        """Send the last row; finish the run if this tracker started it."""
+        self.flush()
+        if self._owns:
+            self.run.finish()
+            self._owns = False
