@@ -207,3 +207,14 @@ def test_node_hooks_are_really_gone_after_the_session():
     out.backward()  # the nodes fire after the session: no hook may run
     assert len(s.registry.spans) == before
     assert lin.weight.grad is not None
+
+
+def test_owned_session_inside_a_running_raw_profiler_refuses_and_points_to_borrowed_mode():
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]):
+        with pytest.raises(Refusal) as err:
+            with ss.session():
+                pass
+        assert err.value.code == "profiler_session_nested"
+        assert any("profiler=prof" in r for r in err.value.remedies)
+        assert active_session() is None and profiler_on()
+    assert_restored()

@@ -153,6 +153,12 @@ class session:  # lower-case: used like a function: ``with ss.session() as s:``
             raise Refusal("profiler_session_nested", "this session object is already open.", [])
         if self.borrowed:
             _check_borrowed(self._profiler)
+        elif torch.autograd._profiler_enabled():
+            raise Refusal(
+                "profiler_session_nested",
+                "another torch profiler is already running; an owned session cannot start one.",
+                ["pass it in: stepscope.session(profiler=prof) adds markers to your profiler"],
+            )
         self.registry = SpanRegistry()  # a reused session object starts with fresh spans
         self.result = None
         stack = ExitStack()
