@@ -1,0 +1,163 @@
+"""EventStream: delivery, bounded retention, and isolation of failing subscribers."""
+
+from __future__ import annotations
+
+import filecmp
+import warnings
+
+import pytest
+
+from stepscope.errors import Refusal
+from stepscope.events import (
+    MAX_CONSECUTIVE_FAILURES,
+    EventKind,
+    EventStream,
+    ObserverEvent,
+    Subscriber,
+    SubscriberFailureWarning,
+)
+
+
+class Recorder(Subscriber):
+    def __init__(self):
+        self.batches = []
+        self.closed = 0
+
+    def on_events(self, events):
+        self.batches.append(list(events))
+
+    def close(self):
+        self.closed += 1
+
+
+class Raiser(Subscriber):
+    """Raises on every delivery (or only where ``fail(n)`` says so)."""
+
+    def __init__(self, fail=lambda n: True):
+        self.calls = 0
+        self.fail = fail
+
+    def on_events(self, events):
+        self.calls += 1
+        if self.fail(self.calls):
+            raise RuntimeError(f"boom {self.calls}")
+
+
+def _scalar(step):
+    return ObserverEvent(EventKind.SCALAR, "loss", step, value=float(step))
+
+
+def test_every_subscriber_gets_every_batch_in_order():
+    stream = EventStream()
+    a, b = stream.subscribe(Recorder()), stream.subscribe(Recorder())
+    for step in range(3):
+        stream.publish([_scalar(step)])
+    assert [[e.optimizer_step for e in batch] for batch in a.batches] == [[0], [1], [2]]
+    assert a.batches == b.batches
+    stream.close()
+    stream.close()
+    assert (a.closed, b.closed) == (1, 1)
+
+
+def test_only_the_most_recent_capacity_events_are_kept():
+    stream = EventStream(capacity=5)
+    stream.publish([_scalar(i) for i in range(12)])
+    assert [e.optimizer_step for e in stream.recent()] == [7, 8, 9, 10, 11]
+    assert stream.published == 12
+    assert stream.recent("verdict") == ()
+    with pytest.raises(Refusal) as err:
+        EventStream(capacity=0)
+    assert err.value.code == "settings_invalid"
+
+
+def test_non_events_are_refused():
+    with pytest.raises(Refusal) as err:
+        EventStream().publish([{"kind": "scalar"}])
+    assert err.value.code == "event_invalid"
+    with pytest.raises(Refusal):
+        EventStream().subscribe(object())
+
+
+def test_raising_subscriber_is_disabled_after_exactly_eight_failures_with_one_warning():
+    stream = EventStream()
+    bad, good = stream.subscribe(Raiser()), stream.subscribe(Recorder())
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for step in range(20):
+            stream.publish([_scalar(step)])
+    assert MAX_CONSECUTIVE_FAILURES == 8
+    assert bad.calls == 8  # never called again once disabled
+    status = stream.status(bad)
+    assert (status.enabled, status.failures, status.consecutive_failures) == (False, 8, 8)
+    assert "boom 8" in status.last_error
+    ours = [w for w in caught if issubclass(w.category, SubscriberFailureWarning)]
+    assert len(ours) == 1 and "Raiser" in str(ours[0].message)
+    assert len(good.batches) == 20  # the others never noticed
+
+
+def test_a_success_resets_the_consecutive_count():
+    # fails 7 times, succeeds once, then fails forever: disabled at call 7 + 1 + 8 = 16
+    stream = EventStream()
+    flaky = stream.subscribe(Raiser(fail=lambda n: n != 8))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for step in range(30):
+            stream.publish([_scalar(step)])
+    assert flaky.calls == 16
+    assert stream.status(flaky).failures == 15
+    assert len([w for w in caught if issubclass(w.category, SubscriberFailureWarning)]) == 1
+
+
+def test_a_failing_close_is_warned_not_raised():
+    class BadClose(Recorder):
+        def close(self):
+            raise OSError("disk gone")
+
+    stream = EventStream()
+    stream.subscribe(BadClose())
+    with pytest.warns(SubscriberFailureWarning, match="disk gone"):
+        stream.close()
+
+
+def test_keyboard_interrupt_is_not_swallowed():
+    class Interrupt(Subscriber):
+        def on_events(self, events):
+            raise KeyboardInterrupt
+
+    stream = EventStream()
+    stream.subscribe(Interrupt())
+    with pytest.raises(KeyboardInterrupt):
+        stream.publish([_scalar(0)])
+
+
+def test_subscribers_may_only_return_check_events():
+    class Echo(Subscriber):
+        def on_events(self, events):
+            return list(events)  # source user_scalar: not allowed back on the stream
+
+    stream = EventStream()
+    echo = stream.subscribe(Echo())
+    with pytest.warns(SubscriberFailureWarning, match="source 'check'"):
+        stream.publish([_scalar(0)])
+    assert stream.status(echo).failures == 1
+    assert stream.published == 1
+
+
+def test_artifact_is_identical_with_and_without_a_failing_subscriber(ev, tmp_path):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        bad = Raiser()
+        noisy = ev.train(tmp_path / "with", n_steps=12, subscribers=[bad])
+    clean = ev.train(tmp_path / "without", n_steps=12)
+    assert bad.calls == 8
+    assert noisy.stream.status(bad).enabled is False
+    assert len([w for w in caught if issubclass(w.category, SubscriberFailureWarning)]) == 1
+    a, b = tmp_path / "with", tmp_path / "without"
+    chunks = sorted(p.name for p in (a / "chunks").iterdir())
+    assert chunks == sorted(p.name for p in (b / "chunks").iterdir()) and len(chunks) > 10
+    _, mismatch, errors = filecmp.cmpfiles(a / "chunks", b / "chunks", chunks, shallow=False)
+    assert mismatch == [] and errors == []
+    for name in ("catalog.json", "manifest.json", "index.json"):
+        assert (a / name).read_bytes() == (b / name).read_bytes()
+    # the published events are the same too (the subscriber changed nothing upstream)
+    assert [len(x) for x in noisy.events] == [len(x) for x in clean.events]
