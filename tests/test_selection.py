@@ -28,8 +28,9 @@ def test_type_names_predicates_and_unions():
     assert names(["ReLU", "0"]) == ["0", "12"]
 
 
-def test_root_is_not_selected_by_a_glob():
+def test_root_is_not_selected_by_a_glob_but_by_its_type():
     assert "" not in names("*")
+    assert [n for n, _ in select_modules(torch.nn.Linear(2, 2), "Linear")] == [""]
 
 
 @pytest.mark.parametrize(

@@ -8,8 +8,8 @@ A selector is one of:
 - a callable ``(qualified_name, module) -> bool``;
 - a list of any of these (union).
 
-The root module (qualified name ``""``) is never selected by a glob or type name unless asked for
-with the predicate form. An empty result refuses ``selection_empty`` before anything runs.
+The root module (qualified name ``""``) is never selected by a glob; a type name or a predicate
+can select it (e.g. ``"Linear"`` on a bare ``nn.Linear``). An empty result refuses ``selection_empty`` before anything runs.
 
 Example
 -------
@@ -46,8 +46,8 @@ def _matcher(selector: Selector) -> Callable[[str, torch.nn.Module], bool]:
             )
         pattern = re.compile(fnmatch.translate(selector))
         return lambda name, module: (
-            bool(name)
-            and (type(module).__name__ == selector or pattern.fullmatch(name) is not None)
+            type(module).__name__ == selector
+            or (bool(name) and pattern.fullmatch(name) is not None)
         )
     if isinstance(selector, Sequence):
         parts = [_matcher(s) for s in selector]

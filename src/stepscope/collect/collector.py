@@ -75,7 +75,7 @@ _PHASE = {
 
 
 def _leaf_modules(name: str, module: torch.nn.Module) -> bool:
-    return bool(name) and next(module.children(), None) is None
+    return next(module.children(), None) is None  # a bare module is its own (root) leaf
 
 
 @dataclass

@@ -15,6 +15,7 @@ import torch
 from stepscope.history import SiteRecord
 
 ACTIVATION_STREAMS = ("activation", "activation_grad")
+ROOT_SITE = "<root>"  # display name of the model itself when it is selected
 PARAM_STREAMS = ("gradient", "parameter", "update")
 
 
@@ -49,11 +50,12 @@ def build_rows(modules: list[tuple[str, torch.nn.Module]], streams: list[str]) -
     rows: list[Row] = []
     seen_params: set[int] = set()
     owned: list[tuple[str, torch.nn.Module, torch.nn.Parameter]] = []
+    modules = [(name or ROOT_SITE, module) for name, module in modules]
     for name, module in modules:
         for pname, p in module.named_parameters(recurse=False):
             if id(p) not in seen_params:
                 seen_params.add(id(p))
-                owned.append((f"{name}.{pname}", module, p))
+                owned.append((pname if name == ROOT_SITE else f"{name}.{pname}", module, p))
     for stream in streams:
         if stream in ACTIVATION_STREAMS:
             for name, module in modules:
