@@ -260,3 +260,21 @@ def test_resumed_writer_reports_the_last_durable_step(run_dir, hx):
     h = open_history(run_dir)
     assert h.steps.tolist() == [0, 1, 2, 3, 4]  # the grandparent's 4..6 are superseded too
     assert h.series("s0", "activation", "sum").values[4] == hx.step_spines(4, 3)[0, 10]
+
+
+@pytest.mark.parametrize("top", [0, 255, 256, 65535, 65536, 2**32 - 1, 2**32, 2**62])
+def test_histogram_counts_round_trip_exactly_at_every_width_boundary(run_dir, hx, top):
+    counts = np.zeros((1, WIDTH), np.int64)
+    counts[0, 3], counts[0, -1] = top, 1
+    with ArtifactWriter(run_dir, commit_steps=1) as w:
+        site = w.register_site("a", "t", "s")
+        b = ObservationBatch.observed(
+            "activation", "forward", [site], hx.step_spines(0, 1), hist_rows=[0], histograms=counts
+        )
+        w.write_step(StepBlockRecord(0), [b])
+    h = open_history(run_dir)
+    got = h.histograms("a", "activation").counts
+    assert got.dtype == np.int64 and np.array_equal(got, counts)
+    stored = next(f for r in h.commits for f in r["files"] if f["table"] == "histograms")
+    width = {255: "|u1", 256: "<u2", 65536: "<u4", 2**32: "<i8"}
+    assert stored["counts_dtype"] == width.get(top, stored["counts_dtype"])

@@ -53,6 +53,7 @@ from stepscope.history.layout import (
     encode_batch,
     encode_steps,
     histogram_dtype,
+    narrow_histograms,
     npy_bytes,
     observation_dtype,
 )
@@ -376,7 +377,7 @@ class ArtifactWriter:
         for stream, parts in self._p_obs.items():
             tables.append(("observations", stream, np.concatenate(parts)))
         for stream, parts in self._p_hist.items():
-            tables.append(("histograms", stream, np.concatenate(parts)))
+            tables.append(("histograms", stream, np.concatenate(parts)))  # narrowed on write
         if self._p_scalars:
             tables.append(("scalars", None, np.array(self._p_scalars, dtype=SCALAR_DTYPE)))
         files = [self._write_chunk(prefix, *t) for t in tables]
@@ -404,6 +405,9 @@ class ArtifactWriter:
         import hashlib
 
         name = f"{prefix}-{table}" + (f"-{stream}" if stream else "") + ".npy"
+        counts_dtype = None
+        if table == "histograms":
+            arr, counts_dtype = narrow_histograms(arr)
         data = npy_bytes(arr)
         # temp + fsync + rename; the chunks/ directory is fsynced once per commit by the caller
         atomic_write_bytes(self.path / "chunks" / name, data, durable=self.durable, sync_dir=False)
@@ -415,6 +419,8 @@ class ArtifactWriter:
             "bytes": len(data),
             "sha256": hashlib.sha256(data).hexdigest(),
         }
+        if counts_dtype is not None:
+            entry["counts_dtype"] = counts_dtype
         if table in ("observations", "histograms") and len(arr):
             entry["site_lo"], entry["site_hi"] = int(arr["site"].min()), int(arr["site"].max())
         return entry

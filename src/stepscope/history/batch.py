@@ -143,6 +143,8 @@ class ObservationBatch:
                 bad.append("hist_rows point outside the batch")
             elif m and len(np.unique(self.hist_rows)) != m:
                 bad.append("hist_rows repeat a row")
+            elif m and self.histograms.min() < 0:
+                bad.append("histograms hold a negative count")
         if bad:
             raise Refusal("stat_payload_invalid", "invalid observation batch: " + "; ".join(bad))
         self._check_payloads()

@@ -68,9 +68,26 @@ def observation_dtype(spine_width: int) -> np.dtype:
     )
 
 
-def histogram_dtype(width: int) -> np.dtype:
-    """Row dtype of the histograms table."""
-    return np.dtype([*_KEY, ("counts", "<i8", (width,))])
+#: Count dtypes a histogram chunk may use; the writer picks the narrowest that holds its largest
+#: count (exact), the reader widens to int64.
+COUNT_DTYPES = ("|u1", "<u2", "<u4", "<i8")
+
+
+def histogram_dtype(width: int, counts: str = "<i8") -> np.dtype:
+    """Row dtype of the histograms table (``counts`` one of :data:`COUNT_DTYPES`)."""
+    return np.dtype([*_KEY, ("counts", counts, (width,))])
+
+
+def narrow_histograms(rows: np.ndarray) -> tuple[np.ndarray, str]:
+    """The same rows with the narrowest exact count dtype, and that dtype's string."""
+    top = int(rows["counts"].max()) if len(rows) else 0
+    for code in COUNT_DTYPES[:-1]:
+        if top <= np.iinfo(np.dtype(code)).max:
+            out = np.empty(len(rows), histogram_dtype(rows.dtype["counts"].shape[0], code))
+            for name in rows.dtype.names or ():
+                out[name] = rows[name]
+            return out, code
+    return rows, COUNT_DTYPES[-1]
 
 
 def encode_steps(blocks: list[StepBlockRecord]) -> np.ndarray:

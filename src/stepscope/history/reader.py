@@ -225,7 +225,13 @@ class HistoryReader:
                     "run `stepscope verify` for all damage",
                 ],
             )
-        array = npy_load(data, name, self._dtypes[f["table"]])
+        if f["table"] == "histograms":  # stored with the narrowest exact count dtype
+            stored = histogram_dtype(self.descriptor.width, f.get("counts_dtype", "<i8"))
+            array = npy_load(data, name, stored)
+            if stored != self._dtypes["histograms"]:
+                array = array.astype(self._dtypes["histograms"])
+        else:
+            array = npy_load(data, name, self._dtypes[f["table"]])
         if len(array) != f["rows"]:
             raise Refusal("history_artifact_corrupt", f"chunk {name} row count differs.", [])
         self._cache[name] = array

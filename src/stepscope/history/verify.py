@@ -17,6 +17,7 @@ from typing import Any
 
 from stepscope.errors import Refusal
 from stepscope.history.files import check_name
+from stepscope.history.layout import COUNT_DTYPES
 
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
@@ -61,6 +62,8 @@ def validate_commit(row: Any, log: str) -> dict[str, Any]:
             raise _bad(log, "a file entry lacks table/stream")
         if not isinstance(f.get("sha256"), str) or not _HEX64.match(f["sha256"]):
             raise _bad(log, "a file entry has no valid sha256")
+        if f.get("counts_dtype", "<i8") not in COUNT_DTYPES:
+            raise _bad(log, f"counts_dtype {f.get('counts_dtype')!r} not in {COUNT_DTYPES}")
         _int(f, "rows", log)
         _int(f, "bytes", log)
         if ("site_lo" in f) != ("site_hi" in f):
