@@ -127,7 +127,7 @@ def train(
                 scale,
             )
             block = StepBlockRecord(step, examples_seen=examples, epoch=examples // 64)
-            scalars = {"loss": float(loss)}
+            scalars = {"loss": float(loss.detach())}
             writer.write_step(block, batches, scalars=scalars)
             events = events_from_step(block, batches, writer.sites, writer.descriptor, scalars)
             published.append(events)

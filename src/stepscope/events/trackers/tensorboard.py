@@ -7,7 +7,8 @@ For every ``histogram_counts`` event two histograms are written:
 * ``{name}/exponent_view`` — the same counts against the signed log2 bin index
   (:func:`~stepscope.events.views.exponent_view_raw`), because TensorBoard's UI re-bins linearly.
 
-Verdicts become text entries (``add_text``); ``unavailable`` events are counted, never written as 0.
+Scalars are written as new-style float64 tensor summaries (exact; read them with
+``EventAccumulator.Tensors``). Verdicts become text entries (``add_text``); ``unavailable`` events are counted, never written as 0.
 The x-axis (``global_step``) is the tracker's :class:`~stepscope.events.Axis` (default
 ``optimizer_step``); the axis name is recorded once as the text entry ``stepscope/axis``.
 
@@ -75,8 +76,8 @@ class TensorBoardTracker(Tracker):
         self.writer.add_text("stepscope/axis", f"x-axis: {self.axis.value}", 0)
 
     def write_scalar(self, event: ObserverEvent, x: int) -> None:
-        """``add_scalar(name, value, x)`` in double precision."""
-        self.writer.add_scalar(event.name, event.value, x, double_precision=True)
+        """``add_scalar(name, value, x)`` as a float64 tensor summary (no float32 rounding)."""
+        self.writer.add_scalar(event.name, event.value, x, new_style=True, double_precision=True)
 
     def write_histogram(self, event: ObserverEvent, x: int) -> None:
         """The exact histogram, and its exponent view (skipped when nothing is finite)."""
