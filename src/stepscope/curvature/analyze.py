@@ -266,7 +266,16 @@ def _undefined_values(tree: Any, path: str = "") -> list[str]:
     return [path] if tree is None else []
 
 
-def _analyze(model, x, y, mode, samples, seed, eig_max, include_directional) -> dict[str, Any]:
+def _analyze(
+    model: nn.Module,
+    x: Tensor,
+    y: Tensor,
+    mode: CurvatureMode,
+    samples: int,
+    seed: int,
+    eig_max: int,
+    include_directional: bool,
+) -> dict[str, Any]:
     work = float64_copy(model).eval()
     for p in work.parameters():
         p.requires_grad_(True)

@@ -30,7 +30,7 @@ Example
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -88,7 +88,7 @@ def capture_forward(
     """
     records: dict[str, list[tuple[Tensor, Tensor]]] = {name: [] for name, _ in layers}
 
-    def make_hook(name: str):
+    def make_hook(name: str) -> Callable[..., Tensor]:
         def hook(module: nn.Module, args: tuple[Any, ...], output: Tensor) -> Tensor:
             records[name].append((args[0], output))
             return output.clone()
@@ -169,7 +169,10 @@ def _entropy_rank(eigs: Tensor) -> float | None:
     return float(torch.exp(-(w * w.log()).sum()))
 
 
-def _subspace_top(gram_apply, dim: int, k: int, seed: int, like: Tensor):
+def _subspace_top(
+    gram_apply: Callable[[Tensor], Tensor], dim: int, k: int, seed: int, like: Tensor
+) -> tuple[Tensor, int, float]:
+    """Block subspace iteration with Rayleigh-Ritz for the top ``k`` eigenvalues of a PSD map."""
     gen = torch.Generator().manual_seed(seed)  # private CPU generator: global RNG untouched
     start = torch.randn(dim, k, generator=gen, dtype=like.dtype).to(like.device)
     q = torch.linalg.qr(start)[0]

@@ -152,7 +152,9 @@ def _load_checkpoint(path: Path, want: str, factory: Callable[[], nn.Module]) ->
     return model
 
 
-def _extras(model, x, y, hessian_top_k: int, trace_samples: int, seed: int) -> dict[str, Any]:
+def _extras(
+    model: nn.Module, x: Tensor, y: Tensor, hessian_top_k: int, trace_samples: int, seed: int
+) -> dict[str, Any]:
     extras: dict[str, Any] = {}
     if hessian_top_k:
         from stepscope.curvature.eigen import top_eigenvalues
