@@ -79,6 +79,12 @@ CODES: dict[str, str] = {
     "checkpoint_tampered": "a checkpoint, probe or source file does not match its sha256 pin",
     "panel_output_exists": "a curvature panel already ran into this output directory",
     "budget_censored": "a work budget would be exceeded; the run stopped with a censored result",
+    # run log (user scalars, evaluation rows, clocks, branch activity)
+    "runlog_name_invalid": "a run-log name is empty, too long, malformed or in a reserved namespace",
+    "runlog_value_invalid": "a logged value is not one finite-or-nan real number",
+    "runlog_mask_invalid": "a branch activity mask is empty or not boolean/real",
+    "runlog_step_invalid": "a run-log row names a step that is negative or already written",
+    "runlog_closed": "the run log was used after close()",
     # distributed / runs
     "distributed_unavailable": "torch.distributed is not initialised where it is required",
     "run_config_invalid": "a demo or run configuration is invalid",
