@@ -9,19 +9,17 @@ import pytest
 import torch
 
 pytest.importorskip("tensorboard")
-from tensorboard.backend.event_processing import event_accumulator as ea  # noqa: E402
+from tensorboard.backend.event_processing import event_accumulator as ea
 
-from stepscope.events import (  # noqa: E402
+from stepscope.events import (
     EventKind,
     EventStream,
     TensorBoardTracker,
     events_from_step,
     exponent_view,
 )
-from stepscope.history import ObservationBatch, SiteRecord, StepBlockRecord  # noqa: E402
-from stepscope.stats import HistogramDescriptor, reduce_histograms, reduce_spines  # noqa: E402
-
-F32_MAX = float(np.finfo(np.float32).max)
+from stepscope.history import ObservationBatch, SiteRecord, StepBlockRecord
+from stepscope.stats import HistogramDescriptor, reduce_histograms, reduce_spines
 
 
 def _scalars(acc, tag) -> list[tuple[int, float]]:

@@ -1,0 +1,133 @@
+"""JSONL lines and ``stepscope export``: a finished or killed run replays to the same events."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from stepscope.cli import main
+from stepscope.errors import Refusal
+from stepscope.events import (
+    EventKind,
+    JsonlTracker,
+    export_run,
+    read_jsonl,
+    step_events,
+)
+from stepscope.history import ArtifactWriter, ObservationBatch, StepBlockRecord
+from stepscope.stats import reduce_spines
+
+
+def _same(a, b):
+    """Events equal field by field (NaN user scalars compare equal to NaN)."""
+    assert len(a) == len(b)
+    for x, y in zip(a, b):
+        dx, dy = x.to_dict(), y.to_dict()
+        assert dx == dy, (dx["name"], dx, dy)
+
+
+def test_jsonl_has_one_line_per_event_with_the_three_axes(ev, tmp_path):
+    log = tmp_path / "events.jsonl"
+    run = ev.train(tmp_path / "run", n_steps=3, subscribers=[JsonlTracker(log)])
+    lines = log.read_text().splitlines()
+    live = [e for step in run.events for e in step]
+    assert len(lines) == len(live)
+    for line, e in zip(lines, live):
+        d = json.loads(line)
+        assert (d["optimizer_step"], d["examples_seen"], d["epoch"]) == (
+            e.optimizer_step,
+            e.examples_seen,
+            e.epoch,
+        )
+        assert d["kind"] == e.kind.value and d["name"] == e.name
+    _same(read_jsonl(log), live)
+
+
+def test_export_replays_the_same_events_the_run_published(ev, tmp_path):
+    run = ev.train(tmp_path / "run", n_steps=5, skip_activation_site=(2, "relu2"))
+    replayed = list(step_events(tmp_path / "run", window=2))  # windows smaller than the run
+    assert len(replayed) == 5
+    for live, again in zip(run.events, replayed):
+        _same(again, live)
+
+
+def test_cli_export_writes_tensorboard_jsonl_and_an_offline_wandb_run(
+    ev, tmp_path, monkeypatch, capsys
+):
+    pytest.importorskip("wandb")
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing import event_accumulator as ea
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    run = ev.train(tmp_path / "run", n_steps=3)
+    code = main(
+        [
+            "export",
+            str(tmp_path / "run"),
+            "--tensorboard",
+            str(tmp_path / "tb"),
+            "--jsonl",
+            str(tmp_path / "out.jsonl"),
+            "--wandb",
+            str(tmp_path / "wb"),
+        ]
+    )
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "3 steps" in out and "x-axis: optimizer_step" in out
+    _same(read_jsonl(tmp_path / "out.jsonl"), [e for s in run.events for e in s])
+    acc = ea.EventAccumulator(str(tmp_path / "tb"), size_guidance={ea.HISTOGRAMS: 0})
+    acc.Reload()
+    hist = [e for s in run.events for e in s if e.kind is EventKind.HISTOGRAM_COUNTS]
+    for e in hist:
+        (h,) = [h for h in acc.Histograms(e.name) if h.step == e.optimizer_step]
+        assert h.histogram_value.num == e.histogram.stats().finite
+        assert h.histogram_value.sum_squares == e.histogram.stats().sum_squares
+    assert list((tmp_path / "wb" / "wandb").glob("offline-run-*/run-*.wandb"))
+
+
+def test_export_of_a_killed_run_sends_its_committed_steps(ev, tmp_path):
+    # a writer killed without close(): only committed steps exist, and export sends exactly them
+    w = ArtifactWriter(tmp_path / "run", ev.fixed_run_record(), commit_steps=2, commit_seconds=None)
+    site = w.register_site("fc", "torch.nn.Linear", "f32")
+    spine = reduce_spines([torch.zeros(4)]).numpy()  # a dead layer: four exact zeros
+    for step in range(5):
+        w.write_step(
+            StepBlockRecord(step, examples_seen=8 * (step + 1)),
+            [ObservationBatch.observed("activation", "forward", [site], spine)],
+            scalars={"loss": 1.0 / (step + 1)},
+        )
+    # no close(): steps 0-3 are committed, step 4 is pending and lost with the process
+    shutil.copytree(tmp_path / "run", tmp_path / "killed")
+    report = export_run(tmp_path / "killed", jsonl=tmp_path / "k.jsonl")
+    events = read_jsonl(tmp_path / "k.jsonl")
+    assert report.steps == 4 and sorted({e.optimizer_step for e in events}) == [0, 1, 2, 3]
+    zero = [e for e in events if e.name == "activation.forward/fc/zero_fraction"]
+    assert [e.value for e in zero] == [1.0] * 4
+    assert [e.examples_seen for e in zero] == [8, 16, 24, 32]
+    assert report.axis == "all"  # JSONL lines carry every axis
+
+
+def test_scalar_without_a_step_block_gets_unknown_axes_not_zero(tmp_path, ev):
+    w = ArtifactWriter(tmp_path / "run", ev.fixed_run_record(), commit_steps=1)
+    w.write_step(StepBlockRecord(0, examples_seen=10, epoch=0), scalars={"loss": 2.0})
+    w.write_scalar("eval/acc", 7, 0.5)  # an eval metric logged between steps
+    w.close()
+    (s0, s7) = list(step_events(tmp_path / "run"))
+    assert [(e.name, e.examples_seen) for e in s0] == [("loss", 10)]
+    assert [(e.name, e.optimizer_step, e.examples_seen, e.epoch) for e in s7] == [
+        ("eval/acc", 7, None, None)
+    ]
+
+
+def test_export_refuses_without_outputs_or_artifact(tmp_path, capsys):
+    with pytest.raises(Refusal) as err:
+        export_run(tmp_path, jsonl=None)
+    assert err.value.code == "settings_invalid"
+    assert main(["export", str(tmp_path / "nope"), "--jsonl", str(tmp_path / "x.jsonl")]) == 3
+    assert "history_artifact_missing" in capsys.readouterr().err
+    assert not (tmp_path / "x.jsonl").exists()

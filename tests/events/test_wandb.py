@@ -1,0 +1,203 @@
+"""W&B tracker: a real offline run read back from its .wandb file, and a failing log() isolated.
+
+The offline run file is read with an independent reader of W&B's record log (7-byte header
+``:W&B`` + magic + version, then 32 KiB blocks of records framed by crc32/length/type, each a
+``wandb_internal_pb2.Record``), not through the tracker.
+"""
+
+from __future__ import annotations
+
+import filecmp
+import json
+import struct
+import sys
+import time
+import types
+import warnings
+
+import numpy as np
+import pytest
+
+from stepscope.events import EventKind, WandbLogWarning, WandbTracker, np_histogram
+
+BLOCK = 32768
+
+
+def read_wandb_records(path) -> list:
+    """Every Record of an offline ``run-*.wandb`` file."""
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    data = open(path, "rb").read()
+    assert data[:4] == b":W&B"
+    pos, payloads, buf = 7, [], b""
+    while pos + 7 <= len(data):
+        left = BLOCK - pos % BLOCK
+        if left < 7:
+            pos += left
+            continue
+        _crc, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
+        if kind == 0 and length == 0:
+            pos += left
+            continue
+        chunk = data[pos + 7 : pos + 7 + length]
+        pos += 7 + length
+        if kind == 1:
+            payloads.append(chunk)
+        elif kind == 2:
+            buf = chunk
+        elif kind == 3:
+            buf += chunk
+        elif kind == 4:
+            payloads.append(buf + chunk)
+    out = []
+    for p in payloads:
+        r = pb.Record()
+        r.ParseFromString(p)
+        out.append(r)
+    return out
+
+
+def _wait_for_exit(path, timeout: float = 30.0) -> list:
+    """W&B's core process may still be writing after finish() returns: wait for its exit record."""
+    deadline = time.monotonic() + timeout
+    while True:
+        records = read_wandb_records(path)
+        if any(r.WhichOneof("record_type") == "exit" for r in records):
+            return records
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{path} has no exit record after {timeout} s")
+        time.sleep(0.2)
+
+
+def _history(records) -> list[dict]:
+    rows = []
+    for r in records:
+        if r.WhichOneof("record_type") == "history":
+            rows.append(
+                {
+                    (i.key or "/".join(i.nested_key)): json.loads(i.value_json)
+                    for i in r.history.item
+                }
+            )
+    return rows
+
+
+def test_offline_run_holds_one_row_per_step_on_the_optimizer_step_axis(ev, tmp_path, monkeypatch):
+    pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    tracker = WandbTracker(project="stepscope-test", dir=tmp_path / "wb", mode="offline", name="t")
+    run = ev.train(tmp_path / "run", n_steps=3, subscribers=[tracker])
+    (path,) = (tmp_path / "wb" / "wandb").glob("offline-run-*/run-*.wandb")
+    records = _wait_for_exit(path)
+    metrics = [r.metric for r in records if r.WhichOneof("record_type") == "metric"]
+    assert any(m.name == "optimizer_step" for m in metrics)
+    assert any(m.glob_name == "*" and m.step_metric == "optimizer_step" for m in metrics)
+    rows = _history(records)
+    assert [r["optimizer_step"] for r in rows] == [0, 1, 2]  # one batched row per step
+    assert [r["examples_seen"] for r in rows] == [16, 32, 48]
+    for row, events in zip(rows, run.events):
+        scalars = {e.name: e.value for e in events if e.kind is EventKind.SCALAR}
+        assert {k: row[k] for k in scalars} == scalars  # every scalar, exactly
+        hist = next(e for e in events if e.kind is EventKind.HISTOGRAM_COUNTS)
+        counts, edges = np_histogram(hist.histogram)
+        key = hist.name + "/exponent_view"
+        stored = {k.rsplit("/", 1)[-1]: v for k, v in row.items() if k.startswith(key + "/")}
+        assert stored["_type"] == "histogram"
+        assert stored["values"] == counts.tolist() and stored["bins"] == edges.tolist()
+    assert tracker.rows_sent == 3 and tracker.failed_rows == 0
+
+
+class FakeRun:
+    def __init__(self, fail_log: bool):
+        self.calls: list[tuple] = []
+        self.fail_log = fail_log
+
+    def define_metric(self, *a, **k):
+        self.calls.append(("define_metric", a, k))
+
+    def log(self, row):
+        self.calls.append(("log", dict(row)))
+        if self.fail_log:
+            raise ConnectionError("network unreachable")
+
+    def finish(self):
+        self.calls.append(("finish",))
+
+
+def fake_wandb(fail_log: bool) -> types.ModuleType:
+    mod = types.ModuleType("wandb")
+    mod.runs = []  # type: ignore[attr-defined]
+
+    def init(**kwargs):
+        run = FakeRun(fail_log)
+        run.calls.append(("init", kwargs))
+        mod.runs.append(run)  # type: ignore[attr-defined]
+        return run
+
+    def watch(*a, **k):  # pragma: no cover - must never be called
+        raise AssertionError("wandb.watch must never be called")
+
+    mod.init = init  # type: ignore[attr-defined]
+    mod.watch = watch  # type: ignore[attr-defined]
+    mod.Histogram = lambda np_histogram: ("hist", np_histogram)  # type: ignore[attr-defined]
+    return mod
+
+
+def test_failing_log_neither_blocks_training_nor_changes_the_artifact(ev, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "wandb", fake_wandb(fail_log=True))
+    tracker = WandbTracker(project="p", mode="offline")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        noisy = ev.train(tmp_path / "with", n_steps=5, subscribers=[tracker])
+    ev.train(tmp_path / "without", n_steps=5)
+    assert noisy.steps == [0, 1, 2, 3, 4]  # training carried on
+    assert tracker.failed_rows == 5 and tracker.rows_sent == 0
+    assert "network unreachable" in tracker.last_error
+    assert len([w for w in caught if issubclass(w.category, WandbLogWarning)]) == 1
+    assert noisy.stream.status(tracker).failures == 0  # caught inside the tracker
+    chunks = sorted(p.name for p in (tmp_path / "with" / "chunks").iterdir())
+    _, mismatch, errors = filecmp.cmpfiles(
+        tmp_path / "with" / "chunks", tmp_path / "without" / "chunks", chunks, shallow=False
+    )
+    assert chunks and mismatch == [] and errors == []
+
+
+def test_rows_are_batched_per_step_and_watch_is_never_called(ev, tmp_path, monkeypatch):
+    mod = fake_wandb(fail_log=False)
+    monkeypatch.setitem(sys.modules, "wandb", mod)
+    tracker = WandbTracker(project="p", axis="examples_seen")
+    ev.train(tmp_path / "run", n_steps=4, subscribers=[tracker])
+    (run,) = mod.runs
+    names = [c[0] for c in run.calls]
+    assert names.count("log") == 4 and names[-1] == "finish"
+    assert ("define_metric", ("*",), {"step_metric": "examples_seen"}) in run.calls
+    logs = [c[1] for c in run.calls if c[0] == "log"]
+    assert [r["examples_seen"] for r in logs] == [16, 32, 48, 64]
+    assert all(r["optimizer_step"] == i for i, r in enumerate(logs))
+    counts, edges = logs[0]["activation.forward/fc1/exponent_view"][1]
+    assert len(counts) + 1 == len(edges) <= 513 and sum(counts) == 16 * 16
+
+
+def test_np_histogram_coarsens_exactly_to_at_most_512_bins():
+    from stepscope.events import HistogramPayload
+    from stepscope.stats import SPINE_WIDTH, HistogramDescriptor
+
+    d = HistogramDescriptor()
+    counts = np.arange(d.width, dtype=np.int64) % 7  # every bin occupied, specials too
+    counts[-3:] = 0  # no NaN/inf
+    payload = HistogramPayload(counts, np.zeros(SPINE_WIDTH), d)
+    c, e = np_histogram(payload)
+    assert len(c) <= 512 and len(e) == len(c) + 1
+    assert c.sum() == counts[:-3].sum()
+    assert np.all(np.diff(e) > 0)
+
+
+def test_missing_wandb_refuses_extra_missing(monkeypatch):
+    from stepscope.errors import Refusal
+
+    monkeypatch.setitem(sys.modules, "wandb", None)  # import wandb -> ImportError
+    with pytest.raises(Refusal) as err:
+        WandbTracker(project="p")
+    assert err.value.code == "extra_missing"
+    assert any("stepscope[wandb]" in r for r in err.value.remedies)
