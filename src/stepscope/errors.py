@@ -88,6 +88,8 @@ CODES: dict[str, str] = {
     # distributed / runs
     "distributed_unavailable": "torch.distributed is not initialised where it is required",
     "run_config_invalid": "a demo or run configuration is invalid",
+    # report
+    "report_input_invalid": "a report was given no runs, bad endpoints or an unreadable file",
 }
 
 
