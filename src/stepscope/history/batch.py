@@ -112,9 +112,19 @@ class ObservationBatch:
         s(self, "disclosures", tuple(self.disclosures))
         if self.row_disclosures is not None:
             s(self, "row_disclosures", tuple(tuple(r) for r in self.row_disclosures))
-        s(self, "site_ids", np.ascontiguousarray(self.site_ids, dtype=np.int32).reshape(-1))
-        s(self, "presence", np.ascontiguousarray(self.presence, dtype=np.uint8).reshape(-1))
-        s(self, "spines", np.ascontiguousarray(self.spines, dtype=np.float64))
+        try:
+            s(self, "site_ids", np.ascontiguousarray(self.site_ids, dtype=np.int32).reshape(-1))
+            s(self, "presence", np.ascontiguousarray(self.presence, dtype=np.uint8).reshape(-1))
+            s(self, "spines", np.ascontiguousarray(self.spines, dtype=np.float64))
+            if self.hist_rows is not None and self.histograms is not None:
+                s(self, "hist_rows", np.ascontiguousarray(self.hist_rows, np.int64).reshape(-1))
+                s(self, "histograms", np.ascontiguousarray(self.histograms, dtype=np.int64))
+        except (TypeError, ValueError, OverflowError) as exc:
+            raise Refusal(
+                "stat_payload_invalid",
+                f"observation batch arrays are not numeric of the expected kinds ({exc}).",
+                ["pass int site ids, uint8 presence codes, float64 spines, int64 histograms"],
+            ) from None
         n = self.site_ids.shape[0]
         bad = []
         if self.presence.shape != (n,):
@@ -133,9 +143,7 @@ class ObservationBatch:
             bad.append(f"micro_batch {self.micro_batch} outside 0..32766")
         if (self.hist_rows is None) != (self.histograms is None):
             bad.append("hist_rows and histograms must be given together")
-        if self.hist_rows is not None:
-            s(self, "hist_rows", np.ascontiguousarray(self.hist_rows, dtype=np.int64).reshape(-1))
-            s(self, "histograms", np.ascontiguousarray(self.histograms, dtype=np.int64))
+        elif self.hist_rows is not None:
             m = self.hist_rows.shape[0]
             if self.histograms.ndim != 2 or self.histograms.shape[0] != m:
                 bad.append(f"histograms shape {self.histograms.shape} does not match {m} rows")

@@ -1,0 +1,96 @@
+import numpy as np
+import pytest
+import torch
+
+from stepscope import Refusal
+from stepscope.history import ObservationBatch, ObservationRecord, batches_from_records
+from stepscope.history.batch import code_of, member_of
+from stepscope.history.schema import Presence
+from stepscope.stats import SPINE_WIDTH, Histogram, RunningStats
+
+NAN = np.full((1, SPINE_WIDTH), np.nan)
+
+
+def _spine(x):
+    s = RunningStats()
+    s.update(torch.tensor(x))
+    return s
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "code"),
+    [
+        ({"presence": [2], "spines": np.zeros((1, SPINE_WIDTH))}, "presence_payload_forbidden"),
+        (
+            {"presence": [2], "spines": NAN, "hist_rows": [0], "histograms": np.zeros((1, 520))},
+            "presence_payload_forbidden",
+        ),
+        ({"presence": [9], "spines": NAN}, "stat_payload_invalid"),
+        ({"presence": [1], "spines": np.zeros((1, 3))}, "stat_payload_invalid"),
+        ({"presence": [1, 1], "spines": np.zeros((2, SPINE_WIDTH))}, "stat_payload_invalid"),
+        ({"presence": [1], "spines": NAN}, "stat_payload_invalid"),  # NaN counts when observed
+        (
+            {
+                "presence": [1],
+                "spines": np.zeros((1, SPINE_WIDTH)),
+                "hist_rows": [0],
+                "histograms": -np.ones((1, 520)),
+            },
+            "stat_payload_invalid",
+        ),
+        (
+            {"presence": [1], "spines": np.zeros((1, SPINE_WIDTH)), "hist_rows": [0]},
+            "stat_payload_invalid",
+        ),
+    ],
+)
+def test_invalid_batches_refuse_with_codes(kwargs, code):
+    site_ids = [0] if len(kwargs["presence"]) == 1 else [0, 0]
+    with pytest.raises(Refusal) as err:
+        ObservationBatch("activation", "forward", site_ids, **kwargs)
+    assert err.value.code == code
+
+
+def test_gradient_batches_need_scale_grad():
+    with pytest.raises(Refusal) as err:
+        ObservationBatch.observed("gradient", "backward", [0], np.zeros((1, SPINE_WIDTH)))
+    assert err.value.code == "scale_grad_required"
+
+
+def test_storage_codes_round_trip_and_unknown_codes_refuse():
+    for p in Presence:
+        assert member_of(Presence, code_of(p)) is p
+    with pytest.raises(Refusal) as err:
+        member_of(Presence, 0)
+    assert err.value.code == "history_artifact_corrupt"
+
+
+def test_records_and_batches_convert_both_ways():
+    h = Histogram()
+    h.update(torch.tensor([1.0, -2.0, 0.0]))
+    records = [
+        ObservationRecord(3, 0, "gradient", "backward", "observed", spine=_spine([1.0, 2.0]),
+                          histogram=h, scale_grad="scaled", disclosures=("estimated",)),
+        ObservationRecord(3, 1, "gradient", "backward", "capture_failed", scale_grad="scaled"),
+        ObservationRecord(3, 2, "activation", "forward", "observed", spine=_spine([5.0])),
+    ]  # fmt: skip
+    batches = batches_from_records(records)
+    assert sorted((b.stream.value, b.n_rows, b.n_histograms) for b in batches) == [
+        ("activation", 1, 0),
+        ("gradient", 1, 0),
+        ("gradient", 1, 1),
+    ]
+    back = sorted((r for b in batches for r in b.records(3)), key=lambda r: r.site_id)
+    assert back == records
+
+
+def test_row_disclosures_add_to_the_batch_disclosures():
+    b = ObservationBatch.observed(
+        "activation",
+        "forward",
+        [0, 1],
+        np.zeros((2, SPINE_WIDTH)),
+        disclosures=("sampled",),
+        row_disclosures=((), ("partial",)),
+    )
+    assert b.row_disclosure(0) == ("sampled",) and b.row_disclosure(1) == ("sampled", "partial")
