@@ -169,3 +169,18 @@ def test_unknown_site_id_refuses():
     with pytest.raises(Refusal) as err:
         events_from_step(StepBlockRecord(0), [batch], SITES, DESC)
     assert err.value.code == "history_series_unknown"
+
+
+def test_fast_path_events_equal_fully_validated_events(ev, tmp_path):
+    import dataclasses
+
+    from stepscope.events import ObserverEvent
+
+    run = ev.train(tmp_path / "run", n_steps=2, skip_activation_site=(1, "fc2"))
+    events = [e for step in run.events for e in step]
+    assert len(events) > 100
+    for e in events:
+        rebuilt = ObserverEvent(**{f.name: getattr(e, f.name) for f in dataclasses.fields(e)})
+        assert rebuilt.to_dict() == e.to_dict()
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            e.name = "x"  # type: ignore[misc]

@@ -52,6 +52,7 @@ from stepscope.events.event import (
     GradientStage,
     HistogramPayload,
     ObserverEvent,
+    trusted_template,
 )
 from stepscope.history.batch import OBSERVED, ObservationBatch, member_of
 from stepscope.history.schema import GRADIENT_STREAMS, Presence, SiteRecord, StepBlockRecord
@@ -174,11 +175,12 @@ def _batch_events(
     if grad:
         common["stage"] = GradientStage.of(b.phase, b.micro_batch)
         common["scale_provenance"] = b.scale_grad
-    derived = spine_scalars(b.spines)
+    derived = [(f.value, v.tolist()) for f, v in spine_scalars(b.spines).items()]
+    totals = b.spines[:, _col("total")].tolist()
+    scalar_base = trusted_template(kind=EventKind.SCALAR, source=EventSource.SPINE, **common)
     hist_of = {} if b.hist_rows is None else {int(r): i for i, r in enumerate(b.hist_rows)}
     out: list[ObserverEvent] = []
-    for i in range(b.n_rows):
-        sid = int(b.site_ids[i])
+    for i, sid in enumerate(b.site_ids.tolist()):
         if sid not in names:
             raise Refusal(
                 "history_series_unknown",
@@ -191,26 +193,17 @@ def _batch_events(
             reason = member_of(Presence, b.presence[i]).value
             out.append(_unavailable(prefix, site, None, reason, common))
             continue
-        empty = b.spines[i, _col("total")] == 0
-        for field, values in derived.items():
-            v = float(values[i])
+        row_base = {**scalar_base, "site": site}
+        for field, values in derived:
+            v = values[i]
             if math.isnan(v):
-                reason = UNDEFINED_EMPTY if empty else UNDEFINED_NO_FINITE
-                out.append(
-                    _unavailable(f"{prefix}/{field.value}", site, field.value, reason, common)
-                )
+                reason = UNDEFINED_EMPTY if totals[i] == 0 else UNDEFINED_NO_FINITE
+                out.append(_unavailable(f"{prefix}/{field}", site, field, reason, common))
                 continue
-            out.append(
-                ObserverEvent(
-                    EventKind.SCALAR,
-                    f"{prefix}/{field.value}",
-                    value=v,
-                    site=site,
-                    field=field.value,
-                    source=EventSource.SPINE,
-                    **common,
-                )
-            )
+            # fields come from validated batch/block records: skip re-validation (hot path)
+            fields = row_base.copy()
+            fields["name"], fields["value"], fields["field"] = f"{prefix}/{field}", v, field
+            out.append(ObserverEvent._trusted(fields))
         if i in hist_of:
             payload = HistogramPayload(b.histograms[hist_of[i]], b.spines[i], descriptor)  # type: ignore[index]
             out.append(

@@ -18,10 +18,11 @@ True
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import MISSING, dataclass
 from typing import Any
 
 import numpy as np
@@ -301,6 +302,18 @@ class ObserverEvent:
                     "scale_provenance."
                 )
 
+    @classmethod
+    def _trusted(cls, fields: dict[str, Any]) -> ObserverEvent:
+        """Build without validation from already-typed fields (the converter's hot path).
+
+        ``fields`` must name every field (start from :func:`trusted_template`) and is adopted as
+        the instance's attribute dict. Only for callers that build fields from validated records
+        (enums already enums, axes from a ``StepBlockRecord``); everyone else uses ``__init__``.
+        """
+        obj = object.__new__(cls)
+        object.__setattr__(obj, "__dict__", fields)
+        return obj
+
     # -- axes ----------------------------------------------------------------------------------
     def axis(self, axis: Axis | str) -> int | None:
         """The value of one training axis (``None`` when unknown)."""
@@ -380,3 +393,13 @@ class ObserverEvent:
             )
         except (KeyError, TypeError, ValueError, IndexError) as exc:
             raise _invalid(f"malformed event dictionary: {exc!r}.") from None
+
+
+_DEFAULTS: dict[str, Any] = {
+    f.name: f.default for f in dataclasses.fields(ObserverEvent) if f.default is not MISSING
+}
+
+
+def trusted_template(**fields: Any) -> dict[str, Any]:
+    """Every field of :class:`ObserverEvent` with its default, updated with ``fields``."""
+    return {**_DEFAULTS, **fields}
