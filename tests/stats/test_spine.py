@@ -244,3 +244,12 @@ def test_tensorboard_keys_and_values():
     tb = s.to_tensorboard()
     assert set(tb) == {"num", "min", "max", "sum", "sum_squares"}
     assert tb == {"num": 2, "min": -2.0, "max": 1.0, "sum": -1.0, "sum_squares": 5.0}
+
+
+def test_spine_into_writes_the_same_row_as_reduce_spines(backend):
+    from stepscope.stats import spine_into
+
+    x = sample(torch.float32, 3000, seed=9)
+    row = torch.full((SPINE_WIDTH,), -7.0, dtype=torch.float64)
+    spine_into(x, row, backend)
+    torch.testing.assert_close(row, reduce_spines([x], backend=backend)[0], rtol=0, atol=0, equal_nan=True)

@@ -17,6 +17,7 @@ from stepscope.stats import (
     merge_spine_rows_torch,
     reduce_histograms,
     reduce_spines,
+    spine_into,
 )
 
 #: Device-to-host copies performed by staging (tests read this to prove the transfer invariant).
@@ -67,7 +68,7 @@ class Staging:
     def write(self, row: int, tensor: torch.Tensor, histogram: bool) -> None:
         """Reduce ``tensor`` into ``row`` (merging exactly if the row already fired this step)."""
         if self.fired[row] == 0:
-            reduce_spines([tensor], out=self.spines[row : row + 1], backend=self.backend)
+            spine_into(tensor, self.spines[row], self.backend)
         else:  # a module called twice in one step (micro-batches, weight sharing): fold exactly
             part = reduce_spines([tensor], backend=self.backend)
             self.spines[row] = merge_spine_rows_torch(self.spines[row], part[0])

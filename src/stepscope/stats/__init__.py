@@ -11,6 +11,7 @@ from stepscope.stats.reduce import (
     merge_spine_rows_torch,
     reduce_histograms,
     reduce_spines,
+    spine_into,
 )
 from stepscope.stats.spine import RunningStats
 from stepscope.stats.text import render_histogram, render_spine
@@ -33,4 +34,5 @@ __all__ = [
     "reduce_spines",
     "render_histogram",
     "render_spine",
+    "spine_into",
 ]

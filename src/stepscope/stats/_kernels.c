@@ -55,8 +55,9 @@ static void finish(const part_t *p, int64_t n, double K, double *out) {
 
 /* Branch-free body (bit selects instead of ternaries) so that GCC vectorizes the whole loop. */
 #define SPINE_RANGE(NAME, T, U, ABSMASK, EXPMASK, SIGNSHIFT)                                   \
-    static void NAME(const T *restrict x, int64_t lo, int64_t hi, double K, part_t *p) {      \
-        int64_t zero = 0, neg = 0, nan_ = 0, pinf = 0, ninf = 0;                              \
+    static void NAME##_block(const T *restrict x, int64_t lo, int64_t hi, double K, part_t *p) { \
+        /* int32 counters vectorize well; blocks are < 2**31 elements */                      \
+        int32_t zero = 0, neg = 0, nan_ = 0, pinf = 0, ninf = 0;                              \
         double sd = 0, sd2 = 0, sq = 0, sa = 0;                                               \
         T mn = INFINITY, mx = -INFINITY;                                                      \
         const U signbit = (U)1 << SIGNSHIFT;                                                  \
@@ -66,10 +67,10 @@ static void finish(const part_t *p, int64_t n, double K, double *out) {
             memcpy(&u, &x[i], sizeof(u));                                                     \
             U a = u & ABSMASK;                                                                \
             U finm = -(U)(a < EXPMASK); /* all ones when finite */                            \
-            U isinf_ = a == EXPMASK;                                                          \
-            U s = u >> SIGNSHIFT;                                                             \
+            int32_t isinf_ = a == EXPMASK;                                                    \
+            int32_t s = (int32_t)(u >> SIGNSHIFT);                                            \
             zero += (a == 0);                                                                 \
-            neg += (finm & 1) & s & (a != 0);                                                 \
+            neg += (int32_t)(finm & 1) & s & (a != 0);                                        \
             nan_ += (a > EXPMASK);                                                            \
             pinf += isinf_ & (s ^ 1);                                                         \
             ninf += isinf_ & s;                                                               \
@@ -89,8 +90,17 @@ static void finish(const part_t *p, int64_t n, double K, double *out) {
             mn = l < mn ? l : mn;                                                             \
             mx = h > mx ? h : mx;                                                             \
         }                                                                                     \
-        p->zero = zero; p->neg = neg; p->nan = nan_; p->pinf = pinf; p->ninf = ninf;          \
-        p->sd = sd; p->sd2 = sd2; p->sq = sq; p->sa = sa; p->mn = (double)mn; p->mx = (double)mx; \
+        p->zero += zero; p->neg += neg; p->nan += nan_; p->pinf += pinf; p->ninf += ninf;     \
+        p->sd += sd; p->sd2 += sd2; p->sq += sq; p->sa += sa;                                 \
+        if ((double)mn < p->mn) p->mn = (double)mn;                                           \
+        if ((double)mx > p->mx) p->mx = (double)mx;                                           \
+    }                                                                                         \
+    static void NAME(const T *restrict x, int64_t lo, int64_t hi, double K, part_t *p) {      \
+        part_init(p);                                                                         \
+        for (int64_t b = lo; b < hi; b += ((int64_t)1 << 30)) {                               \
+            int64_t e = hi - b < ((int64_t)1 << 30) ? hi : b + ((int64_t)1 << 30);            \
+            NAME##_block(x, b, e, K, p);                                                      \
+        }                                                                                     \
     }
 
 SPINE_RANGE(spine_range_f32, float, uint32_t, 0x7fffffffu, 0x7f800000u, 31)
@@ -187,4 +197,4 @@ HIST_RANGE(hist_range_f64, double, uint64_t, 11, 52)
 HIST_ENTRY(stepscope_hist_f32, hist_range_f32, float, uint32_t)
 HIST_ENTRY(stepscope_hist_f64, hist_range_f64, double, uint64_t)
 
-int stepscope_kernels_version(void) { return 2; }
+int stepscope_kernels_version(void) { return 3; }

@@ -179,8 +179,8 @@ def reduce_spines(
             ["allocate out with torch.empty((n_sites, SPINE_WIDTH), dtype=torch.float64)"],
         )
     lib = _select(backend, device)
-    threads = torch.get_num_threads()
     if lib is not None and out.is_contiguous():
+        threads = torch.get_num_threads()
         base = out.data_ptr()
         for i, x in enumerate(flats):
             fn = lib.stepscope_spine_f32 if x.dtype == torch.float32 else lib.stepscope_spine_f64
@@ -189,6 +189,21 @@ def reduce_spines(
     for i, x in enumerate(flats):
         out[i] = _torch_spine(x)
     return out
+
+
+def spine_into(tensor: torch.Tensor, out_row: torch.Tensor, backend: str = "auto") -> None:
+    """Write one tensor's spine into ``out_row`` (a contiguous ``[SPINE_WIDTH]`` float64 view).
+
+    The collector's hot path: the same result as :func:`reduce_spines` with less per-call work.
+    """
+    x = _prepare(tensor)
+    if x.device.type == "cpu" and backend != "torch":
+        lib = _native.load() if backend == "auto" else _select(backend, x.device)
+        if lib is not None:
+            fn = lib.stepscope_spine_f32 if x.dtype == torch.float32 else lib.stepscope_spine_f64
+            fn(x.data_ptr(), x.numel(), torch.get_num_threads(), out_row.data_ptr())
+            return
+    out_row.copy_(_torch_spine(x))
 
 
 def _select(backend: str, device: torch.device):
