@@ -1,6 +1,8 @@
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from stepscope import Refusal
 from stepscope.history import ObservationBatch, ObservationRecord, batches_from_records
@@ -94,3 +96,43 @@ def test_row_disclosures_add_to_the_batch_disclosures():
         row_disclosures=((), ("partial",)),
     )
     assert b.row_disclosure(0) == ("sampled",) and b.row_disclosure(1) == ("sampled", "partial")
+
+
+_arrays = st.one_of(
+    st.none(),
+    st.integers(-5, 5),
+    st.text(max_size=3),
+    st.lists(st.one_of(st.integers(-(2**40), 2**40), st.floats(), st.text(max_size=2)), max_size=4),
+    st.builds(lambda n, w: np.zeros((n, w)), st.integers(0, 3), st.integers(0, 20)),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    site_ids=_arrays,
+    presence=_arrays,
+    spines=_arrays,
+    hist_rows=_arrays,
+    histograms=_arrays,
+    micro=st.one_of(st.none(), st.integers(-3, 40000), st.text(max_size=2)),
+    rdtype=st.one_of(st.sampled_from(["float32", "float64", "int8"]), st.integers()),
+    disclosures=st.one_of(st.tuples(st.text(max_size=3)), st.integers()),
+)
+def test_fuzzed_batch_arguments_only_ever_refuse(
+    site_ids, presence, spines, hist_rows, histograms, micro, rdtype, disclosures
+):
+    try:
+        ObservationBatch(
+            "activation",
+            "forward",
+            site_ids,
+            presence,
+            spines,
+            hist_rows=hist_rows,
+            histograms=histograms,
+            micro_batch=micro,
+            reduction_dtype=rdtype,
+            disclosures=disclosures,
+        )
+    except Refusal:
+        pass

@@ -109,9 +109,25 @@ class ObservationBatch:
         s(self, "phase", _enum(Phase, self.phase, "phase"))
         if self.scale_grad is not None:
             s(self, "scale_grad", _enum(ScaleGrad, self.scale_grad, "scale_grad"))
+        if not isinstance(self.disclosures, (tuple, list)) or not all(
+            isinstance(d, str) for d in self.disclosures
+        ):
+            raise Refusal("stat_payload_invalid", "disclosures must be a tuple of strings.")
+        if self.micro_batch is not None and (
+            not isinstance(self.micro_batch, (int, np.integer))
+            or isinstance(self.micro_batch, bool)
+        ):
+            raise Refusal(
+                "stat_payload_invalid", f"micro_batch {self.micro_batch!r} is not an int."
+            )
         s(self, "disclosures", tuple(self.disclosures))
         if self.row_disclosures is not None:
-            s(self, "row_disclosures", tuple(tuple(r) for r in self.row_disclosures))
+            try:
+                s(self, "row_disclosures", tuple(tuple(r) for r in self.row_disclosures))
+            except TypeError:
+                raise Refusal(
+                    "stat_payload_invalid", "row_disclosures: tuples of strings."
+                ) from None
         try:
             s(self, "site_ids", np.ascontiguousarray(self.site_ids, dtype=np.int32).reshape(-1))
             s(self, "presence", np.ascontiguousarray(self.presence, dtype=np.uint8).reshape(-1))
