@@ -38,5 +38,9 @@ def _main(args: argparse.Namespace) -> int:
         quick=args.quick,
     )
     result = run_demo(cfg)
+    print(f"\nthe run's history ({result.artifact}), as `stepscope show` prints it:\n")
+    from stepscope.cli import main as cli_main
+
+    cli_main(["show", str(result.artifact)])
     print(f"\noutput directory: {result.out_dir}")
     return 0

@@ -17,6 +17,7 @@ from typing import TextIO
 import torch
 import torch.nn.functional as F
 
+from stepscope.collect import ALL_STREAMS, HistoryCollector, WatchSettings
 from stepscope.demo.data import DigitSplits, load_digits_splits
 from stepscope.demo.model import ciresan_mlp
 from stepscope.errors import Refusal
@@ -57,6 +58,9 @@ class DemoResult:
     epochs: list[dict[str, float]] = field(default_factory=list)
     activation_stats: dict[str, dict[str, object]] = field(default_factory=dict)
     out_dir: Path | None = None
+    artifact: Path | None = None
+    telemetry_seconds: float = 0.0
+    training_seconds: float = 0.0
 
 
 class _Progress:
@@ -123,16 +127,54 @@ def run_demo(config: DemoConfig, stream: TextIO = sys.stdout) -> DemoResult:
         file=stream,
     )
     gen = torch.Generator().manual_seed(cfg.seed)
+    artifact = out_dir / f"seed{cfg.seed}"
+    if artifact.exists():
+        import shutil
+
+        shutil.rmtree(artifact)  # the demo owns its output directory; a rerun starts fresh
+    collector = HistoryCollector(
+        model,
+        sites="*",
+        streams=ALL_STREAMS,
+        settings=WatchSettings(
+            output_dir=str(artifact),
+            run_id=f"demo-seed{cfg.seed}",
+            extra={"data": splits.describe()},
+        ),
+    )
+    result.artifact = artifact
+    t_start = time.perf_counter()
+    try:
+        _train(cfg, model, opt, splits, collector, gen, steps_per_epoch, result, stream)
+    finally:
+        collector.close()
+    result.training_seconds = time.perf_counter() - t_start - collector.telemetry_seconds
+    result.telemetry_seconds = collector.telemetry_seconds
+    print(
+        f"telemetry: {collector.telemetry_seconds:.2f} s of {time.perf_counter() - t_start:.2f} s "
+        f"({100 * collector.telemetry_seconds / max(result.training_seconds, 1e-9):.1f}% of training time); "
+        f"artifact: {artifact}",
+        file=stream,
+    )
+    _summarise(model, splits, result, stream)
+    return result
+
+
+def _train(cfg, model, opt, splits, collector, gen, steps_per_epoch, result, stream) -> None:
+    n = len(splits.train_y)
     for epoch in range(cfg.epochs):
         order = torch.randperm(n, generator=gen)
         bar = _Progress(steps_per_epoch, f"epoch {epoch + 1}/{cfg.epochs}")
         model.train()
         for i in range(steps_per_epoch):
             idx = order[i * cfg.batch_size : (i + 1) * cfg.batch_size]
-            loss = F.cross_entropy(model(splits.train_x[idx]), splits.train_y[idx])
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
+            with collector.step(opt, examples=len(idx), epoch=epoch) as st:
+                loss = F.cross_entropy(model(splits.train_x[idx]), splits.train_y[idx])
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+                st.log("train/loss", loss)
+                st.log("train/lr", opt.param_groups[0]["lr"])
             bar.advance(note=f"loss {loss.item():.3f}")
         metrics = {
             "epoch": epoch + 1,
@@ -143,6 +185,9 @@ def run_demo(config: DemoConfig, stream: TextIO = sys.stdout) -> DemoResult:
             f"epoch {epoch + 1}: validation loss {metrics['val_loss']:.4f}, accuracy {metrics['val_accuracy']:.3f}",
             file=stream,
         )
+
+
+def _summarise(model, splits, result, stream) -> None:
     batches = [splits.val_x[i : i + 256] for i in range(0, len(splits.val_y), 256)]
     stats = aggregate(model, batches, sites="ReLU", stats=("spine", "histogram"))
     print(
@@ -157,4 +202,3 @@ def run_demo(config: DemoConfig, stream: TextIO = sys.stdout) -> DemoResult:
         f"\nsigned log2 histogram of layer {last} (4 bins per octave, exact counts):", file=stream
     )
     print(render_histogram(stats[last]["histogram"], max_rows=20), file=stream)
-    return result
