@@ -180,3 +180,32 @@ def test_warn_action_warns_once_per_tag_but_records_every_verdict(ev, tmp_path):
     assert len(ours) == len(tags)
     assert len(check.verdicts) > len(tags)  # NaN persists in later steps: more verdicts
     assert np.all(np.diff([v.optimizer_step for v in check.verdicts]) >= 0)
+
+
+def test_verdicts_reach_tensorboard_as_text_at_their_step(ev, tmp_path):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing import event_accumulator as ea
+    from tensorboard.util import tensor_util
+
+    from stepscope.events import TensorBoardTracker
+
+    check = NonFiniteCheck(action="stop")
+    ev.train(
+        tmp_path / "run",
+        n_steps=5,
+        inject_nan=(2, "fc2"),
+        subscribers=[check, TensorBoardTracker(tmp_path / "tb")],
+        stop_on=check,
+    )
+    acc = ea.EventAccumulator(str(tmp_path / "tb"), size_guidance={ea.TENSORS: 0})
+    acc.Reload()
+    tag = "check/nonfinite/activation.forward/fc2/nonfinite_count"
+    (text,) = acc.Tensors(tag + "/text_summary")  # torch's add_text appends this suffix
+    assert text.step == 2
+    assert b"[stop]" in tensor_util.make_ndarray(text.tensor_proto).item()
+    assert (
+        b"x-axis: optimizer_step"
+        in tensor_util.make_ndarray(
+            acc.Tensors("stepscope/axis/text_summary")[0].tensor_proto
+        ).item()
+    )
