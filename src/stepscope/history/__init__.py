@@ -10,7 +10,7 @@ from stepscope.history.merge import (
     merge_spine_rows,
 )
 from stepscope.history.reader import HistogramSeries, HistoryReader, Series, open_history
-from stepscope.history.ring import RingBlock, RingPolicy, StepRing
+from stepscope.history.ring import RingBlock, RingPolicy, StepRing, coarsen_pair
 from stepscope.history.schema import (
     FORMAT,
     SCHEMA_VERSION,
@@ -52,6 +52,7 @@ __all__ = [
     "Tristate",
     "VerifyReport",
     "batches_from_records",
+    "coarsen_pair",
     "fold_micro_batches",
     "merge_batches",
     "merge_ranks",

@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # only attributes are read: importing history stays free of torch
+    import torch
 
 
 def model_structure(model: torch.nn.Module) -> list[list[str]]:
