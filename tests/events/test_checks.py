@@ -209,3 +209,30 @@ def test_verdicts_reach_tensorboard_as_text_at_their_step(ev, tmp_path):
             acc.Tensors("stepscope/axis/text_summary")[0].tensor_proto
         ).item()
     )
+
+
+def test_update_ratio_says_when_the_parameter_norm_never_came():
+    from stepscope.events import EventSource, ObserverEvent
+
+    def upd(step):
+        return ObserverEvent(
+            EventKind.SCALAR,
+            "update.post_step/w/l2",
+            step,
+            value=0.1,
+            site="w",
+            stream="update",
+            phase="post_step",
+            field="l2",
+            source=EventSource.SPINE,
+        )
+
+    check = UpdateRatioCheck()  # wants parameter l2 in pre_step; this run records none
+    assert check.on_events([upd(0)]) == []
+    assert check.on_events([upd(1)]) == []
+    (missing,) = check.on_events([upd(2)])
+    assert (missing.kind, missing.optimizer_step, missing.reason) == (
+        EventKind.UNAVAILABLE,
+        0,
+        "parameter_norm_not_observed",
+    )

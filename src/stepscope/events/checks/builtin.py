@@ -228,10 +228,28 @@ class UpdateRatioCheck(Check):
             if len(slot) == 2:
                 del self._pending[(e.optimizer_step, e.site)]  # type: ignore[arg-type]
                 out.extend(self._compare(slot["update"], slot["parameter"]))
-        if events:  # forget unmatched halves of steps older than the previous one
+        if events:  # give up on halves of steps older than the previous one
             newest = max(e.optimizer_step for e in events)
-            self._pending = {k: v for k, v in self._pending.items() if k[0] >= newest - 1}
+            for key in [k for k in self._pending if k[0] < newest - 1]:
+                half = self._pending.pop(key)
+                if "update" in half:  # an update whose weight norm never came: say so
+                    out.append(self._missing(half["update"], "parameter_norm_not_observed"))
         return out
+
+    def _missing(self, upd: ObserverEvent, reason: str) -> ObserverEvent:
+        return ObserverEvent(
+            EventKind.UNAVAILABLE,
+            f"update_ratio/{upd.site}",
+            optimizer_step=upd.optimizer_step,
+            examples_seen=upd.examples_seen,
+            epoch=upd.epoch,
+            site=upd.site,
+            stream=Stream.UPDATE,
+            phase=upd.phase,
+            field="update_to_weight_ratio",
+            reason=reason,
+            source=EventSource.CHECK,
+        )
 
     def _compare(self, upd: ObserverEvent, par: ObserverEvent) -> list[Finding | ObserverEvent]:
         common = {
@@ -246,8 +264,7 @@ class UpdateRatioCheck(Check):
         }
         name = f"update_ratio/{upd.site}"
         if par.value == 0:
-            reason = "undefined_zero_parameter_norm"
-            return [ObserverEvent(EventKind.UNAVAILABLE, name, reason=reason, **common)]
+            return [self._missing(upd, "undefined_zero_parameter_norm")]
         ratio = upd.value / par.value  # type: ignore[operator]
         derived = ObserverEvent(EventKind.SCALAR, name, value=ratio, **common)
         out: list[Finding | ObserverEvent] = [derived]
