@@ -44,7 +44,7 @@ from stepscope.collect.sites import (
     param_signature,
     update_indices,
 )
-from stepscope.collect.staging import Staging, to_host
+from stepscope.collect.staging import Staging, to_host  # noqa: F401  (tests patch it here)
 from stepscope.errors import Refusal
 from stepscope.history import (
     ArtifactWriter,
@@ -59,6 +59,18 @@ from stepscope.history import (
     model_fingerprint,
 )
 from stepscope.history.batch import code_of
+from stepscope.runlog import (
+    ArtifactRows,
+    EvalRecord,
+    MemoryRows,
+    PendingStep,
+    StepClock,
+    make_eval,
+    withhold_inactive,
+    write_clock_rows,
+    write_eval,
+    write_summary,
+)
 from stepscope.selection import Selector, select_modules
 from stepscope.stats import SPINE_WIDTH
 
@@ -95,6 +107,7 @@ class StepState:
     micro_batches: int | None = None
     telemetry_s: float = 0.0
     started: float = 0.0
+    window_from: float = 0.0  # telemetry_s when the step's training-clock window opened
 
 
 class StepTransaction:
@@ -115,9 +128,9 @@ class StepTransaction:
         if micro_batches is not None:
             self._s.micro_batches = int(micro_batches)
 
-    def log(self, name: str, value: float | torch.Tensor) -> None:
+    def log(self, name: str, value: float | torch.Tensor, step: int | None = None) -> None:
         """A user scalar for this step (batched to the host at the step boundary)."""
-        self._c.log(name, value)
+        self._c.log(name, value, step)
 
 
 class HistoryCollector:
@@ -188,7 +201,7 @@ class HistoryCollector:
         self._stagings: dict[torch.device, Staging] = {}
         self._handles: list[Any] = []
         self._opt_handles: dict[int, list[Any]] = {}
-        self._pending_scalars: dict[str, float | torch.Tensor] = {}
+        self._pending = PendingStep()  # user scalars and branch masks of the current step
         self._update_old: dict[int, torch.Tensor] = {}
         self._closed = False
         self._next_step = 0
@@ -197,6 +210,9 @@ class HistoryCollector:
         self._scaler: Any = None
         self.telemetry_seconds = 0.0
         self._open_history(model)
+        self.clock = StepClock(self.run.device)
+        self._rows: Any = ArtifactRows(self.writer) if self.writer is not None else MemoryRows()
+        write_summary(self.path, self.clock.summary(closed=False))
         self._register_param_sites()
         try:
             for _name, module in self.modules:
@@ -410,6 +426,7 @@ class HistoryCollector:
             hist_due={s: self.cadences[s].histogram_due(step) for s in self.streams},
             started=time.perf_counter(),
         )
+        self.clock.begin(step)
         for st in self._stagings.values():
             st.reset()
 
@@ -440,6 +457,8 @@ class HistoryCollector:
         state = self._state
         state.explicit, state.examples, state.epoch = True, examples, epoch
         self._txn_open, self._scaler = True, scaler
+        self.clock.begin(state.step)  # the training clock times the transaction body
+        state.window_from = state.telemetry_s
         try:
             yield StepTransaction(self, state)
         except BaseException:
@@ -454,11 +473,15 @@ class HistoryCollector:
 
     def _finish_step(self, provenance: StepProvenance, optimizer_known: bool = True) -> None:
         state = self._state
+        self.clock.end(state.step)
+        in_window = state.telemetry_s - state.window_from
         t0 = time.perf_counter()
         hist_step = any(state.hist_due.values())
         host = {dev: st.to_host(hist_step) for dev, st in self._stagings.items()}
-        batches = self._batches(state, host)
-        scalars = self._drain_scalars()
+        drained = self._pending.drain(state.step)
+        scalars = drained.scalars
+        inactive = {a.name for a in drained.activity if not a.ran}
+        batches = withhold_inactive(self._batches(state, host), self.sites, inactive)
         applied = (
             Tristate.of(state.stepped)
             if (optimizer_known and provenance is StepProvenance.EXPLICIT)
@@ -486,6 +509,9 @@ class HistoryCollector:
             self.writer.write_step(block, batches, scalars=scalars)
         else:
             self.ring.push(block, batches)
+            self._rows.write_step(block, scalars=scalars)
+        for name, at, value in drained.dated:
+            self._rows.write_scalar(name, at, value)
         stream = self.settings.event_stream
         if stream is not None:
             from stepscope.events import events_from_step
@@ -493,10 +519,16 @@ class HistoryCollector:
             stream.publish(events_from_step(block, batches, self.sites, self.descriptor, scalars))
         state.telemetry_s += time.perf_counter() - t0
         self.telemetry_seconds += state.telemetry_s
+        clock_rows = self.clock.finish(state.step, in_window, state.telemetry_s)
+        t1 = time.perf_counter()
+        write_clock_rows(self._rows, clock_rows)
         self.last_block, self.last_batches = block, batches
         self._next_step = state.step + 1
         self._state = None
         self._begin_step()
+        late = time.perf_counter() - t1  # the clock rows' own cost: the next step's telemetry
+        self._state.telemetry_s += late
+        self.telemetry_seconds += late
 
     def _batches(self, state: StepState, host: dict) -> list[ObservationBatch]:
         out = []
@@ -554,31 +586,93 @@ class HistoryCollector:
             return "scaled" if self._scaler is not None else "unscaled"
         return None
 
-    # ------------------------------------------------------------------ user scalars
-    def log(self, name: str, value: float | torch.Tensor) -> None:
+    # ------------------------------------------------------------------ run log
+    def _telemetry(self, t0: float) -> None:
+        if self._state is not None:
+            self._state.telemetry_s += time.perf_counter() - t0
+
+    def log(self, name: str, value: float | torch.Tensor, step: int | None = None) -> None:
         """Record a user scalar (loss, learning rate, ...) for the current step.
 
         Tensors stay on their device until the step boundary, where all of them are moved to the
-        host in one transfer — never one ``.item()`` per call.
+        host in one transfer — never one ``.item()`` per call. ``step`` logs at another step.
         """
+        t0 = time.perf_counter()
         self._check_open()
-        if isinstance(value, torch.Tensor):
-            value = value.detach().reshape(())
-        self._pending_scalars[name] = value
+        self._pending.add_scalar(name, value, step)
+        self._telemetry(t0)
 
-    def _drain_scalars(self) -> dict[str, float]:
-        if not self._pending_scalars:
-            return {}
-        names = list(self._pending_scalars)
-        vals = self._pending_scalars
-        tens = [n for n in names if isinstance(vals[n], torch.Tensor)]
-        out = {n: float(vals[n]) for n in names if n not in tens}
-        if tens:
-            stacked = torch.stack([vals[n].to(torch.float64) for n in tens])
-            for n, v in zip(tens, to_host(stacked).tolist()):
-                out[n] = v
-        self._pending_scalars = {}
-        return out
+    def log_mask(
+        self,
+        name: str,
+        active_mask: Any,
+        *,
+        branch_dim: int | None = None,
+        nominal_macs_per_unit: float | None = None,
+    ) -> None:
+        """Branch activity of the current step (stochastic depth, experts, unit dropout).
+
+        ``name`` is the branch's qualified module name; each nonzero entry of ``active_mask`` is
+        one active unit. Writes ``branch/<name>/active_fraction``, ``active_units``,
+        ``total_units`` and, with ``nominal_macs_per_unit``, ``nominal_skipped_macs`` (nominal,
+        not measured time or energy). A branch with no active unit this step has the gradient
+        cells of its sites recorded ``not_scheduled`` (no payload), never as zeros.
+        See :meth:`stepscope.runlog.PendingStep.add_mask` for ``branch_dim``.
+        """
+        t0 = time.perf_counter()
+        self._check_open()
+        self._pending.add_mask(
+            name, active_mask, branch_dim=branch_dim, nominal_macs_per_unit=nominal_macs_per_unit
+        )
+        self._telemetry(t0)
+
+    def log_eval(
+        self,
+        split: str,
+        metrics: dict[str, Any],
+        *,
+        sample_count: int | None = None,
+        data_hash: str | None = None,
+        endpoint: bool = False,
+        epoch: int | None = None,
+    ) -> EvalRecord:
+        """Record one evaluation of ``split`` at the current training coordinate.
+
+        ``optimizer_step`` is the number of steps recorded so far (0 at initialization),
+        ``examples_seen`` the examples of those steps (``None`` if a step did not declare them),
+        ``epoch`` your own count (``None``: not recorded). Tensor metrics are moved to the host
+        in one transfer. Returns the stored :class:`~stepscope.runlog.EvalRecord`.
+        """
+        t0 = time.perf_counter()
+        self._check_open()
+        step = self._state.step if self._state is not None else self._next_step
+        last = getattr(self, "last_block", None)
+        fresh = last is None and self._next_step == 0  # nothing consumed yet: a true zero
+        seen = 0 if fresh else (None if last is None else last.examples_seen)
+        rec = make_eval(
+            split,
+            metrics,
+            step=step,
+            examples_seen=seen,
+            epoch=epoch,
+            sample_count=sample_count,
+            data_hash=data_hash,
+            endpoint=endpoint,
+        )
+        write_eval(self._rows, rec)
+        self._telemetry(t0)
+        return rec
+
+    def run_view(self) -> Any:
+        """Run-log rows written so far (:class:`~stepscope.runlog.RunView`; commits first)."""
+        from stepscope.history import open_history
+        from stepscope.runlog import RunView
+
+        if isinstance(self._rows, MemoryRows):
+            return RunView(self._rows)
+        if not self._closed and self.writer is not None:
+            self.writer.commit()
+        return RunView(open_history(self.writer.path))
 
     # ------------------------------------------------------------------ lifecycle
     def _check_open(self) -> None:
@@ -601,8 +695,11 @@ class HistoryCollector:
         finally:
             self._handles, self._opt_handles = [], {}
             self._state = None
+            self._pending.clear()
+            write_clock_rows(self._rows, self.clock.resolve(block=True))  # CUDA rows still waiting
             if self.writer is not None:
                 self.writer.close()
+                write_summary(self.path, self.clock.summary(closed=True))
 
     @property
     def closed(self) -> bool:

@@ -1,0 +1,149 @@
+"""Evaluation rows: metrics of one named split at one training coordinate.
+
+An evaluation (:class:`EvalRecord`) is written twice, by the same call: one scalar row per metric
+(``eval/<split>/<metric>`` at its ``optimizer_step``, so trackers and reports carry it), and one
+checksummed JSON line in the artifact's ``evals.log`` that keeps what a scalar cannot: the three
+axes as measured at the evaluation — ``optimizer_step`` (optimizer steps applied before it, ``0``
+at initialization), ``examples_seen`` (training examples consumed before it) and the user's own
+``epoch`` — plus the declared ``endpoint`` flag, the ``sample_count`` and the ``data_hash``. An
+unknown count is ``None``, never a zero. A plot of official-test values uses only the records
+whose ``endpoint`` is true.
+
+Example
+-------
+>>> r = EvalRecord("validation", {"ce": 0.5, "accuracy_fraction": 0.875}, optimizer_step=100,
+...                examples_seen=6400, epoch=None, sample_count=512, data_hash="sha256:ab12")
+>>> r.to_dict()["metrics"]
+{'accuracy_fraction': 0.875, 'ce': 0.5}
+>>> EvalRecord.from_dict(r.to_dict()) == r
+True
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from stepscope.errors import Refusal
+from stepscope.runlog.names import HASH_WIDTH, METRIC_WIDTH, SPLIT_WIDTH, check_label
+
+EVAL_LOG = "evals.log"
+
+
+def _count(value: Any, what: str) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+        raise Refusal("runlog_value_invalid", f"{what} {value!r} is not an int >= 0 or None.")
+    return int(value)
+
+
+@dataclass(frozen=True)
+class EvalRecord:
+    """One evaluation of one split.
+
+    Parameters
+    ----------
+    split
+        The split's name: ``train_probe``, ``validation``, ``test`` or your own label.
+    metrics
+        Metric name -> value (host floats; NaN is a real observation, absent metrics have no row).
+    optimizer_step
+        Optimizer steps applied before this evaluation (``0`` at initialization).
+    examples_seen
+        Training examples consumed before it (``None``: unknown).
+    epoch
+        Your own epoch count (``None``: not given; never derived from examples).
+    sample_count
+        Examples evaluated (``None``: not given).
+    data_hash
+        Identity of the evaluated data (e.g. ``"sha256:..."``; ``None``: not given).
+    endpoint
+        Whether this is a declared endpoint (official-test values belong only there).
+    wall_time
+        Unix time of the evaluation.
+    """
+
+    split: str
+    metrics: Mapping[str, float]
+    optimizer_step: int
+    examples_seen: int | None = None
+    epoch: int | None = None
+    sample_count: int | None = None
+    data_hash: str | None = None
+    endpoint: bool = False
+    wall_time: float | None = None
+    _sorted: tuple[tuple[str, float], ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        check_label(self.split, "split", SPLIT_WIDTH)
+        if not isinstance(self.metrics, Mapping) or not self.metrics:
+            raise Refusal("runlog_value_invalid", "an evaluation needs at least one metric.", [])
+        items = []
+        for name, value in self.metrics.items():
+            check_label(name, "metric name", METRIC_WIDTH)
+            if isinstance(value, bool) or not isinstance(value, (int, float, np.number)):
+                raise Refusal(
+                    "runlog_value_invalid",
+                    f"metric {name!r} is {type(value).__name__}, not a real number.",
+                    ["convert tensors with RunLog.log_eval, which batches them"],
+                )
+            items.append((name, float(value)))
+        object.__setattr__(self, "_sorted", tuple(sorted(items)))
+        object.__setattr__(self, "metrics", dict(self._sorted))
+        if _count(self.optimizer_step, "optimizer_step") is None:
+            raise Refusal("runlog_step_invalid", "an evaluation needs its optimizer_step.", [])
+        _count(self.examples_seen, "examples_seen")
+        _count(self.epoch, "epoch")
+        _count(self.sample_count, "sample_count")
+        if self.data_hash is not None:
+            check_label(self.data_hash, "data_hash", HASH_WIDTH)
+        if not isinstance(self.endpoint, (bool, np.bool_)):
+            raise Refusal("runlog_value_invalid", "endpoint must be True or False.", [])
+        if self.wall_time is not None and not math.isfinite(self.wall_time):
+            raise Refusal("runlog_value_invalid", "wall_time must be finite or None.", [])
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe dictionary (metrics sorted by name; NaN metrics as the string ``"nan"``)."""
+        return {
+            "split": self.split,
+            "metrics": {k: _json_float(v) for k, v in self._sorted},
+            "optimizer_step": self.optimizer_step,
+            "examples_seen": self.examples_seen,
+            "epoch": self.epoch,
+            "sample_count": self.sample_count,
+            "data_hash": self.data_hash,
+            "endpoint": bool(self.endpoint),
+            "wall_time": self.wall_time,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> EvalRecord:
+        """Inverse of :meth:`to_dict`; a malformed row refuses ``history_json_invalid``."""
+        try:
+            metrics = {str(k): float(v) for k, v in dict(d["metrics"]).items()}
+            return cls(
+                split=d["split"],
+                metrics=metrics,
+                optimizer_step=d["optimizer_step"],
+                examples_seen=d.get("examples_seen"),
+                epoch=d.get("epoch"),
+                sample_count=d.get("sample_count"),
+                data_hash=d.get("data_hash"),
+                endpoint=d.get("endpoint", False),
+                wall_time=d.get("wall_time"),
+            )
+        except (KeyError, TypeError, ValueError, Refusal) as exc:
+            raise Refusal(
+                "history_json_invalid",
+                f"an evals.log row is malformed ({exc}).",
+                ["restore evals.log from a copy"],
+            ) from None
+
+
+def _json_float(v: float) -> float | str:
+    return v if math.isfinite(v) else str(v)  # JSON has no NaN/inf; float("nan") reads it back

@@ -1,0 +1,316 @@
+"""``RunLog``: loss, learning rate, evaluations, clocks and branch activity without a collector.
+
+A run log writes the same rows a :class:`~stepscope.HistoryCollector` writes for its user
+scalars — step blocks with ``optimizer_step``/``examples_seen``/``epoch``, ``scalars`` rows, the
+``evals`` table, the reserved ``clock/*`` and ``branch/*`` scalars — into a history artifact
+(``output_dir``) or RAM. Read them back with :func:`stepscope.open_history` (``.scalars()``,
+``.evals()``, ``.clocks()``) or :meth:`RunLog.view`.
+
+Example
+-------
+>>> import torch
+>>> from stepscope.runlog import RunLog
+>>> model = torch.nn.Linear(3, 1)
+>>> opt = torch.optim.SGD(model.parameters(), lr=0.1)
+>>> with RunLog() as rl:
+...     for step in range(4):
+...         with rl.step(examples=8, epoch=step // 2):
+...             loss = model(torch.randn(8, 3)).pow(2).mean()
+...             opt.zero_grad(); loss.backward(); opt.step()
+...             rl.log("loss", loss)             # stays on its device until the boundary
+...             rl.log("lr", opt.param_groups[0]["lr"])
+...     _ = rl.log_eval("validation", {"ce": 0.7}, sample_count=64, endpoint=True)
+...     v = rl.view()
+>>> v.scalar("lr").epoch.tolist(), v.evals("validation")[0].optimizer_step
+([0, 0, 1, 1], 4)
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from stepscope.errors import Refusal
+from stepscope.history import (
+    ArtifactWriter,
+    RunRecord,
+    StepBlockRecord,
+    StepProvenance,
+    StepTruth,
+)
+from stepscope.runlog.clocks import ClockRow, StepClock
+from stepscope.runlog.evals import EvalRecord
+from stepscope.runlog.names import CLOCK_ELAPSED, CLOCK_TELEMETRY, CLOCK_TRAINING, eval_scalar
+from stepscope.runlog.pending import PendingStep, _host_or_tensor, _to_host_all
+from stepscope.runlog.sink import ArtifactRows, MemoryRows, write_summary
+from stepscope.runlog.view import RunView
+
+
+def write_clock_rows(sink: Any, rows: list[ClockRow]) -> None:
+    """The reserved cumulative ``clock/*`` scalars of resolved steps."""
+    for r in rows:
+        sink.write_scalar(CLOCK_TRAINING, r.step, r.training_total)
+        sink.write_scalar(CLOCK_TELEMETRY, r.step, r.telemetry_total)
+        sink.write_scalar(CLOCK_ELAPSED, r.step, r.elapsed_seconds)
+
+
+def write_eval(sink: Any, rec: EvalRecord) -> None:
+    """One evaluation: its ``eval/<split>/<metric>`` scalar rows and its ``evals.log`` line."""
+    for metric, value in rec.metrics.items():
+        sink.write_scalar(eval_scalar(rec.split, metric), rec.optimizer_step, value)
+    sink.write_eval(rec)
+
+
+def make_eval(
+    split: str,
+    metrics: Mapping[str, Any],
+    *,
+    step: int,
+    examples_seen: int | None,
+    epoch: int | None,
+    sample_count: int | None,
+    data_hash: str | None,
+    endpoint: bool,
+) -> EvalRecord:
+    """An :class:`EvalRecord` from host or device values (tensors: one transfer per device)."""
+    if not isinstance(metrics, Mapping):
+        raise Refusal("runlog_value_invalid", "metrics must be a mapping name -> value.", [])
+    values = {k: _host_or_tensor(v, f"metric {k!r}") for k, v in metrics.items()}
+    tensors = [k for k, v in values.items() if isinstance(v, torch.Tensor)]
+    for k, v in zip(tensors, _to_host_all([values[k] for k in tensors])):  # type: ignore[misc]
+        values[k] = v
+    return EvalRecord(
+        split,
+        values,  # type: ignore[arg-type]
+        optimizer_step=step,
+        examples_seen=examples_seen,
+        epoch=epoch,
+        sample_count=sample_count,
+        data_hash=data_hash,
+        endpoint=endpoint,
+        wall_time=time.time(),
+    )
+
+
+class RunLog:
+    """Per-step user scalars, evaluations, clocks and branch activity for any training loop.
+
+    Parameters
+    ----------
+    output_dir
+        Artifact directory (crash-safe, see :class:`~stepscope.history.ArtifactWriter`);
+        ``None`` keeps everything in RAM (:meth:`view` reads it).
+    run_id
+        Run identity of a new artifact.
+    device
+        Device of the training tensors: ``cuda`` times the training clock with CUDA events.
+    commit_steps, durable
+        Artifact commit interval and fsync (see :class:`~stepscope.history.ArtifactWriter`).
+    timer, event_factory
+        Injectable clocks (tests).
+
+    Notes
+    -----
+    Steps are 0-based; a scalar logged inside step ``k`` is measured with the parameters after
+    ``k`` optimizer updates, and an evaluation logged between steps ``k-1`` and ``k`` is tagged
+    ``optimizer_step=k`` (so the evaluation at initialization is step 0).
+    """
+
+    def __init__(
+        self,
+        output_dir: str | os.PathLike[str] | None = None,
+        *,
+        run_id: str | None = None,
+        device: torch.device | str | None = None,
+        commit_steps: int = 32,
+        durable: bool = True,
+        timer: Callable[[], float] = time.perf_counter,
+        event_factory: Callable[[], Any] | None = None,
+    ) -> None:
+        self._timer = timer
+        self.clock = StepClock(device, timer, event_factory)
+        self.path = Path(output_dir) if output_dir is not None else None
+        self.sink: Any
+        if self.path is not None:
+            run = RunRecord.new(
+                run_id=run_id,
+                device=str(device or "cpu"),
+                extra={"writer": "stepscope.RunLog", "training_clock": self.clock.kind.value},
+            )
+            writer = ArtifactWriter(self.path, run, commit_steps=commit_steps, durable=durable)
+            self.sink = ArtifactRows(writer)
+            write_summary(self.path, self.clock.summary(closed=False))
+        else:
+            self.sink = MemoryRows()
+        self._pending = PendingStep()
+        self._step = 0
+        self._examples_seen: int | None = 0
+        self._telemetry = 0.0  # ours, attributed to the current step so far
+        self._window_from = 0.0
+        self._closed = False
+        self.clock.begin(0)
+
+    # -- state ----------------------------------------------------------------------------
+    @property
+    def optimizer_step(self) -> int:
+        """The step being recorded (= optimizer steps completed so far)."""
+        return self._step
+
+    @property
+    def examples_seen(self) -> int | None:
+        """Examples consumed by completed steps (``None`` once a step did not declare them)."""
+        return self._examples_seen
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise Refusal("runlog_closed", "this RunLog is closed.", ["create a new RunLog"])
+
+    # -- logging --------------------------------------------------------------------------
+    def log(self, name: str, value: Any, step: int | None = None) -> None:
+        """A scalar for the current step (or an explicit earlier/later ``step``).
+
+        Tensors stay on their device until the step boundary (one transfer per device).
+        """
+        t0 = self._timer()
+        self._check_open()
+        self._pending.add_scalar(name, value, step)
+        self._telemetry += self._timer() - t0
+
+    def log_mask(
+        self,
+        name: str,
+        active_mask: Any,
+        *,
+        branch_dim: int | None = None,
+        nominal_macs_per_unit: float | None = None,
+    ) -> None:
+        """Branch activity of the current step (see :meth:`PendingStep.add_mask`)."""
+        t0 = self._timer()
+        self._check_open()
+        self._pending.add_mask(
+            name, active_mask, branch_dim=branch_dim, nominal_macs_per_unit=nominal_macs_per_unit
+        )
+        self._telemetry += self._timer() - t0
+
+    def log_eval(
+        self,
+        split: str,
+        metrics: Mapping[str, Any],
+        *,
+        sample_count: int | None = None,
+        data_hash: str | None = None,
+        endpoint: bool = False,
+        epoch: int | None = None,
+    ) -> EvalRecord:
+        """Record one evaluation of ``split`` at the current training coordinate.
+
+        ``epoch`` is your own count (``None``: not recorded). Returns the stored record.
+        """
+        t0 = self._timer()
+        self._check_open()
+        rec = make_eval(
+            split,
+            metrics,
+            step=self._step,
+            examples_seen=self._examples_seen,
+            epoch=epoch,
+            sample_count=sample_count,
+            data_hash=data_hash,
+            endpoint=endpoint,
+        )
+        write_eval(self.sink, rec)
+        self._telemetry += self._timer() - t0
+        return rec
+
+    # -- steps ----------------------------------------------------------------------------
+    @contextmanager
+    def step(self, examples: int | None = None, epoch: int | None = None) -> Iterator[RunLog]:
+        """One training step; its window (the training clock) is the ``with`` body.
+
+        An exception escaping the body drops the step's pending rows, closes the log (committed
+        rows are kept) and propagates.
+        """
+        self._check_open()
+        self.clock.begin(self._step)
+        self._window_from = self._telemetry
+        try:
+            yield self
+        except BaseException:
+            self._pending.clear()
+            self.close()
+            raise
+        self.end_step(examples=examples, epoch=epoch)
+
+    def end_step(self, examples: int | None = None, epoch: int | None = None) -> StepBlockRecord:
+        """End the current step (for loops that cannot use :meth:`step`); returns its block.
+
+        Without :meth:`step`, the window runs from the previous ``end_step`` (or construction).
+        """
+        self._check_open()
+        step = self._step
+        self.clock.end(step)
+        t0 = self._timer()
+        in_window = self._telemetry - self._window_from
+        drained = self._pending.drain(step)
+        if examples is None or self._examples_seen is None:
+            self._examples_seen = None
+        else:
+            self._examples_seen += int(examples)
+        block = StepBlockRecord(
+            optimizer_step=step,
+            examples_seen=self._examples_seen,
+            epoch=epoch,
+            provenance=StepProvenance.EXPLICIT,
+            truth=StepTruth(),  # a run log does not see the optimizer: applied/clipped unknown
+            wall_time=time.time(),
+        )
+        self.sink.write_step(block, scalars=drained.scalars)
+        for name, at, value in drained.dated:
+            self.sink.write_scalar(name, at, value)
+        telemetry = self._telemetry + (self._timer() - t0)
+        rows = self.clock.finish(step, in_window, telemetry)
+        t1 = self._timer()
+        write_clock_rows(self.sink, rows)
+        self._step = step + 1
+        self._telemetry = self._timer() - t1  # the clock rows' own cost goes to the next step
+        self._window_from = self._telemetry
+        self.clock.begin(self._step)
+        return block
+
+    # -- lifecycle ------------------------------------------------------------------------
+    def view(self) -> RunView:
+        """Everything written so far (an artifact is committed first)."""
+        if isinstance(self.sink, MemoryRows):
+            return RunView(self.sink)
+        from stepscope.history import open_history
+
+        if not self._closed:
+            self.sink.writer.commit()
+        return RunView(open_history(self.sink.path))
+
+    def close(self) -> None:
+        """Write rows logged after the last step (no block), resolve clocks, commit, close."""
+        if self._closed:
+            return
+        self._closed = True
+        leftover = self._pending.drain(self._step)
+        for name, value in leftover.scalars.items():
+            self.sink.write_scalar(name, self._step, value)
+        for name, at, value in leftover.dated:
+            self.sink.write_scalar(name, at, value)
+        write_clock_rows(self.sink, self.clock.resolve(block=True))
+        if isinstance(self.sink, ArtifactRows):
+            self.sink.writer.close()
+            write_summary(self.path, self.clock.summary(closed=True))
+
+    def __enter__(self) -> RunLog:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

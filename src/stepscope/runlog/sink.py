@@ -1,0 +1,172 @@
+"""Where run-log rows go: an artifact (through its writer), or RAM without an output directory.
+
+Both sinks have the same write methods (``write_step``, ``write_scalar``, ``write_eval``).
+:class:`ArtifactRows` forwards blocks and scalars to the
+:class:`~stepscope.history.ArtifactWriter` (committed with its chunks) and appends each evaluation
+as one checksummed, fsynced line to ``RUN/evals.log`` (the index-log format: a torn final line is
+ignored, a complete line failing its sha256 refuses ``history_artifact_corrupt``). Every line names
+its segment, so a resumed segment supersedes its ancestors' evaluations from its resume step on.
+:class:`MemoryRows` also has the read side (``step_blocks``, ``scalar_rows``, ``eval_records``).
+:func:`write_summary` keeps ``runlog.json`` (clock kinds and totals) beside an artifact; it is a
+convenience for reports, the per-step ``clock/*`` rows are authoritative.
+
+Example
+-------
+>>> from stepscope.history import StepBlockRecord
+>>> m = MemoryRows()
+>>> m.write_step(StepBlockRecord(0, examples_seen=8), scalars={"loss": 2.5})
+False
+>>> m.write_scalar("lr", 0, 0.1)
+>>> rows, names = m.scalar_rows()
+>>> [(int(r["step"]), names[r["name"]], float(r["value"])) for r in rows]
+[(0, 'loss', 2.5), (0, 'lr', 0.1)]
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from stepscope.errors import Refusal
+from stepscope.history import StepBlockRecord
+from stepscope.history.layout import SCALAR_DTYPE
+from stepscope.runlog.evals import EVAL_LOG, EvalRecord
+
+SUMMARY_FILE = "runlog.json"
+
+
+class ArtifactRows:
+    """Run-log rows of an artifact: blocks and scalars via ``writer``, evaluations in a log."""
+
+    def __init__(self, writer: Any) -> None:
+        self.writer = writer
+        self.path = Path(writer.path)
+
+    def write_step(
+        self, block: StepBlockRecord, batches: Sequence[Any] = (), scalars: dict | None = None
+    ) -> bool:
+        """Forward to :meth:`ArtifactWriter.write_step`."""
+        return self.writer.write_step(block, batches, scalars=scalars)
+
+    def write_scalar(self, name: str, step: int, value: float) -> None:
+        """Forward to :meth:`ArtifactWriter.write_scalar` (committed with the next commit)."""
+        self.writer.write_scalar(name, step, value)
+
+    def write_eval(self, rec: EvalRecord) -> None:
+        """Append ``rec`` durably to ``evals.log`` (visible at once, like a committed row)."""
+        from stepscope.history.files import append_log_row
+
+        row = {"segment": self.writer.run.segment_id, **rec.to_dict()}
+        append_log_row(self.path / EVAL_LOG, row, durable=self.writer.durable)
+
+
+class MemoryRows:
+    """Step blocks, scalar rows and extension-table rows held in RAM."""
+
+    def __init__(self) -> None:
+        self.blocks: list[StepBlockRecord] = []
+        self.scalar_names: list[str] = []
+        self._name_ids: dict[str, int] = {}
+        self._scalars: list[tuple[int, int, float]] = []
+        self.evals: list[EvalRecord] = []
+
+    def _intern(self, name: str) -> int:
+        i = self._name_ids.get(name)
+        if i is None:
+            i = self._name_ids[name] = len(self.scalar_names)
+            self.scalar_names.append(name)
+        return i
+
+    def write_step(
+        self,
+        block: StepBlockRecord,
+        batches: Sequence[Any] = (),
+        scalars: dict[str, float] | None = None,
+    ) -> bool:
+        """Keep a step block and its scalars (observation batches are the ring's business)."""
+        if self.blocks and block.optimizer_step <= self.blocks[-1].optimizer_step:
+            raise Refusal(
+                "history_step_out_of_order",
+                f"step {block.optimizer_step} after step {self.blocks[-1].optimizer_step}.",
+                ["write each optimizer step once, in increasing order"],
+            )
+        self.blocks.append(block)
+        for name, value in (scalars or {}).items():
+            self._scalars.append((block.optimizer_step, self._intern(name), float(value)))
+        return False
+
+    def write_scalar(self, name: str, step: int, value: float) -> None:
+        """One scalar row at ``step``."""
+        self._scalars.append((int(step), self._intern(name), float(value)))
+
+    def write_eval(self, rec: EvalRecord) -> None:
+        """Keep one evaluation."""
+        self.evals.append(rec)
+
+    # -- read side (same shapes as the reader's) ------------------------------------------
+    def step_blocks(self) -> list[StepBlockRecord]:
+        """Step blocks in step order."""
+        return list(self.blocks)
+
+    def scalar_rows(self) -> tuple[np.ndarray, list[str]]:
+        """All scalar rows (``SCALAR_DTYPE``) and the name table."""
+        return np.array(self._scalars, dtype=SCALAR_DTYPE), list(self.scalar_names)
+
+    def eval_records(self) -> list[EvalRecord]:
+        """Every evaluation, in logging order."""
+        return list(self.evals)
+
+    def summary(self) -> dict[str, Any] | None:
+        """RAM runs keep no summary file."""
+        return None
+
+
+def write_summary(directory: str | os.PathLike[str] | None, summary: dict[str, Any]) -> None:
+    """Atomically (re)write ``runlog.json`` in an artifact directory (no-op without one)."""
+    if directory is None:
+        return
+    from stepscope.history.files import atomic_write_json
+
+    atomic_write_json(Path(directory) / SUMMARY_FILE, summary, durable=True)
+
+
+def read_summary(directory: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """``runlog.json`` of an artifact, or ``None`` when the run never wrote one."""
+    path = Path(directory) / SUMMARY_FILE
+    if not path.exists():
+        return None
+    from stepscope.history.files import read_json
+
+    return read_json(path, "run-log summary")
+
+
+def read_eval_log(reader: Any) -> list[EvalRecord]:
+    """Evaluations of an artifact (``reader`` a ``HistoryReader``), superseded rows dropped."""
+    from stepscope.history.files import read_log
+
+    cutoff = _cutoffs(reader.segments)
+    out = []
+    for row in read_log(Path(reader.path) / EVAL_LOG).rows:
+        rec = EvalRecord.from_dict(row)
+        if rec.optimizer_step < cutoff.get(row.get("segment"), np.iinfo(np.int64).max):
+            out.append(rec)
+    return out
+
+
+def _cutoffs(segments: list) -> dict[str, int]:
+    """First superseded step of each segment: a resume supersedes its ancestors from its step."""
+    parents = {s.segment_id: s.parent_segment for s in segments}
+    out: dict[str, int] = {}
+    for s in segments:
+        if s.resumed_at_step is None:
+            continue
+        ancestor, seen = s.parent_segment, {s.segment_id}
+        while ancestor in parents and ancestor not in seen:
+            seen.add(ancestor)
+            out[ancestor] = min(out.get(ancestor, s.resumed_at_step), s.resumed_at_step)
+            ancestor = parents[ancestor]
+    return out
