@@ -80,5 +80,16 @@ def test_sigkill_at_random_moments_leaves_exactly_a_committed_prefix(tmp_path):
         if steps:
             assert h.scalars("x").values.tolist() == [float(t) for t in steps]
         outcomes.append((len(committed), len(steps), h.torn_tail_bytes))
+        if trial % 6 == 0:  # a resumed writer continues right after the committed prefix
+            w = ArtifactWriter(path, resume=True, commit_steps=1)
+            assert w.committed_step == (steps[-1] if steps else None)
+            assert not list((path / "chunks").glob(".*.tmp*"))
+            ids = [w.register_site(f"s{i}", "t", "sig") for i in range(N_SITES)]
+            b = ObservationBatch.observed("activation", "forward", ids, _spines(len(steps)))
+            w.write_step(StepBlockRecord(len(steps)), [b])
+            w.close()
+            again = open_history(path)
+            assert again.steps.tolist() == list(range(len(steps) + 1))
+            assert again.verify().ok and len(again.segments) == 2
     # the random kills landed at different points (not all before the first commit)
     assert len({n for _, n, _ in outcomes}) > 5, outcomes

@@ -163,6 +163,8 @@ class ArtifactWriter:
         self.disclosures = list(reader.disclosures)
         self._active = {s.name: s.site_id for s in self.sites if s.ended_step is None}
         self._last_step = at_step - 1
+        for stale in (self.path / "chunks").glob(".*.tmp*"):  # a killed writer's temp files
+            stale.unlink(missing_ok=True)
         if last is not None and at_step > 0:
             self.committed_step = min(last, at_step - 1)
         self._start_segment()

@@ -108,6 +108,11 @@ def _verify(args: argparse.Namespace) -> int:
     report = h.verify()
     for name, code, message in report.failures:
         print(f"FAIL {name}: [{code}] {message}")
+    if report.orphans:
+        print(
+            f"note: {len(report.orphans)} uncommitted file(s) in chunks/ (ignored): "
+            + ", ".join(report.orphans[:5])
+        )
     status = "ok" if report.ok else f"{len(report.failures)} FAILED"
     print(
         f"{status}: {report.checked_files} chunks, {_human(report.checked_bytes)} checked "

@@ -384,6 +384,10 @@ class HistoryReader:
         """Recompute the sha256 of every committed chunk (including superseded segments)."""
         return verify_files(self.path / "chunks", [f for r in self.commits for f in r["files"]])
 
+    def clear_cache(self) -> None:
+        """Forget decoded chunks (they are re-read and re-verified on next use)."""
+        self._cache.clear()
+
     def sizes(self) -> dict[str, int]:
         """Committed bytes per table."""
         out: dict[str, int] = {}

@@ -84,6 +84,8 @@ class VerifyReport:
     checked_files: int
     checked_bytes: int
     failures: list[tuple[str, str, str]] = field(default_factory=list)
+    #: files in ``chunks/`` that no committed row names (left by a killed writer; harmless)
+    orphans: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -119,4 +121,6 @@ def verify_files(chunk_dir: Path, files: list[dict[str, Any]]) -> VerifyReport:
             failures.append(
                 (f["name"], "history_artifact_corrupt", f"sha256 {digest[:12]}… != indexed")
             )
-    return VerifyReport(len(files), nbytes, failures)
+    named = {f["name"] for f in files}
+    orphans = sorted(p.name for p in chunk_dir.iterdir() if p.name not in named)
+    return VerifyReport(len(files), nbytes, failures, orphans)
