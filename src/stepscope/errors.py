@@ -45,6 +45,7 @@ CODES: dict[str, str] = {
     "ring_capacity_exhausted": "the RAM ring is full under the refuse policy",
     "merge_incompatible": "segments that cannot be merged (runs, steps or layouts differ)",
     "history_step_out_of_order": "a step block was written at or before an already written step",
+    "history_writer_active": "another live writer holds the artifact's writer lock",
     # collector
     "step_transaction_required": "an operation needs the explicit step() transaction",
     "step_transaction_nested": "a step transaction was opened inside another",
