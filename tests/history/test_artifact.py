@@ -278,3 +278,13 @@ def test_histogram_counts_round_trip_exactly_at_every_width_boundary(run_dir, hx
     stored = next(f for r in h.commits for f in r["files"] if f["table"] == "histograms")
     width = {255: "|u1", 256: "<u2", 65536: "<u4", 2**32: "<i8"}
     assert stored["counts_dtype"] == width.get(top, stored["counts_dtype"])
+
+
+def test_a_second_live_writer_on_the_same_artifact_refuses(run_dir, hx):
+    w = ArtifactWriter(run_dir)
+    with pytest.raises(Refusal) as err:
+        ArtifactWriter(run_dir, resume=True)
+    assert err.value.code == "history_writer_active"
+    w.close()
+    again = ArtifactWriter(run_dir, resume=True)  # the lock goes with close()
+    again.close()

@@ -34,6 +34,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Iterable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -114,6 +115,7 @@ class ArtifactWriter:
         self._catalog_dirty = False
         self.commits = 0
         self.committed_step: int | None = None  # the last step durable on disk (effective view)
+        self._lock_fd: int | None = None
         if (self.path / "manifest.json").exists() or (self.path / "index.json").exists():
             if not resume:
                 raise Refusal(
@@ -121,18 +123,54 @@ class ArtifactWriter:
                     f"{self.path} already holds a stepscope artifact.",
                     ["pass resume=True to append a segment", "choose a new output directory"],
                 )
-            self._open_resume(resume_at_step, run)
+            self._lock()
+            opener = lambda: self._open_resume(resume_at_step, run)  # noqa: E731
         else:
-            self._open_fresh(run or RunRecord.new())
+            self.path.mkdir(parents=True, exist_ok=True)
+            self._lock()
+            opener = lambda: self._open_fresh(run or RunRecord.new())  # noqa: E731
+        try:
+            opener()
+        except BaseException:
+            self._unlock()  # a refused open must not keep the artifact locked
+            raise
         self._reset_pending()
         self._last_commit = time.monotonic()
 
     # -- setup -------------------------------------------------------------------------------
+    def _lock(self) -> None:
+        """Hold an exclusive advisory lock for the writer's life (released by the OS on a kill)."""
+        try:
+            import fcntl
+        except ImportError:  # pragma: no cover - not on POSIX: no lock, documented
+            return
+        fd = os.open(self.path / "writer.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            raise Refusal(
+                "history_writer_active",
+                f"another live writer holds {self.path / 'writer.lock'}.",
+                [
+                    "give each process (rank) its own output directory",
+                    "close the other writer first; a killed writer's lock is released by the OS",
+                ],
+            ) from None
+        self._lock_fd = fd
+
+    def _unlock(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # closing the descriptor releases the flock
+            self._lock_fd = None
+
     def _open_fresh(self, run: RunRecord) -> None:
         from stepscope.stats import HistogramDescriptor
 
         (self.path / "chunks").mkdir(parents=True, exist_ok=True)
         (self.path / "index").mkdir(exist_ok=True)
+        if not run.histogram_descriptor:  # a hand-built record: the default grid, recorded
+            run = replace(run, histogram_descriptor=HistogramDescriptor().to_dict())
         self.run = run
         self.segments = [run]
         self.descriptor = HistogramDescriptor.from_dict(dict(run.histogram_descriptor))
@@ -237,8 +275,6 @@ class ArtifactWriter:
 
     def add_site_record(self, site: SiteRecord) -> int:
         """Append a copy of ``site`` as a new series as-is (for merges and copies); returns its id."""
-        from dataclasses import replace
-
         self._check_open()
         site_id = len(self.sites)
         self.sites.append(replace(site, site_id=site_id))
@@ -249,8 +285,6 @@ class ArtifactWriter:
 
     def end_site(self, site_id: int, step: int, reason: str) -> None:
         """Close a series at ``step`` (exclusive) with a reason."""
-        from dataclasses import replace
-
         site = self._site(site_id)
         self.sites[site_id] = replace(site, ended_step=int(step), ended_reason=reason)
         self._active.pop(site.name, None)
@@ -435,10 +469,13 @@ class ArtifactWriter:
     def close(self) -> None:
         """Commit what is pending and close (idempotent)."""
         if not self._closed:
-            self.commit()
-            if self._catalog_dirty:
-                self._write_catalog()
-            self._closed = True
+            try:
+                self.commit()
+                if self._catalog_dirty:
+                    self._write_catalog()
+            finally:
+                self._closed = True
+                self._unlock()
 
     def __enter__(self) -> ArtifactWriter:
         return self
