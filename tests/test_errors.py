@@ -65,3 +65,8 @@ def test_require_extra_names_the_install_command():
         require_extra("definitely_not_installed_pkg.sub", "report", "plotting")
     assert err.value.code == "extra_missing"
     assert any("pip install" in r for r in err.value.remedies)
+
+
+def test_every_public_export_resolves():
+    for name in stepscope.__all__:
+        assert getattr(stepscope, name) is not None, name

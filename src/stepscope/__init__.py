@@ -33,7 +33,7 @@ _EXPORTS: dict[str, str] = {
     "WatchSettings": "stepscope.collect:WatchSettings",
     "EventStream": "stepscope.events:EventStream",
     "ObserverEvent": "stepscope.events:ObserverEvent",
-    "RunLog": "stepscope.history:RunLog",
+    "RunLog": "stepscope.runlog:RunLog",
     "region": "stepscope.profile:region",
     "session": "stepscope.profile:session",
     "kernel_profile": "stepscope.profile:kernel_profile",
