@@ -172,6 +172,8 @@ def test_rows_are_batched_per_step_and_watch_is_never_called(ev, tmp_path, monke
     names = [c[0] for c in run.calls]
     assert names.count("log") == 4 and names[-1] == "finish"
     assert ("define_metric", ("*",), {"step_metric": "examples_seen"}) in run.calls
+    init = next(c[1] for c in run.calls if c[0] == "init")
+    assert init["config"]["stepscope_x_axis"] == "examples_seen"  # the run says its axis
     logs = [c[1] for c in run.calls if c[0] == "log"]
     assert [r["examples_seen"] for r in logs] == [16, 32, 48, 64]
     assert all(r["optimizer_step"] == i for i, r in enumerate(logs))
