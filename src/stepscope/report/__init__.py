@@ -1,0 +1,28 @@
+"""Plots and a self-contained HTML report, drawn from the on-disk artifact (old runs re-plot).
+
+Example
+-------
+>>> import stepscope.report as rep
+>>> rep.render_report(["runs/a"], "report.html")  # doctest: +SKIP
+PosixPath('report.html')
+"""
+
+from stepscope.report.html import SECTION_KEYS, build_sections, render_report, to_html
+from stepscope.report.model import Note, RunView, Section, Table
+from stepscope.report.plots import Plot, Trace, heatmap_plot, histogram_plot, line_plot
+
+__all__ = [
+    "SECTION_KEYS",
+    "Note",
+    "Plot",
+    "RunView",
+    "Section",
+    "Table",
+    "Trace",
+    "build_sections",
+    "heatmap_plot",
+    "histogram_plot",
+    "line_plot",
+    "render_report",
+    "to_html",
+]

@@ -1,0 +1,45 @@
+"""``stepscope report RUN [RUN...] --out report.html``: one self-contained HTML report."""
+
+from __future__ import annotations
+
+import argparse
+
+from stepscope.errors import Refusal
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the ``report`` sub-command."""
+    p = subparsers.add_parser(
+        "report", help="write a self-contained HTML report (plots embedded) over run artifacts"
+    )
+    p.add_argument("runs", nargs="+", metavar="RUN", help="run directories (seeds of one recipe)")
+    p.add_argument("--out", required=True, help="HTML file to write")
+    p.add_argument(
+        "--endpoints",
+        default=None,
+        help="comma-separated optimizer steps for gap/confusion (default: first,last probe step)",
+    )
+    p.add_argument(
+        "--histogram-limit", type=int, default=40, help="most histogram panels (default: 40)"
+    )
+    p.set_defaults(func=_main)
+
+
+def _main(args: argparse.Namespace) -> int:
+    from stepscope.report.html import render_report
+
+    endpoints = None
+    if args.endpoints:
+        try:
+            endpoints = [int(v) for v in args.endpoints.split(",") if v.strip()]
+        except ValueError:
+            raise Refusal(
+                "report_input_invalid",
+                f"--endpoints {args.endpoints!r} is not a comma-separated list of steps.",
+                ["e.g. --endpoints 0,990"],
+            ) from None
+    out = render_report(
+        args.runs, args.out, endpoints=endpoints, histogram_limit=args.histogram_limit
+    )
+    print(f"wrote {out}")
+    return 0

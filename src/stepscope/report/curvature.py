@@ -1,0 +1,158 @@
+"""The curvature panel: offline ``curvature-{epoch:03d}.json`` files found next to a run.
+
+Looked for in ``RUN/curvature/`` and ``RUN/`` itself (the layout written by
+:func:`stepscope.curvature.run_curvature_panel`). Per checkpoint: factor spectra (activation and
+each family's backprop factor), ranks, the directional Rayleigh quotients and the output-space
+Lyapunov mismatch, with the approximation (mode, estimators) and overhead (snapshot duration)
+stated. These are offline checkpoint diagnostics, never conflated with the probe's moments.
+
+Example
+-------
+>>> from pathlib import Path
+>>> find_curvature_files(Path("runs/a"))  # doctest: +SKIP
+[PosixPath('runs/a/curvature/curvature-000.json')]
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from stepscope.errors import Refusal
+from stepscope.report.model import RunView, Section, Table, fmt, no_data
+from stepscope.report.plots import Trace, line_plot
+
+FAMILIES = ("empirical_fisher", "ce_ggn", "jacobian_gram")
+_NAME = re.compile(r"^curvature-(\d+)\.json$")
+
+
+def find_curvature_files(run_dir: Path) -> list[Path]:
+    """``curvature-NNN.json`` files in ``run_dir/curvature`` and ``run_dir``, by epoch."""
+    found: dict[str, Path] = {}
+    for folder in (run_dir / "curvature", run_dir):
+        if folder.is_dir():
+            for p in folder.iterdir():
+                if _NAME.match(p.name) and p.name not in found:
+                    found[p.name] = p
+    return [found[k] for k in sorted(found, key=lambda n: int(_NAME.match(n)[1]))]
+
+
+def load_checkpoint(path: Path) -> dict[str, Any]:
+    """Read one curvature JSON; refuses ``report_input_invalid`` if it is not a panel file."""
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise Refusal(
+            "report_input_invalid",
+            f"{path} is not readable JSON ({exc}).",
+            ["remove or restore the file", "rerun `stepscope curvature`"],
+        ) from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("analysis"), dict):
+        raise Refusal(
+            "report_input_invalid",
+            f"{path} has no 'analysis' block of a curvature panel.",
+            ["pass files written by stepscope.curvature.run_curvature_panel"],
+        )
+    if "epoch" not in doc:
+        doc["epoch"] = int(_NAME.match(path.name)[1])
+    return doc
+
+
+def _spectrum_traces(layers: dict[str, Any]) -> list[Trace]:
+    traces = []
+    for name, entry in layers.items():
+        ev = np.array(entry["activation_factor"]["eigenvalues"], float)
+        traces.append(Trace(f"{name} A (activation)", np.arange(1, len(ev) + 1.0), ev))
+        for fam in FAMILIES:
+            ev = np.array(entry[fam]["backprop_factor"]["eigenvalues"], float)
+            traces.append(Trace(f"{name} B {fam}", np.arange(1, len(ev) + 1.0), ev))
+    return traces
+
+
+def _pos(values: np.ndarray) -> np.ndarray:
+    return np.where(values > 0, values, np.nan)  # log axis: non-positive values are not drawn
+
+
+def curvature_section(runs: list[RunView]) -> Section:
+    """Spectra, ranks, directional quotients and Lyapunov mismatch per checkpoint."""
+    sec = Section("curvature", "Curvature panel (offline, per checkpoint)")
+    for r in runs:
+        files = find_curvature_files(r.path)
+        if not files:
+            sec.items.append(no_data(f"curvature · {r.label}", "RUN/curvature/curvature-*.json"))
+            continue
+        docs = [load_checkpoint(p) for p in files]
+        ranks: list[list[str]] = []
+        lyap: list[list[str]] = []
+        quotient: dict[tuple[str, str], list[float]] = {}
+        epochs = np.array([float(d["epoch"]) for d in docs])
+        for d in docs:
+            a = d["analysis"]
+            meta = a.get("metadata", {})
+            traces = _spectrum_traces(a["layers"])
+            sec.items.append(
+                line_plot(
+                    f"factor spectra at epoch {d['epoch']} · {r.label}",
+                    "eigenvalue index (descending)",
+                    "eigenvalue",
+                    [Trace(t.label, t.x, _pos(t.y)) for t in traces],
+                    logy=True,
+                    caption=f"mode {meta.get('mode', '?')}, estimators "
+                    f"{json.dumps(meta.get('estimators', {}))}, dtype "
+                    f"{meta.get('analysis_dtype', '?')}; overhead: snapshot took "
+                    f"{fmt(d.get('snapshot_duration_s'))} s outside training. Factor spectra only "
+                    "(KFAC drops activation/derivative dependence and cross-layer structure).",
+                )
+            )
+            for name, entry in a["layers"].items():
+                for fam in FAMILIES:
+                    k = entry[fam]["kfac"]
+                    ranks.append(
+                        [str(d["epoch"]), name, fam]
+                        + [fmt(k.get(x)) for x in ("top_eigenvalue", "effective_rank")]
+                        + [fmt(k.get(x)) for x in ("stable_rank", "relative_diagonal_error")]
+                    )
+            for name, entry in (a.get("directional") or {}).items():
+                for fam in FAMILIES:
+                    q = (entry.get(fam) or {}).get("mean_gradient_rayleigh_quotient")
+                    quotient.setdefault((name, fam), []).append(np.nan if q is None else q)
+            out = a.get("output_space") or {}
+            ly = out.get("lyapunov") or {}
+            lyap.append(
+                [
+                    str(d["epoch"]),
+                    fmt((out.get("support") or {}).get("rank")),
+                    fmt(ly.get("rho_ambient")),
+                    fmt(ly.get("rho_support")),
+                    fmt(out.get("lyapunov_to_preconditioned_intrinsic_dimension_ratio")),
+                    fmt(out.get("solution_residual")),
+                    fmt(out.get("discarded_fisher_fraction")),
+                ]
+            )
+        head = ["epoch", "layer", "family", "KFAC top eig", "effective rank", "stable rank"]
+        sec.items.append(Table(f"KFAC ranks · {r.label}", [*head, "rel. diagonal error"], ranks))
+        if quotient:
+            sec.items.append(
+                line_plot(
+                    f"mean-gradient KFAC Rayleigh quotient · {r.label}",
+                    "checkpoint epoch",
+                    "q(G) / ||G||^2",
+                    [Trace(f"{n} {f}", epochs, np.array(v)) for (n, f), v in quotient.items()],
+                    caption="Gaps: undefined (zero mean gradient), listed in the JSON metadata.",
+                )
+            )
+        else:
+            sec.items.append(no_data("directional quotients", "analysis.directional"))
+        head = ["epoch", "support rank", "rho ambient", "rho support", "Lyapunov/precond. ratio"]
+        sec.items.append(
+            Table(
+                f"output-space Lyapunov mismatch · {r.label}",
+                [*head, "relative residual", "discarded Fisher fraction"],
+                lyap,
+            )
+        )
+    return sec

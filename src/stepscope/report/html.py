@@ -1,0 +1,168 @@
+"""Assemble the report into one self-contained HTML file (PNG images embedded as base64).
+
+Example
+-------
+>>> from stepscope.report import render_report
+>>> render_report(["runs/a", "runs/b"], "report.html")  # doctest: +SKIP
+PosixPath('report.html')
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import os
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from stepscope.errors import Refusal
+from stepscope.report.curvature import curvature_section
+from stepscope.report.model import Item, Note, RunView, Section, Table
+from stepscope.report.plots import Plot
+from stepscope.report.record import record_section
+from stepscope.report.sections import (
+    branch_section,
+    curves_section,
+    default_endpoints,
+    endpoints_section,
+    histograms_section,
+    layers_section,
+    moments_section,
+)
+
+#: Section keys in report order (each is an ``id`` in the HTML).
+SECTION_KEYS: tuple[str, ...] = (
+    "curves",
+    "branch",
+    "endpoints",
+    "layers",
+    "moments",
+    "histograms",
+    "curvature",
+    "record",
+)
+
+_CSS = """
+body{font-family:system-ui,sans-serif;margin:1.5em auto;max-width:70em;color:#222}
+h1{font-size:1.5em} h2{border-bottom:1px solid #ccc;padding-bottom:.2em;margin-top:2em}
+figure{margin:.5em 1em .8em 0;display:inline-block;vertical-align:top;max-width:100%}
+figure img{max-width:100%} figcaption{font-size:.8em;color:#555;max-width:42em}
+table{border-collapse:collapse;font-size:.8em;margin:.5em 0 1.5em}
+td,th{border:1px solid #ddd;padding:.15em .5em;text-align:left;vertical-align:top}
+.nodata{background:#fff4e5;border-left:4px solid #f0a020;padding:.4em .8em;font-size:.9em}
+"""
+
+
+def build_sections(
+    runs: Sequence[RunView], endpoints: Sequence[int] | None = None, histogram_limit: int = 40
+) -> list[Section]:
+    """Every section of the report, in :data:`SECTION_KEYS` order."""
+    runs = list(runs)
+    ends = sorted(set(endpoints)) if endpoints else default_endpoints(runs)
+    return [
+        curves_section(runs, ends),
+        branch_section(runs),
+        endpoints_section(runs, ends),
+        layers_section(runs),
+        moments_section(runs),
+        histograms_section(runs, histogram_limit),
+        curvature_section(runs),
+        record_section(runs),
+    ]
+
+
+def _item_html(item: Item) -> str:
+    if isinstance(item, Plot):
+        data = base64.b64encode(item.png).decode("ascii")
+        alt = html.escape(f"{item.title} (x-axis: {item.xlabel})")
+        cap = html.escape(f"x-axis: {item.xlabel}. {item.caption}".strip())
+        return (
+            f'<figure><img alt="{alt}" src="data:image/png;base64,{data}">'
+            f"<figcaption>{cap}</figcaption></figure>"
+        )
+    if isinstance(item, Table):
+        head = "".join(f"<th>{html.escape(h)}</th>" for h in item.header)
+        body = "".join(
+            "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>"
+            for row in item.rows
+        )
+        return (
+            f"<h3>{html.escape(item.title)}</h3><table><thead><tr>{head}</tr></thead>"
+            f"<tbody>{body}</tbody></table>"
+        )
+    if isinstance(item, Note):
+        return f'<p class="nodata">{html.escape(item.text)}</p>'
+    raise TypeError(f"unknown report item {type(item).__name__}")
+
+
+def to_html(sections: Sequence[Section], runs: Sequence[RunView]) -> str:
+    """The whole document as a string (no external references)."""
+    names = ", ".join(html.escape(r.label) for r in runs)
+    toc = "".join(f'<li><a href="#{s.key}">{html.escape(s.title)}</a></li>' for s in sections)
+    parts = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        f"<title>stepscope report: {names}</title><style>{_CSS}</style></head><body>",
+        f"<h1>stepscope report</h1><p>Runs: {names}. Generated "
+        f"{time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}. Every plot reads the on-disk "
+        "artifact; missing observations are gaps, never zeros.</p>",
+        f"<nav><ol>{toc}</ol></nav>",
+    ]
+    for s in sections:
+        body = "".join(_item_html(i) for i in s.items)
+        parts.append(f'<section id="{s.key}"><h2>{html.escape(s.title)}</h2>{body}</section>')
+    parts.append("</body></html>")
+    return "\n".join(parts)
+
+
+def render_report(
+    runs: Sequence[str | os.PathLike[str]],
+    out: str | os.PathLike[str],
+    *,
+    endpoints: Sequence[int] | None = None,
+    histogram_limit: int = 40,
+) -> Path:
+    """Write one self-contained HTML report over one or more run artifacts.
+
+    Parameters
+    ----------
+    runs
+        Run directories (``stepscope.history.v1`` artifacts). Several runs are treated as
+        seeds of one recipe: their traces are drawn behind a mean with a min–max interval.
+    out
+        The HTML file to write (its parent directory is created).
+    endpoints
+        Optimizer steps for the generalisation gap, class counts and confusion matrices
+        (default: the first and last probe step).
+    histogram_limit
+        At most this many histogram-over-time panels.
+
+    Returns
+    -------
+    Path
+        ``out``.
+
+    Raises
+    ------
+    Refusal
+        ``report_input_invalid`` without runs; the reader's codes for a bad artifact;
+        ``extra_missing`` without matplotlib.
+
+    Examples
+    --------
+    >>> render_report(["runs/demo"], "report.html", endpoints=[0, 99])  # doctest: +SKIP
+    PosixPath('report.html')
+    """
+    if not runs:
+        raise Refusal("report_input_invalid", "no runs were given.", ["pass at least one RUN"])
+    if endpoints is not None and any(int(e) < 0 for e in endpoints):
+        raise Refusal("report_input_invalid", f"endpoints {list(endpoints)} must be >= 0.", [])
+    views = [RunView.open(p) for p in runs]
+    sections = build_sections(views, endpoints, histogram_limit)
+    target = Path(out)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(target.name + ".tmp")
+    tmp.write_text(to_html(sections, views), encoding="utf-8")
+    os.replace(tmp, target)
+    return target

@@ -1,0 +1,81 @@
+"""The report's document model: sections holding plots, tables and "no data recorded" notes.
+
+Example
+-------
+>>> s = Section("record", "Run record", [Note("no data recorded: nothing measured")])
+>>> s.has_data
+False
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from stepscope.history.reader import HistoryReader, open_history
+from stepscope.report.plots import Plot
+
+
+@dataclass(frozen=True)
+class Note:
+    """A labelled statement in place of a plot (e.g. ``no data recorded: ...``)."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class Table:
+    """A small table of strings."""
+
+    title: str
+    header: list[str]
+    rows: list[list[str]]
+
+
+Item = Plot | Table | Note
+
+
+@dataclass
+class Section:
+    """One report section: a stable ``key`` (the HTML id), a title and its items."""
+
+    key: str
+    title: str
+    items: list[Item] = field(default_factory=list)
+
+    @property
+    def has_data(self) -> bool:
+        """Whether anything other than notes was drawn."""
+        return any(not isinstance(i, Note) for i in self.items)
+
+
+def no_data(what: str, looked_for: str) -> Note:
+    """The standard absent-data note: what is missing and what the report looked for."""
+    return Note(f"no data recorded: {what} (looked for {looked_for}).")
+
+
+@dataclass
+class RunView:
+    """One run given to the report: its directory, reader and display label."""
+
+    path: Path
+    reader: HistoryReader
+    label: str
+
+    @classmethod
+    def open(cls, path: str | os.PathLike[str]) -> RunView:
+        """Open a run directory (refuses like :func:`~stepscope.history.open_history`)."""
+        reader = open_history(path)
+        seed = reader.run.extra.get("seed")
+        label = reader.run.run_id if seed is None else f"{reader.run.run_id} (seed {seed})"
+        return cls(Path(path), reader, label)
+
+
+def fmt(value: object) -> str:
+    """A compact string for a table cell (``None`` -> ``not recorded``)."""
+    if value is None:
+        return "not recorded"
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    return str(value)

@@ -1,0 +1,334 @@
+"""Matplotlib drawings for the report: pure functions from arrays to a PNG :class:`Plot`.
+
+Each function receives plain arrays (read from the artifact by :mod:`stepscope.report.data`),
+draws them on a private ``Figure`` (no pyplot, no global backend switch) and returns a
+:class:`Plot` holding the PNG bytes *and* the arrays it drew, so tests can compare what was
+plotted with what was recorded. Missing observations are ``NaN`` and are drawn as gaps: lines
+break, heatmap cells are hatched; nothing is ever filled with zero. Every plot names its x-axis.
+
+Example
+-------
+>>> import numpy as np
+>>> p = line_plot("loss", "optimizer step", "nats", [Trace("run a", np.arange(3.0),
+...               np.array([1.0, np.nan, 0.5]))])
+>>> p.png[:8] == b"\\x89PNG\\r\\n\\x1a\\n"
+True
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from stepscope.errors import require_extra
+
+_DPI = 90
+_GAP_NOTE = "hatched = not observed (a gap, never a zero)"
+
+
+@dataclass(frozen=True)
+class Plot:
+    """One rendered figure: its title, x-axis label, PNG bytes and the arrays it drew."""
+
+    title: str
+    xlabel: str
+    png: bytes
+    data: dict[str, Any] = field(default_factory=dict)
+    caption: str = ""
+
+
+@dataclass(frozen=True)
+class Trace:
+    """One line. ``kind``: ``"line"``, ``"seed"`` (thin, behind a mean) or ``"mean"``.
+
+    ``band`` = ``(lower, upper)`` arrays draw a shaded interval labelled ``band_label``.
+    """
+
+    label: str
+    x: np.ndarray
+    y: np.ndarray
+    kind: str = "line"
+    band: tuple[np.ndarray, np.ndarray] | None = None
+    band_label: str = ""
+    group: str | None = None  # traces of one group (seeds and their mean) share a colour
+
+
+def _figure(width: float = 6.4, height: float = 3.2, left: float = 1.0, right: float = 1.3) -> Any:
+    """A private figure with fixed margins given in inches (``left``/``right``)."""
+    mpl_figure = require_extra("matplotlib.figure", "report", "drawing report plots")
+    require_extra("matplotlib.backends.backend_agg", "report", "rendering PNG plots")
+    fig = mpl_figure.Figure(figsize=(width, height), dpi=_DPI)
+    # fixed margins: constrained layout measured at ~1 s per figure here, most of the render
+    fig.subplots_adjust(
+        left=left / width,
+        right=1 - right / width,
+        bottom=0.55 / height,
+        top=1 - 0.35 / height,
+        hspace=0.08,
+    )
+    return fig
+
+
+def _png(fig: Any) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=_DPI)
+    return buf.getvalue()
+
+
+def _hatch_gaps(ax: Any) -> None:
+    ax.patch.set_facecolor("white")
+    ax.patch.set_hatch("///")
+    ax.patch.set_edgecolor("#bbbbbb")
+
+
+def line_plot(
+    title: str,
+    xlabel: str,
+    ylabel: str,
+    traces: list[Trace],
+    caption: str = "",
+    logy: bool = False,
+    markers: list[tuple[float, str]] | None = None,
+) -> Plot:
+    """Lines with NaN breaks (``ax.plot`` does not bridge NaN), optional bands and markers.
+
+    ``markers`` are ``(x, label)`` vertical lines (e.g. endpoints).
+    """
+    fig = _figure(8.4, 3.2, right=2.9)
+    ax = fig.add_subplot()
+    data: dict[str, Any] = {}
+    mpl = require_extra("matplotlib", "report", "drawing report plots")
+    cycle = mpl.rcParams["axes.prop_cycle"].by_key()["color"]
+    colours: dict[object, str] = {}
+    for i, t in enumerate(traces):
+        x, y = np.asarray(t.x, float), np.asarray(t.y, float)
+        style = {"seed": dict(lw=0.8, alpha=0.4), "mean": dict(lw=2.2)}.get(t.kind, {"lw": 1.4})
+        key = t.group if t.group is not None else ("trace", i)
+        colour = colours.setdefault(key, cycle[len(colours) % len(cycle)])
+        (line,) = ax.plot(x, y, marker=".", ms=4, label=t.label, color=colour, **style)
+        data[f"{i}:{t.label}"] = (x, y)
+        if t.band is not None:
+            lo, hi = (np.asarray(b, float) for b in t.band)
+            ax.fill_between(x, lo, hi, alpha=0.18, color=line.get_color(), label=t.band_label)
+            data[f"{i}:{t.label}:band"] = (x, lo, hi)
+    for x0, label in markers or []:
+        ax.axvline(x0, color="#555555", ls=":", lw=1)
+        ax.annotate(label, (x0, 1.0), xycoords=("data", "axes fraction"), fontsize=7, va="top")
+    if logy:
+        ax.set_yscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=10)
+    if traces:
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    return Plot(title, xlabel, _png(fig), data, caption)
+
+
+def _step_edges(steps: np.ndarray, width: float) -> tuple[np.ndarray, np.ndarray]:
+    """Column edges centred on each step (``width`` wide) with NaN filler columns between gaps.
+
+    Returns ``(edges, column_of_step)``; ``column_of_step[j]`` is the drawn column of step j.
+    """
+    edges: list[float] = []
+    cols: list[int] = []
+    for s in steps.astype(float):
+        lo = s - width / 2
+        if edges and lo > edges[-1] + 1e-9:
+            edges.append(lo)  # the filler column [previous end, lo) stays NaN: a gap
+        elif not edges:
+            edges.append(lo)
+        cols.append(len(edges) - 1)
+        edges.append(s + width / 2)
+    return np.array(edges), np.array(cols, dtype=np.int64)
+
+
+def _spread(values: np.ndarray, steps: np.ndarray, width: float) -> tuple[np.ndarray, np.ndarray]:
+    edges, cols = _step_edges(steps, width)
+    out = np.full((values.shape[0], len(edges) - 1), np.nan)
+    out[:, cols] = values
+    return edges, out
+
+
+def _min_spacing(steps: np.ndarray) -> float:
+    d = np.diff(np.unique(steps))
+    return float(d.min()) if len(d) else 1.0
+
+
+def heatmap_plot(
+    title: str,
+    rows: tuple[str, ...] | list[str],
+    steps: np.ndarray,
+    values: np.ndarray,
+    colorbar: str,
+    xlabel: str = "optimizer step",
+    log: bool = False,
+    nonfinite: np.ndarray | None = None,
+    caption: str = "",
+) -> Plot:
+    """A rows x steps heatmap; NaN cells are hatched gaps, ``nonfinite`` cells get an ``x``."""
+    mcolors = require_extra("matplotlib.colors", "report", "drawing report plots")
+    fig = _figure(7.2, 1.2 + 0.28 * max(len(rows), 2), left=1.2, right=1.4)
+    ax = fig.add_subplot()
+    _hatch_gaps(ax)
+    if len(steps):
+        edges, grid = _spread(values, steps, 1.0)
+        masked = np.ma.masked_invalid(grid)
+        finite = values[np.isfinite(values)]
+        norm = None
+        if log and (finite > 0).any():
+            pos = finite[finite > 0]
+            norm = mcolors.LogNorm(vmin=pos.min(), vmax=max(pos.max(), pos.min() * 1.0001))
+            masked = np.ma.masked_where(~(grid > 0), grid)
+        mesh = ax.pcolormesh(edges, np.arange(len(rows) + 1), masked, norm=norm, cmap="viridis")
+        fig.colorbar(mesh, ax=ax, label=colorbar, pad=0.01)
+        if nonfinite is not None and nonfinite.any():
+            r, c = np.nonzero(nonfinite)
+            ax.scatter(steps[c], r + 0.5, marker="x", color="red", s=12, label="NaN/inf present")
+            ax.legend(fontsize=7, loc="upper right")
+    ax.set_yticks(np.arange(len(rows)) + 0.5, labels=list(rows), fontsize=7)
+    ax.set_xlabel(xlabel)
+    ax.set_title(title, fontsize=10)
+    cap = f"{caption} {_GAP_NOTE}.".strip()
+    return Plot(
+        title, xlabel, _png(fig), {"rows": list(rows), "steps": steps, "values": values}, cap
+    )
+
+
+def _signed_label(lower: float, upper: float) -> str:
+    v = upper if lower < 0 else lower
+    e = math.log2(abs(v)) if v != 0 else 0.0
+    sign = "-" if lower < 0 else ""
+    return f"{sign}2^{e:g}"
+
+
+#: Display order of the special bands (top to bottom).
+SPECIAL_BANDS: tuple[str, ...] = (
+    "nan",
+    "posinf",
+    "overflow_pos",
+    "underflow_pos",
+    "zero",
+    "underflow_neg",
+    "overflow_neg",
+    "neginf",
+)
+
+
+def histogram_plot(grid: Any, xlabel: str = "optimizer step") -> Plot:
+    """Histogram over time: signed log2 bins on y, steps on x, specials as annotated bands.
+
+    Cell colour is the bin's fraction of all elements counted at that step; empty bins are the
+    light 'under' colour, steps without a histogram are hatched gaps.
+    """
+    mcolors = require_extra("matplotlib.colors", "report", "drawing report plots")
+    fig = _figure(7.2, 4.4, left=1.6, right=1.4)
+    top, ax = fig.subplots(2, 1, sharex=True, height_ratios=[1, 3])
+    width = _min_spacing(grid.steps)
+    totals = np.where(grid.totals > 0, grid.totals, np.nan)
+    fraction = grid.counts / totals
+    special = np.array([grid.specials[name] for name in SPECIAL_BANDS], dtype=float)
+    title = f"{grid.site} · {grid.stream}: histogram over time (signed log2 grid)"
+    for a in (top, ax):
+        _hatch_gaps(a)
+    if len(grid.steps):
+        edges, sgrid = _spread(special, grid.steps, width)
+        top.pcolormesh(
+            edges,
+            np.arange(len(SPECIAL_BANDS) + 1),
+            np.ma.masked_invalid(np.where(sgrid > 0, 1.0, np.where(np.isnan(sgrid), np.nan, 0))),
+            cmap=mcolors.ListedColormap(["#f2f2f2", "#d62728"]),
+            vmin=0,
+            vmax=1,
+        )
+        if len(grid.steps) <= 30:
+            for b in range(len(SPECIAL_BANDS)):
+                for j, s in enumerate(grid.steps):
+                    if special[b, j] > 0:
+                        top.text(s, b + 0.5, f"{int(special[b, j])}", ha="center", va="center",
+                                 fontsize=6)  # fmt: skip
+        if len(grid.bins):
+            edges, fgrid = _spread(fraction, grid.steps, width)
+            pos = fraction[fraction > 0]
+            cmap = require_extra("matplotlib", "report", "drawing").colormaps["magma_r"].copy()
+            cmap.set_under("#f7f7f7")
+            norm = mcolors.LogNorm(vmin=pos.min(), vmax=max(pos.max(), pos.min() * 1.0001))
+            shown = np.where(fgrid > 0, fgrid, np.where(np.isnan(fgrid), np.nan, pos.min() / 10))
+            mesh = ax.pcolormesh(
+                edges, np.arange(len(grid.bins) + 1), np.ma.masked_invalid(shown),
+                norm=norm, cmap=cmap,
+            )  # fmt: skip
+            fig.colorbar(mesh, ax=[top, ax], label="fraction of elements", pad=0.01)
+            n_neg = int((grid.bins < 0).sum())
+            if 0 < n_neg < len(grid.bins):  # the two sign blocks meet here, not at a real edge
+                ax.axhline(n_neg, color="#1f77b4", lw=1.2)
+                ax.annotate("sign change (zero, underflow: bands)", (1.0, n_neg), fontsize=6,
+                            xycoords=("axes fraction", "data"), ha="right", va="bottom")  # fmt: skip
+            ticks = _octave_ticks(grid)
+            ax.set_yticks([t for t, _ in ticks], labels=[lab for _, lab in ticks], fontsize=6)
+    sums = [f"{name} (Σ {int(special[i].sum())})" for i, name in enumerate(SPECIAL_BANDS)]
+    top.set_yticks(np.arange(len(SPECIAL_BANDS)) + 0.5, labels=sums, fontsize=6)
+    top.set_ylim(len(SPECIAL_BANDS), 0)
+    top.set_title(title, fontsize=9)
+    ax.set_ylabel("value (signed log2 bins)")
+    ax.set_xlabel(xlabel)
+    data = {
+        "steps": grid.steps,
+        "bins": grid.bins,
+        "counts": grid.counts,
+        "fraction": fraction,
+        "specials": {name: grid.specials[name] for name in SPECIAL_BANDS},
+    }
+    caption = (
+        "Red band cells: the special count is non-zero (numbers: the count). "
+        "Light cells: an empty bin; " + _GAP_NOTE + "."
+    )
+    return Plot(title, xlabel, _png(fig), data, caption)
+
+
+def _octave_ticks(grid: Any) -> list[tuple[float, str]]:
+    out: list[tuple[float, str]] = []
+    n = len(grid.bins)
+    step = max(1, n // 12)
+    for k in range(0, n, step):
+        out.append((k + 0.5, _signed_label(float(grid.bin_lower[k]), float(grid.bin_upper[k]))))
+    return out
+
+
+def matrix_plot(
+    title: str, matrix: np.ndarray, xlabel: str, ylabel: str, caption: str = ""
+) -> Plot:
+    """An annotated integer matrix (e.g. a confusion matrix: true on y, predicted on x)."""
+    fig = _figure(4.0, 3.6, left=0.8, right=0.2)
+    ax = fig.add_subplot()
+    ax.imshow(matrix, cmap="Blues")
+    for (i, j), v in np.ndenumerate(matrix):
+        ax.text(j, i, f"{int(v)}", ha="center", va="center", fontsize=7)
+    ax.set_xticks(range(matrix.shape[1]))
+    ax.set_yticks(range(matrix.shape[0]))
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=9)
+    return Plot(title, xlabel, _png(fig), {"matrix": matrix}, caption)
+
+
+def bar_plot(
+    title: str, groups: dict[str, np.ndarray], xlabel: str, ylabel: str, caption: str = ""
+) -> Plot:
+    """Grouped bars: one group per key (e.g. predicted-class counts at each endpoint)."""
+    fig = _figure()
+    ax = fig.add_subplot()
+    n = max((len(v) for v in groups.values()), default=0)
+    w = 0.8 / max(len(groups), 1)
+    for i, (label, values) in enumerate(groups.items()):
+        ax.bar(np.arange(len(values)) + i * w, values, width=w, label=label)
+    ax.set_xticks(np.arange(n) + 0.4 - w / 2, labels=[str(k) for k in range(n)])
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=10)
+    if groups:
+        ax.legend(fontsize=7)
+    return Plot(title, xlabel, _png(fig), {"groups": groups}, caption)

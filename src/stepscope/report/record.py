@@ -1,0 +1,72 @@
+"""The run-record section: versions, hashes, cadences and measured overhead, as tables.
+
+Example
+-------
+>>> from stepscope.report.model import RunView
+>>> record_section([RunView.open("runs/a")]).items[0].title  # doctest: +SKIP
+'run record · a'
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from stepscope.report.model import Item, RunView, Section, Table, fmt, no_data
+
+#: Keys of ``RunRecord.extra`` that may hold measured overhead (first found is shown).
+OVERHEAD_KEYS = ("measurements", "overhead", "measured_overhead")
+
+
+def _flat(prefix: str, value: Any, out: list[list[str]]) -> None:
+    if isinstance(value, dict) and value:
+        for k, v in value.items():
+            _flat(f"{prefix}.{k}" if prefix else str(k), v, out)
+    else:
+        text = value if isinstance(value, str) else json.dumps(value, default=str)
+        out.append([prefix, text if len(text) < 200 else text[:197] + "..."])
+
+
+def record_section(runs: list[RunView]) -> Section:
+    """One table per run (run record, segments, storage) and one for measured overhead."""
+    sec = Section("record", "Run record")
+    for r in runs:
+        h = r.reader
+        run = h.run
+        rows: list[list[str]] = [
+            ["path", str(r.path)],
+            ["run_id", run.run_id],
+            ["segments", ", ".join(s.segment_id for s in h.segments)],
+            ["model_fingerprint", fmt(run.model_fingerprint)],
+            ["rank / world_size", f"{run.rank} / {run.world_size}"],
+            ["device", run.device],
+            ["created_unix", fmt(run.created_unix)],
+            ["committed steps", f"{len(h.steps)} ({_span(h.steps)})"],
+            ["sites", str(len(h.sites))],
+            ["scalar names", str(len(h.scalar_names))],
+            ["stored bytes", ", ".join(f"{k}={v}" for k, v in sorted(h.sizes().items()))],
+        ]
+        _flat("packages", dict(run.packages), rows)
+        _flat("histogram_descriptor", dict(run.histogram_descriptor), rows)
+        _flat("cadences", dict(run.cadences), rows)
+        extra = {k: v for k, v in run.extra.items() if k not in OVERHEAD_KEYS}
+        _flat("extra", extra, rows)
+        sec.items.append(Table(f"run record · {r.label}", ["field", "value"], rows))
+        sec.items.append(_overhead(r))
+    return sec
+
+
+def _span(steps: Any) -> str:
+    return f"steps {int(steps[0])}..{int(steps[-1])}" if len(steps) else "none"
+
+
+def _overhead(r: RunView) -> Item:
+    extra = r.reader.run.extra
+    for key in OVERHEAD_KEYS:
+        if key in extra:
+            rows: list[list[str]] = []
+            _flat(key, extra[key], rows)
+            return Table(f"measured overhead · {r.label}", ["measurement", "value"], rows)
+    return no_data(
+        f"measured overhead · {r.label}", "run record extra." + " / extra.".join(OVERHEAD_KEYS)
+    )

@@ -1,0 +1,401 @@
+"""Report sections built from the artifacts: curves, branch activity, endpoints, layers, moments.
+
+Each builder takes the :class:`~stepscope.report.model.RunView` list and returns a
+:class:`~stepscope.report.model.Section`. A quantity that no run recorded becomes a
+``no data recorded`` note naming the rows that were looked for; nothing is drawn as zero.
+
+Example
+-------
+>>> from stepscope.report.model import RunView
+>>> runs = [RunView.open("runs/a"), RunView.open("runs/b")]  # doctest: +SKIP
+>>> curves_section(runs, endpoints=[0, 99]).has_data  # doctest: +SKIP
+True
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from stepscope.report import data as D
+from stepscope.report.model import Item, Note, RunView, Section, Table, fmt, no_data
+from stepscope.report.plots import Trace, bar_plot, heatmap_plot, line_plot, matrix_plot
+
+PROBE_CE, PROBE_ACC = "probe/model/loss", "probe/model/accuracy_fraction"
+MAX_RUN_PANELS = 4
+
+
+def seed_traces(label: str, per_run: list[tuple[str, np.ndarray, np.ndarray]]) -> list[Trace]:
+    """Each run's trace, and for several runs a mean with a labelled min–max interval.
+
+    The mean and interval are taken only at x values where *every* run has a defined value
+    (elsewhere they are NaN gaps): a mean over fewer runs would silently change its meaning.
+    """
+    per_run = [(n, x, y) for n, x, y in per_run if np.isfinite(y).any()]
+    if len(per_run) < 2:
+        return [Trace(f"{label} · {n}", x, y, group=label) for n, x, y in per_run]
+    traces = [Trace(f"{label} · {n}", x, y, kind="seed", group=label) for n, x, y in per_run]
+    xs = np.unique(np.concatenate([x[np.isfinite(x)] for _, x, _ in per_run]))
+    stack = np.full((len(per_run), len(xs)), np.nan)
+    for i, (_, x, y) in enumerate(per_run):
+        ok = np.isfinite(x)
+        stack[i, np.searchsorted(xs, x[ok])] = y[ok]
+    full = np.isfinite(stack).all(axis=0)
+    if not full.any():  # e.g. seconds axes: runs share no x value, so no honest mean exists
+        return traces
+    mean = np.where(full, np.nanmean(np.where(full, stack, 0.0), axis=0), np.nan)
+    lo = np.where(full, np.min(np.where(full, stack, np.inf), axis=0), np.nan)
+    hi = np.where(full, np.max(np.where(full, stack, -np.inf), axis=0), np.nan)
+    n = len(per_run)
+    band = f"{label} · min–max over {n} runs"
+    traces.append(Trace(f"{label} · mean of {n} runs", xs, mean, "mean", (lo, hi), band, label))
+    return traces
+
+
+def _sources(run: RunView) -> dict[str, tuple[np.ndarray, str | None, str | None]]:
+    """``source label -> (steps, CE name, accuracy name)`` for the probe and each eval split."""
+    h = run.reader
+    out: dict[str, tuple[np.ndarray, str | None, str | None]] = {}
+    steps = D.probe_steps(h)
+    if len(steps):
+        out["probe"] = (steps, PROBE_CE, PROBE_ACC)
+    for split, metrics in sorted(D.eval_metrics(h).items()):
+        ce = next((metrics[m] for m in metrics if m in ("loss", "ce", "cross_entropy")), None)
+        acc = next((metrics[m] for m in sorted(metrics) if m.startswith("acc")), None)
+        names = [n for n in (ce, acc) if n]
+        if names:
+            out[f"eval/{split}"] = (D.scalar_steps(h, names), ce, acc)
+    return out
+
+
+def curves_section(runs: list[RunView], endpoints: list[int]) -> Section:
+    """Probe and validation CE/accuracy vs optimizer step and isolated training seconds."""
+    sec = Section("curves", "Probe and validation cross-entropy and accuracy")
+    labels = sorted({s for r in runs for s in _sources(r)})
+    if not labels:
+        sec.items.append(
+            no_data("probe or validation CE/accuracy", "probe/model/*, eval/<split>/*")
+        )
+    has_clock = any(D.TRAIN_CLOCK in r.reader.scalar_names for r in runs)
+    marks = [(float(e), f"endpoint {e}") for e in endpoints]
+    for metric, col, unit in (("cross-entropy", 1, "nats/example"), ("accuracy", 2, "fraction")):
+        for axis in ("optimizer step", "isolated training seconds"):
+            if axis != "optimizer step" and not has_clock:
+                continue
+            traces: list[Trace] = []
+            for label in labels:
+                per_run = []
+                for r in runs:
+                    src = _sources(r).get(label)
+                    if src is None or src[col] is None:
+                        continue
+                    steps, name = src[0], src[col]
+                    y = D.scalar_on(r.reader, name, steps)
+                    x = steps.astype(float)
+                    if axis != "optimizer step":
+                        x = D.scalar_on(r.reader, D.TRAIN_CLOCK, steps)
+                    per_run.append((r.label, x, y))
+                traces += seed_traces(label, per_run)
+            if traces:
+                sec.items.append(
+                    line_plot(
+                        f"{metric} vs {axis}",
+                        axis,
+                        f"{metric} ({unit})",
+                        traces,
+                        markers=marks if axis == "optimizer step" else None,
+                        caption="probe: the fixed dense-probe subset of the training split; "
+                        "eval/<split>: the run's evaluation rows. Several runs: thin seed traces "
+                        "behind their mean, shaded min–max interval, both only where every run "
+                        "has a value.",
+                    )
+                )
+    if not has_clock:
+        sec.items.append(no_data("isolated training seconds", f"scalar rows {D.TRAIN_CLOCK}"))
+    sec.items.append(_elapsed_plot(runs))
+    loss = [(r.label, *_user_series(r, "loss")) for r in runs if "loss" in r.reader.scalar_names]
+    if loss:
+        sec.items.append(
+            line_plot(
+                "training minibatch loss (user scalar 'loss')",
+                "optimizer step",
+                "loss",
+                seed_traces("loss", loss),
+            )
+        )
+    return sec
+
+
+def _user_series(run: RunView, name: str) -> tuple[np.ndarray, np.ndarray]:
+    steps, values = D.scalar_rows(run.reader, name)
+    return steps.astype(float), values
+
+
+def _elapsed_plot(runs: list[RunView]) -> Item:
+    traces, sources = [], set()
+    for r in runs:
+        h = r.reader
+        steps, _, wall = D.step_clock(h)
+        if D.ELAPSED_CLOCK in h.scalar_names:
+            y, src = D.scalar_on(h, D.ELAPSED_CLOCK, steps), D.ELAPSED_CLOCK
+        else:
+            y, src = wall - h.run.created_unix, "step wall_time - run created_unix"
+        sources.add(src)
+        traces.append(Trace(r.label, steps.astype(float), y))
+    if not any(np.isfinite(t.y).any() for t in traces):
+        return no_data("total elapsed time", f"{D.ELAPSED_CLOCK} rows or step wall times")
+    return line_plot(
+        "total elapsed time (not training time)",
+        "optimizer step",
+        "seconds",
+        traces,
+        caption="Total elapsed includes evaluation, telemetry and everything else; source: "
+        + ", ".join(sorted(sources))
+        + ".",
+    )
+
+
+def branch_section(runs: list[RunView]) -> Section:
+    """Branch activity (``branch/<b>/<q>`` rows) vs step, beside measured throughput."""
+    sec = Section("branch", "Branch activity and measured training throughput")
+    quantities = sorted(
+        {q for r in runs for b in D.branch_quantities(r.reader).values() for q in b}
+    )
+    if not quantities:
+        sec.items.append(no_data("branch activity", "scalar rows branch/<branch>/<quantity>"))
+    for q in quantities:
+        traces = []
+        for r in runs:
+            for b, names in sorted(D.branch_quantities(r.reader).items()):
+                if q in names:
+                    x, y = _user_series(r, names[q])
+                    traces.append(Trace(f"{b} · {r.label}", x, y))
+        sec.items.append(line_plot(f"branch {q} vs optimizer step", "optimizer step", q, traces))
+    traces, hows = [], set()
+    for r in runs:
+        steps, rate, how = D.throughput(r.reader)
+        hows.add(how)
+        traces.append(Trace(r.label, steps.astype(float), rate))
+    if any(np.isfinite(t.y).any() for t in traces):
+        sec.items.append(
+            line_plot(
+                "measured training throughput",
+                "optimizer step",
+                "examples / second",
+                traces,
+                caption="Measured as " + "; ".join(sorted(hows)) + ". Nominal skipped work is "
+                "not measured time.",
+            )
+        )
+    else:
+        sec.items.append(no_data("training throughput", "examples_seen with wall times/clocks"))
+    return sec
+
+
+def default_endpoints(runs: list[RunView]) -> list[int]:
+    """First and last probe step of the first run that has probe rows (else first/last step)."""
+    for r in runs:
+        steps = D.probe_steps(r.reader)
+        if len(steps):
+            return sorted({int(steps[0]), int(steps[-1])})
+    steps = runs[0].reader.steps if runs else np.empty(0)
+    return sorted({int(steps[0]), int(steps[-1])}) if len(steps) else []
+
+
+def endpoints_section(runs: list[RunView], endpoints: list[int]) -> Section:
+    """Generalisation gap, predicted-class counts and confusion matrices at the endpoints."""
+    from stepscope.probe.sink import read_probe_confusion
+
+    sec = Section("endpoints", "Generalisation gap, predicted classes and confusion at endpoints")
+    rows: list[list[str]] = []
+    for r in runs:
+        h = r.reader
+        ep = np.array(endpoints, dtype=np.int64)
+        p_acc, p_ce = D.scalar_on(h, PROBE_ACC, ep), D.scalar_on(h, PROBE_CE, ep)
+        for split, m in sorted(D.eval_metrics(h).items()):
+            acc = next((m[k] for k in sorted(m) if k.startswith("acc")), None)
+            ce = next((m[k] for k in m if k in ("loss", "ce", "cross_entropy")), None)
+            e_acc = D.scalar_on(h, acc, ep) if acc else np.full(len(ep), np.nan)
+            e_ce = D.scalar_on(h, ce, ep) if ce else np.full(len(ep), np.nan)
+            for i, step in enumerate(endpoints):
+                gap_acc = p_acc[i] - e_acc[i]
+                gap_ce = e_ce[i] - p_ce[i]
+                rows.append(
+                    [r.label, str(step), split]
+                    + [
+                        fmt(None if np.isnan(v) else float(v))
+                        for v in (p_acc[i], e_acc[i], gap_acc)
+                    ]
+                    + [fmt(None if np.isnan(v) else float(v)) for v in (p_ce[i], e_ce[i], gap_ce)]
+                )
+    if rows:
+        header = ["run", "step", "split", "probe acc", "eval acc", "acc gap (probe - eval)"]
+        header += ["probe CE", "eval CE", "CE gap (eval - probe)"]
+        sec.items.append(Table("generalisation gap (probe: a fixed training subset)", header, rows))
+    else:
+        sec.items.append(no_data("generalisation gap", "eval/<split>/* rows at the endpoints"))
+    drew = False
+    for r in runs[:MAX_RUN_PANELS]:
+        h = r.reader
+        probe_at = set(D.probe_steps(h).tolist())
+        counts_names = sorted(
+            (n for n in h.scalar_names if n.startswith("probe/model/predicted_counts/")),
+            key=lambda n: int(n.rsplit("/", 1)[1]),
+        )
+        groups = {}
+        for step in endpoints:
+            if step not in probe_at or not counts_names:
+                continue
+            groups[f"step {step}"] = np.array(
+                [D.scalar_on(h, n, np.array([step]))[0] for n in counts_names]
+            )
+            drew = True
+            sec.items.append(
+                matrix_plot(
+                    f"probe confusion at step {step} · {r.label}",
+                    read_probe_confusion(h, step),
+                    "predicted class",
+                    "true class",
+                )
+            )
+        if groups:
+            sec.items.insert(
+                len(sec.items) - len(groups),
+                bar_plot(
+                    f"probe predicted-class counts · {r.label}",
+                    groups,
+                    "class",
+                    "examples predicted",
+                    caption="A class never predicted (a dead class) shows as an empty bar.",
+                ),
+            )
+    if not drew:
+        sec.items.append(no_data("predicted-class counts and confusion", "probe/model/* rows"))
+    return sec
+
+
+HEATMAPS = (
+    ("gradient_l2", "gradient L2 (sqrt of sum_squares, gradient stream)", True),
+    ("parameter_l2", "parameter L2 (sqrt of sum_squares, parameter stream)", True),
+    ("update_to_parameter_ratio", "update / parameter ratio (RMS(update) / RMS(parameter))", True),
+    ("activation_zero_fraction", "activation zero fraction (zero / total)", False),
+    ("backprop_zero_fraction", "backprop zero fraction (zero / total, activation_grad)", False),
+)
+
+
+def layers_section(runs: list[RunView]) -> Section:
+    """Layer x step heatmaps of the five spine-derived quantities, per run."""
+    sec = Section("layers", "Layer x step heatmaps")
+    for r in runs[:MAX_RUN_PANELS]:
+        mats = D.layer_quantities(r.reader)
+        sample = r.reader.run.extra.get("update_sample_size")
+        for key, title, log in HEATMAPS:
+            m = mats[key]
+            if m is None or not m.observed.any():
+                stream = {"gradient_l2": "gradient", "activation_zero_fraction": "activation"}
+                sec.items.append(
+                    no_data(f"{title} · {r.label}", f"observed {stream.get(key, key)} spine rows")
+                )
+                continue
+            cap = f"Definition: {m.definition}."
+            if key == "update_to_parameter_ratio" and sample:
+                cap += f" Updates are sampled (up to {sample} coordinates per parameter)."
+            sec.items.append(
+                heatmap_plot(
+                    f"{title} · {r.label}",
+                    m.sites,
+                    m.steps,
+                    m.values,
+                    key,
+                    log=log,
+                    nonfinite=m.nonfinite,
+                    caption=cap,
+                )
+            )
+    return sec
+
+
+MOMENTS = (
+    ("grad_norm_rms", "per-example gradient RMS  sqrt(mean_i ||g_i||^2)"),
+    ("covariance_trace", "gradient covariance trace  mean_i ||g_i||^2 - ||G||^2"),
+    ("gradient_diversity", "gradient diversity  sum_i ||g_i||^2 / ||sum_i g_i||^2"),
+)
+
+
+def _validity(h: Any, layer: str, steps: np.ndarray) -> Callable[[str], np.ndarray]:
+    def read(key: str) -> np.ndarray:
+        return D.scalar_on(h, f"probe/{layer}/validity/{key}", steps)
+
+    return read
+
+
+def moments_section(runs: list[RunView]) -> Section:
+    """Probe per-example gradient moments per layer with validity annotations."""
+    sec = Section("moments", "Per-example gradient moments (dense probe; not curvature)")
+    rows: list[list[str]] = []
+    for r in runs[:MAX_RUN_PANELS]:
+        h = r.reader
+        steps = D.probe_steps(h)
+        layers = D.probe_layers(h)
+        if not len(steps) or not layers:
+            continue
+        for key, title in MOMENTS:
+            traces = []
+            for layer in layers:
+                y = D.scalar_on(h, f"probe/{layer}/{key}", steps)
+                traces.append(Trace(f"layer {layer}", steps.astype(float), y))
+                v = _validity(h, layer, steps)
+                n_ex, finite = v("n_examples"), v("finite_examples")
+                extra = ""
+                if key == "covariance_trace":
+                    extra = f"clipped at {int(np.nansum(v('covariance_clipped')))} steps"
+                if key == "gradient_diversity":
+                    extra = f"undefined at {int(np.sum(v('diversity_valid') == 0))} steps"
+                rows.append(
+                    [
+                        r.label,
+                        layer,
+                        key,
+                        f"{int(np.isfinite(y).sum())} of {len(steps)}",
+                        fmt(float(np.nanmax(n_ex)) if np.isfinite(n_ex).any() else None),
+                        fmt(float(np.nanmin(finite)) if np.isfinite(finite).any() else None),
+                        extra,
+                    ]
+                )
+            sec.items.append(
+                line_plot(
+                    f"{title} · {r.label}",
+                    "optimizer step",
+                    key,
+                    traces,
+                    logy=key != "covariance_trace",
+                    caption="Gaps: the probe ran but the quantity was undefined (see validity).",
+                )
+            )
+    if rows:
+        header = ["run", "layer", "quantity", "defined at", "sample size", "min finite examples"]
+        sec.items.append(Table("validity of the probe moments", [*header, "notes"], rows))
+    else:
+        sec.items.append(no_data("per-example gradient moments", "probe/<layer>/* rows"))
+    return sec
+
+
+def histograms_section(runs: list[RunView], limit: int = 40) -> Section:
+    """Each site's histogram over time (first runs only, up to ``limit`` panels in all)."""
+    from stepscope.report.plots import histogram_plot
+
+    sec = Section("histograms", "Histograms over time (signed log2 grid)")
+    left = limit
+    for r in runs[:MAX_RUN_PANELS]:
+        pairs = D.histogram_pairs(r.reader)
+        if not pairs:
+            sec.items.append(no_data(f"histograms · {r.label}", "histogram rows of any stream"))
+        for site, stream in pairs:
+            if left <= 0:
+                sec.items.append(Note(f"{len(pairs)} panels in all; the rest omitted (limit)."))
+                break
+            left -= 1
+            sec.items.append(histogram_plot(D.histogram_grid(r.reader, site, stream)))
+    return sec
