@@ -56,14 +56,17 @@ class Truth:
     val_ce: dict = field(default_factory=dict)
 
 
-def train(log, *, step_ctx, set_to_none: bool = True, masks: bool = True, seed: int = 0):
-    """Train SDNet with SGD + momentum and a StepLR schedule; ``log`` gets every value.
+def train(make, *, set_to_none: bool = True, masks: bool = True, seed: int = 0):
+    """Train SDNet with SGD + momentum and a StepLR schedule, logging every value.
 
-    ``step_ctx(step, examples, epoch)`` returns the step context manager of the logger.
+    ``make(model, optimizer)`` returns ``(log, step_ctx)``: the object whose ``log``,
+    ``log_mask`` and ``log_eval`` are called, and ``step_ctx(examples, epoch)`` giving the step
+    context manager.
     """
     torch.manual_seed(seed)
     model = SDNet()
     opt = torch.optim.SGD(model.parameters(), lr=0.2, momentum=0.9)
+    log, step_ctx = make(model, opt)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.5)
     g = torch.Generator().manual_seed(seed + 1)  # data
     sd = torch.Generator().manual_seed(seed + 2)  # stochastic depth: its own stream
@@ -83,7 +86,7 @@ def train(log, *, step_ctx, set_to_none: bool = True, masks: bool = True, seed: 
         p = survival(step)
         keep = torch.rand(BATCH, generator=sd) < p
         runs = bool(torch.rand((), generator=sd) < 0.5) or step == 0
-        with step_ctx(step, BATCH, step // STEPS_PER_EPOCH):
+        with step_ctx(BATCH, step // STEPS_PER_EPOCH):
             loss = F.cross_entropy(model(x, keep, runs), y)
             opt.zero_grad(set_to_none=set_to_none)
             loss.backward()

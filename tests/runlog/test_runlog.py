@@ -10,7 +10,7 @@ from stepscope.runlog import EvalRecord, RunLog, RunView, read_summary
 
 def _run(sdnet_train, path=None, **kw):
     rl = RunLog(path, durable=False) if path is not None else RunLog()
-    truth = sdnet_train(rl, step_ctx=lambda s, n, e: rl.step(examples=n, epoch=e), **kw)
+    truth = sdnet_train(lambda m, o: (rl, lambda n, e: rl.step(examples=n, epoch=e)), **kw)
     view = rl.view() if path is None else None
     rl.close()
     return truth, (view or RunView(open_history(path)))
