@@ -93,6 +93,9 @@ def test_raising_subscriber_is_disabled_after_exactly_eight_failures_with_one_wa
     ours = [w for w in caught if issubclass(w.category, SubscriberFailureWarning)]
     assert len(ours) == 1 and "Raiser" in str(ours[0].message)
     assert len(good.batches) == 20  # the others never noticed
+    assert stream.active
+    stream.unsubscribe(good)
+    assert not stream.active  # only the disabled one is left: nothing to convert for
 
 
 def test_a_success_resets_the_consecutive_count():

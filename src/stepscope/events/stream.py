@@ -149,6 +149,11 @@ class EventStream:
         return self._status[id(subscriber)]
 
     @property
+    def active(self) -> bool:
+        """True while some subscriber is enabled (a collector may skip converting otherwise)."""
+        return any(self._status[id(s)].enabled for s in self._subs)
+
+    @property
     def subscribers(self) -> tuple[Any, ...]:
         """Subscribers in delivery order (enabled or not)."""
         return tuple(self._subs)
