@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import json
-import shutil
+import subprocess
+import sys
 
 import pytest
-import torch
 
 from stepscope.cli import main
 from stepscope.errors import Refusal
@@ -17,8 +17,7 @@ from stepscope.events import (
     read_jsonl,
     step_events,
 )
-from stepscope.history import ArtifactWriter, ObservationBatch, StepBlockRecord
-from stepscope.stats import reduce_spines
+from stepscope.history import ArtifactWriter, StepBlockRecord
 
 
 def _same(a, b):
@@ -90,25 +89,34 @@ def test_cli_export_writes_tensorboard_jsonl_and_an_offline_wandb_run(
     assert list((tmp_path / "wb" / "wandb").glob("offline-run-*/run-*.wandb"))
 
 
-def test_export_of_a_killed_run_sends_its_committed_steps(ev, tmp_path):
-    # a writer killed without close(): only committed steps exist, and export sends exactly them
-    w = ArtifactWriter(tmp_path / "run", ev.fixed_run_record(), commit_steps=2, commit_seconds=None)
-    site = w.register_site("fc", "torch.nn.Linear", "f32")
-    spine = reduce_spines([torch.zeros(4)]).numpy()  # a dead layer: four exact zeros
-    for step in range(5):
-        w.write_step(
-            StepBlockRecord(step, examples_seen=8 * (step + 1)),
-            [ObservationBatch.observed("activation", "forward", [site], spine)],
-            scalars={"loss": 1.0 / (step + 1)},
-        )
-    # no close(): steps 0-3 are committed, step 4 is pending and lost with the process
-    shutil.copytree(tmp_path / "run", tmp_path / "killed")
-    report = export_run(tmp_path / "killed", jsonl=tmp_path / "k.jsonl")
+KILLED_WRITER = """
+import os, sys, torch
+from stepscope.history import ArtifactWriter, ObservationBatch, RunRecord, StepBlockRecord
+from stepscope.stats import reduce_spines
+w = ArtifactWriter(sys.argv[1], RunRecord.new(run_id="killed"), commit_steps=2, commit_seconds=None)
+site = w.register_site("fc", "torch.nn.Linear", "f32")
+spine = reduce_spines([torch.zeros(4)]).numpy()  # a dead layer: four exact zeros
+for step in range(5):
+    w.write_step(
+        StepBlockRecord(step, examples_seen=8 * (step + 1)),
+        [ObservationBatch.observed("activation", "forward", [site], spine)],
+        scalars={"loss": 1.0 / (step + 1)},
+    )
+os._exit(0)  # die like a killed process: no close(), no cleanup, no atexit
+"""
+
+
+def test_export_of_a_killed_run_sends_its_committed_steps(tmp_path):
+    subprocess.run([sys.executable, "-c", KILLED_WRITER, str(tmp_path / "run")], check=True)
+    # steps 0-3 were committed (commit_steps=2); step 4 was pending and died with the process
+    report = export_run(tmp_path / "run", jsonl=tmp_path / "k.jsonl")
     events = read_jsonl(tmp_path / "k.jsonl")
+    assert report.run_id == "killed"
     assert report.steps == 4 and sorted({e.optimizer_step for e in events}) == [0, 1, 2, 3]
     zero = [e for e in events if e.name == "activation.forward/fc/zero_fraction"]
     assert [e.value for e in zero] == [1.0] * 4
     assert [e.examples_seen for e in zero] == [8, 16, 24, 32]
+    assert [e.value for e in events if e.name == "loss"] == [1.0, 0.5, 1 / 3, 0.25]
     assert report.axis == "all"  # JSONL lines carry every axis
 
 

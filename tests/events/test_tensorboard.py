@@ -17,6 +17,7 @@ from stepscope.events import (
     TensorBoardTracker,
     events_from_step,
     exponent_view,
+    tensorboard_raw,
 )
 from stepscope.history import ObservationBatch, SiteRecord, StepBlockRecord
 from stepscope.stats import HistogramDescriptor, reduce_histograms, reduce_spines
@@ -56,6 +57,8 @@ def test_every_histogram_reads_back_with_the_spines_exact_moments_and_counts(ev,
         # exact counts: the non-empty buckets of our grid, in order, nothing added or lost
         ours = [c for _, _, c in hist.buckets() if c]
         assert [c for c in counts if c] == ours
+        raw = tensorboard_raw(e.histogram)  # bucket for bucket, edges included
+        assert counts == raw["bucket_counts"] and list(hv.bucket_limit) == raw["bucket_limits"]
         assert sum(counts) == stats.finite
         assert e.name + "/exponent_view" in tags
 
