@@ -105,3 +105,44 @@ def test_block_diagonals_match_curvlinops_dense_operators(setup, layer):
             assert got["trace"] == pytest.approx(d.sum().item(), rel=1e-9)
             assert got["diag_max"] == pytest.approx(d.max().item(), rel=1e-9)
             assert got["frobenius"] == pytest.approx(d.norm().item(), rel=1e-9)
+
+
+@pytest.mark.parametrize(
+    "family, fisher_type", [("empirical_fisher", "empirical"), ("ce_ggn", "type-2")]
+)
+def test_conv2d_kfac_expand_factors_match_curvlinops(family, fisher_type):
+    torch.manual_seed(5)
+    model = nn.Sequential(
+        nn.Conv2d(2, 3, 3, padding=1, stride=2), nn.Tanh(), nn.Flatten(), nn.Linear(27, 4)
+    )
+    g = torch.Generator().manual_seed(6)
+    x, y = torch.randn(5, 2, 5, 5, generator=g), torch.randint(0, 4, (5,), generator=g)
+    ours = ss.analyze_curvature(model, x, y)["layers"]["0"]
+    ref = copy.deepcopy(model).double()
+    kfac = curvlinops.KFACLinearOperator(
+        ref,
+        nn.CrossEntropyLoss(),
+        [ref[0].weight],
+        [(x.double(), y)],
+        fisher_type=fisher_type,
+        kfac_approx="expand",
+        check_deterministic=False,
+    )
+    if hasattr(kfac, "compute_kronecker_factors"):
+        kfac.compute_kronecker_factors()
+    state = kfac.state_dict()
+    (a,) = state["input_covariances"].values()
+    (gc,) = state["gradient_covariances"].values()
+    got_a = torch.tensor(ours["activation_factor"]["eigenvalues"], dtype=torch.float64)
+    got_g = torch.tensor(ours[family]["backprop_factor"]["eigenvalues"], dtype=torch.float64)
+    torch.testing.assert_close(
+        got_a, torch.linalg.eigvalsh(a).flip(0)[: len(got_a)], rtol=1e-9, atol=1e-12
+    )
+    torch.testing.assert_close(
+        got_g, torch.linalg.eigvalsh(gc).flip(0)[: len(got_g)], rtol=1e-9, atol=1e-12
+    )
+    op = dense(kfac, ref[0].weight.numel())
+    k = ours[family]["kfac"]
+    assert k["trace"] == pytest.approx(op.trace().item(), rel=1e-9)
+    assert k["frobenius"] == pytest.approx(op.norm().item(), rel=1e-9)
+    assert k["top_eigenvalue"] == pytest.approx(torch.linalg.eigvalsh(op).max().item(), rel=1e-9)

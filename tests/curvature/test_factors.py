@@ -97,17 +97,26 @@ def test_inplace_relu_does_not_corrupt_captured_preactivations():
 
 
 @pytest.mark.parametrize(
-    "model, match",
+    "model, x, match",
     [
-        (nn.Sequential(nn.Conv2d(1, 2, 3), nn.Flatten(), nn.Linear(8, 3)), "Conv2d"),
-        (nn.Sequential(nn.ReLU()), "no nn.Linear"),
+        (nn.Sequential(nn.Conv1d(1, 2, 3), nn.Flatten(), nn.Linear(4, 3)), (2, 1, 4), "Conv1d"),
+        (
+            nn.Sequential(nn.Conv2d(2, 2, 3, groups=2), nn.Flatten(), nn.Linear(8, 3)),
+            (2, 2, 4, 4),
+            "groups=2",
+        ),
+        (
+            nn.Sequential(nn.Conv2d(1, 2, 3, padding="same"), nn.Flatten(), nn.Linear(32, 3)),
+            (2, 1, 4, 4),
+            "padding",
+        ),
+        (nn.Sequential(nn.ReLU()), (2, 3), "no nn.Linear"),
     ],
-    ids=["conv", "no_linear"],
+    ids=["conv1d", "grouped_conv2d", "string_padding", "no_linear"],
 )
-def test_unsupported_models_refuse(model, match):
-    x = torch.randn(2, 1, 4, 4) if isinstance(model[0], nn.Conv2d) else torch.randn(2, 3)
+def test_unsupported_models_refuse(model, x, match):
     with pytest.raises(ss.Refusal, match=match) as err:
-        ss.analyze_curvature(model, x, torch.tensor([0, 1]))
+        ss.analyze_curvature(model, torch.randn(*x), torch.tensor([0, 1]))
     assert err.value.code == "curvature_model_unsupported" and err.value.remedies
 
 

@@ -249,3 +249,28 @@ def test_saturated_probe_gives_finite_accurate_analysis():
     )
     assert got["ce_ggn"]["weight"]["trace"] == pytest.approx(float(ggn_trace / n), rel=1e-9)
     assert got["empirical_fisher"]["weight"]["trace"] > 0
+
+
+def conv_model() -> nn.Sequential:
+    torch.manual_seed(5)
+    return nn.Sequential(
+        nn.Conv2d(2, 3, 3, padding=1, stride=2), nn.Tanh(), nn.Flatten(), nn.Linear(27, 4)
+    )
+
+
+def test_conv2d_weight_and_bias_diagonals_match_dense_blocks():
+    """Conv2d blocks: per-example gradients sum over output positions (exact diagonal)."""
+    model = conv_model()
+    g = torch.Generator().manual_seed(6)
+    x, y = torch.randn(5, 2, 5, 5, generator=g), torch.randint(0, 4, (5,), generator=g)
+    out = ss.analyze_curvature(model, x, y)
+    dense = dense_blocks(model, x, y)
+    assert out["metadata"]["layer_shapes"]["0"]["positions"] == 9
+    for layer in ("0", "3"):
+        for fam in ("empirical_fisher", "ce_ggn", "jacobian_gram"):
+            for part in ("weight", "bias"):
+                d = torch.diagonal(dense[f"{layer}.{part}"][fam])
+                got = out["layers"][layer][fam][part]
+                assert got["trace"] == pytest.approx(d.sum().item(), rel=1e-9), (layer, fam, part)
+                assert got["diag_max"] == pytest.approx(d.max().item(), rel=1e-9)
+                assert got["frobenius"] == pytest.approx(d.norm().item(), rel=1e-9)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from functools import partial
 
 import pytest
 import torch
@@ -21,6 +22,10 @@ def _single_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(prev)
+
+
+def ce_sum(z: torch.Tensor, yi: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(z.unsqueeze(0), yi.unsqueeze(0), reduction="sum")
 
 
 def tiny_mlp(seed: int = 3) -> nn.Sequential:
@@ -141,3 +146,73 @@ def test_centered_factorized_noise_can_be_negative_and_is_not_clipped():
     fam = torch.tensor([[[1.0], [1.0]]], dtype=torch.float64)
     d = directional_metrics(a, b, fam, torch.tensor([[1.0], [1.0]], dtype=torch.float64) * 0.1)
     assert d["factorized_noise_contraction_centered"] < 0
+
+
+def test_conv2d_directional_quotients_match_explicit_patches_and_kron():
+    """Conv2d: per-example gradients from torch.func; patches sliced by hand; kron(Bbar, Abar)."""
+    torch.manual_seed(5)
+    model = nn.Sequential(
+        nn.Conv2d(2, 3, 3, padding=1, stride=2), nn.Tanh(), nn.Flatten(), nn.Linear(27, 4)
+    )
+    g = torch.Generator().manual_seed(6)
+    x, y = torch.randn(5, 2, 5, 5, generator=g), torch.randint(0, 4, (5,), generator=g)
+    out = ss.analyze_curvature(model, x, y)["directional"]["0"]
+    m = copy.deepcopy(model).double()
+    xd, n = x.double(), x.shape[0]
+    params = {k: v.detach() for k, v in m.named_parameters()}
+
+    def loss(p, xi, yi):
+        z = functional_call(m, p, (xi.unsqueeze(0),))
+        return F.cross_entropy(z, yi.unsqueeze(0), reduction="sum")
+
+    grads = vmap(grad(loss), in_dims=(None, 0, 0))(params, xd, y)["0.weight"].reshape(n, -1)
+    xpad = F.pad(xd, (1, 1, 1, 1))
+    patches = torch.stack(
+        [
+            xpad[:, :, 2 * r : 2 * r + 3, 2 * c : 2 * c + 3].reshape(n, -1)
+            for r in range(3)
+            for c in range(3)
+        ],
+        dim=1,
+    )  # (n, 9, 18)
+    abar = torch.einsum("npd,npe->de", patches, patches) / (n * 9)
+    z = m[0](xd).detach()
+    head = m[1:]
+    bbar = {"empirical_fisher": 0, "ce_ggn": 0, "jacobian_gram": 0}
+    for i in range(n):
+        jz = jacrev(lambda zi: head(zi.unsqueeze(0)).squeeze(0))(z[i]).reshape(4, 3, 9)
+        f = head(z[i].unsqueeze(0)).squeeze(0).detach()
+        ce = partial(ce_sum, yi=y[i])
+        v = grad(ce)(f)
+        h = hessian(ce)(f)
+        for p in range(9):
+            jp = jz[:, :, p]  # (C, c_out)
+            b = jp.T @ v
+            bbar["empirical_fisher"] = bbar["empirical_fisher"] + torch.outer(b, b) / n
+            bbar["ce_ggn"] = bbar["ce_ggn"] + jp.T @ h @ jp / n
+            bbar["jacobian_gram"] = bbar["jacobian_gram"] + jp.T @ jp / n
+    mean = grads.mean(0)
+    sigma = grads.T @ grads / n - torch.outer(mean, mean)
+    k_ef = torch.kron(bbar["empirical_fisher"], abar)
+    assert out["gradient_moments"]["covariance_trace"] == pytest.approx(
+        sigma.trace().item(), rel=1e-9
+    )
+    for fam, b in bbar.items():
+        k = torch.kron(b, abar)
+        q_mean = (mean @ k @ mean).item()
+        q_each = torch.einsum("ip,pq,iq->i", grads, k, grads)
+        got = out[fam]
+        assert got["mean_gradient_quadratic_form"] == pytest.approx(q_mean, rel=1e-9)
+        assert got["mean_gradient_rayleigh_quotient"] == pytest.approx(
+            q_mean / mean.dot(mean).item(), rel=1e-9
+        )
+        rq = q_each / (grads**2).sum(1)
+        assert got["per_example_rayleigh_quotient"]["mean"] == pytest.approx(
+            rq.mean().item(), rel=1e-9
+        )
+        assert got["covariance_contraction"] == pytest.approx(
+            torch.trace(k @ sigma).item(), rel=1e-8
+        )
+        assert got["factorized_noise_contraction"] == pytest.approx(
+            torch.trace(k @ k_ef).item(), rel=1e-9
+        )

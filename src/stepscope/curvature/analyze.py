@@ -182,8 +182,9 @@ def analyze_curvature(
     Parameters
     ----------
     model
-        Maps ``x`` to ``(n, C)`` logits; its ``nn.Linear`` layers are analysed (convolutions
-        refuse ``curvature_model_unsupported``). It is never modified: the work happens on a
+        Maps ``x`` to ``(n, C)`` logits; its ``nn.Linear`` and ``nn.Conv2d`` (``groups=1``,
+        numeric zero padding; KFAC-expand) layers are analysed; other convolutions refuse
+        ``curvature_model_unsupported``. It is never modified: the work happens on a
         float64 deep copy in eval mode, and modes, ``.grad``, ``requires_grad`` and every RNG
         state are restored.
     x, y
@@ -266,6 +267,20 @@ def _undefined_values(tree: Any, path: str = "") -> list[str]:
     return [path] if tree is None else []
 
 
+def _layer_shape(cap: Any) -> dict[str, Any]:
+    m = cap.module
+    shape: dict[str, Any] = {
+        "kind": type(m).__name__,
+        "d_in": int(cap.inputs.shape[-1]),
+        "d_out": int(m.weight.shape[0]),
+        "positions": int(cap.inputs.shape[1]),
+        "bias": m.bias is not None,
+    }
+    if isinstance(m, nn.Conv2d):
+        shape.update(kernel_size=list(m.kernel_size), stride=list(m.stride))
+    return shape
+
+
 def _analyze(
     model: nn.Module,
     x: Tensor,
@@ -308,7 +323,7 @@ def _analyze(
         }
         per_family = {Family.JACOBIAN_GRAM: jac}
         for fam, v in mix.items():
-            per_family[fam] = [torch.einsum("knc,cnd->knd", v, j) for j in jac]
+            per_family[fam] = [torch.einsum("knc,cnpd->knpd", v, j) for j in jac]
         passes = c
     else:
         per_family = {}
@@ -321,20 +336,22 @@ def _analyze(
     directional: dict[str, Any] = {}
     eigenproblems: list[dict[str, Any]] = []
 
-    def spectrum(rows: Tensor, label: str) -> dict[str, Any]:
-        sp = factor_spectrum(rows, n, eig_max, seed)
+    def spectrum(rows: Tensor, label: str, norm: int) -> dict[str, Any]:
+        sp = factor_spectrum(rows, norm, eig_max, seed)
         eigenproblems.append(
             {"factor": label, "dimension": sp["eigenproblem_dimension"], "method": sp["method"]}
         )
         return sp
 
     for j, cap in enumerate(captures):
-        a = cap.inputs
-        a_sp = spectrum(a, f"{cap.name}/activation")
+        a = cap.inputs  # (n, P, D)
+        positions = a.shape[1]
+        a_sp = spectrum(a.reshape(-1, a.shape[-1]), f"{cap.name}/activation", n * positions)
         entry: dict[str, Any] = {"activation_factor": a_sp}
         for fam in Family:
             rows = per_family[fam][j].detach()
-            b_sp = spectrum(rows.reshape(-1, rows.shape[-1]), f"{cap.name}/{fam.value}/backprop")
+            label = f"{cap.name}/{fam.value}/backprop"
+            b_sp = spectrum(rows.reshape(-1, rows.shape[-1]), label, n)
             entry[fam.value] = block_metrics(a, rows, names[cap.name].bias is not None, a_sp, b_sp)
         layers_out[cap.name] = entry
         if include_directional:
@@ -354,10 +371,9 @@ def _analyze(
         "probe_accuracy_fraction": float((predictions == labels).double().mean()),
         "estimators": {f.value: ESTIMATOR_LABELS[mode][f] for f in Family},
         "backward_passes": passes,
-        "layer_shapes": {
-            name: {"d_in": m.in_features, "d_out": m.out_features, "bias": m.bias is not None}
-            for name, m in layers
-        },
+        "layer_shapes": {cap.name: _layer_shape(cap) for cap in captures},
+        "kfac_convention": "Linear: Bbar (x) Abar; Conv2d: KFAC-expand (Grosse & Martens 2016), "
+        "Abar averaged over examples and output positions, Bbar summed over positions",
         "eig_max_dimension": eig_max,
         "largest_eigenproblem_dimension": largest["dimension"],
         "largest_eigenproblem": largest["factor"],

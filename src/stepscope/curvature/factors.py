@@ -1,14 +1,16 @@
 """Per-layer activation and backprop factors, and their spectra without forming big matrices.
 
-For an affine layer with input :math:`a_i \\in \\mathbb{R}^{d_{in}}` and output
-:math:`z_i = W a_i + b`, a family's backprop factor rows are
-:math:`B_{ik} = J_{z_i}^\\top v_{ik}` (the derivative of :math:`v_{ik}^\\top f_i` with respect to
-:math:`z_i`). The normalised KFAC factors are
+For an affine layer with inputs :math:`a_{ip} \\in \\mathbb{R}^{D}` at positions ``p`` (one
+position for ``nn.Linear``; the unfolded receptive fields at each output position of an
+``nn.Conv2d``) and outputs :math:`z_{ip} = W a_{ip} + b`, a family's backprop rows are
+:math:`B_{ikp} = J_{z_{ip}}^\\top v_{ik}` (the derivative of :math:`v_{ik}^\\top f_i` with
+respect to :math:`z_{ip}`). The normalised KFAC factors (KFAC-expand for Conv2d, Grosse & Martens
+2016; the same as curvlinops' ``kfac_approx="expand"``) are
 
 .. math::
 
-    \\bar A = \\frac{1}{n} \\sum_i a_i a_i^\\top, \\qquad
-    \\bar B = \\frac{1}{n} \\sum_{i,k} B_{ik} B_{ik}^\\top,
+    \\bar A = \\frac{1}{nP} \\sum_{i,p} a_{ip} a_{ip}^\\top, \\qquad
+    \\bar B = \\frac{1}{n} \\sum_{i,k,p} B_{ikp} B_{ikp}^\\top,
 
 and KFAC is :math:`\\bar B \\otimes \\bar A` in row-major ``vec(W[out, in])`` order.
 
@@ -39,8 +41,15 @@ from torch import Tensor, nn
 
 from stepscope.errors import Refusal
 
-#: modules whose parameters would need a convolutional KFAC, which this version does not provide
-_UNSUPPORTED_AFFINE = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d)
+#: convolutions other than Conv2d (whose KFAC-expand factors are implemented) refuse
+_UNSUPPORTED_AFFINE = (
+    nn.Conv1d,
+    nn.Conv3d,
+    nn.ConvTranspose1d,
+    nn.ConvTranspose2d,
+    nn.ConvTranspose3d,
+)
+AffineLayer = nn.Linear | nn.Conv2d
 APPROX_TOP_K = 32
 APPROX_METHOD = "block_subspace_iteration_top_k"
 EXACT_METHOD = "dense_symmetric_eigensolver"
@@ -51,35 +60,72 @@ class LayerCapture:
     """What one forward pass recorded for an affine layer (float64, autograd-connected)."""
 
     name: str
-    module: nn.Linear
-    inputs: Tensor  #: ``(n, d_in)`` layer inputs ``a_i``
-    outputs: Tensor  #: ``(n, d_out)`` pre-activations ``z_i`` (graph node to differentiate at)
+    module: AffineLayer
+    inputs: Tensor  #: ``(n, P, D)`` layer inputs ``a_ip`` (P positions; 1 for Linear)
+    outputs: Tensor  #: layer output (graph node to differentiate at)
 
 
-def affine_layers(model: nn.Module) -> list[tuple[str, nn.Linear]]:
-    """The model's ``nn.Linear`` layers by qualified name; refuses convolutions and no-layer models."""
-    layers: list[tuple[str, nn.Linear]] = []
+def _check_conv(name: str, module: nn.Conv2d) -> None:
+    if module.groups != 1 or module.padding_mode != "zeros" or isinstance(module.padding, str):
+        raise Refusal(
+            "curvature_model_unsupported",
+            f"Conv2d {name!r} uses groups={module.groups}, padding={module.padding!r}, "
+            f"padding_mode={module.padding_mode!r}; only groups=1 with numeric zero padding is "
+            "supported",
+            ["use groups=1 and an integer/tuple padding"],
+        )
+
+
+def affine_layers(model: nn.Module) -> list[tuple[str, AffineLayer]]:
+    """The model's ``nn.Linear`` and ``nn.Conv2d`` layers by qualified name (refuses the rest)."""
+    layers: list[tuple[str, AffineLayer]] = []
     for name, module in model.named_modules():
         if isinstance(module, _UNSUPPORTED_AFFINE):
             raise Refusal(
                 "curvature_model_unsupported",
-                f"layer {name!r} is a {type(module).__name__}; convolutional KFAC factors (patch "
-                "unfolding, weight sharing over positions) are not implemented",
-                ["analyse an MLP head, or flatten to Linear layers"],
+                f"layer {name!r} is a {type(module).__name__}; only Linear and Conv2d layers have "
+                "per-example factors here",
+                ["analyse the Linear/Conv2d part of the model"],
             )
-        if isinstance(module, nn.Linear):
+        if isinstance(module, nn.Conv2d):
+            _check_conv(name, module)
+            layers.append((name, module))
+        elif isinstance(module, nn.Linear):
             layers.append((name, module))
     if not layers:
         raise Refusal(
             "curvature_model_unsupported",
-            "the model has no nn.Linear layer to analyse",
+            "the model has no nn.Linear or nn.Conv2d layer to analyse",
             ["pass a model with at least one nn.Linear layer"],
         )
     return layers
 
 
+def _patches(name: str, module: AffineLayer, a: Tensor, n: int) -> Tensor:
+    """Layer input as ``(n, P, D)``: rows for Linear, unfolded receptive fields for Conv2d."""
+    if isinstance(module, nn.Conv2d):
+        if a.ndim != 4 or a.shape[0] != n:
+            raise Refusal(
+                "curvature_model_unsupported",
+                f"Conv2d {name!r} received input of shape {tuple(a.shape)}; expected (n, C, H, W)",
+                ["pass batched 4-D inputs"],
+            )
+        cols = torch.nn.functional.unfold(
+            a, module.kernel_size, module.dilation, module.padding, module.stride
+        )  # (n, C_in * kh * kw, P), ordered like weight.reshape(C_out, -1)
+        return cols.transpose(1, 2)
+    if a.ndim != 2 or a.shape[0] != n:
+        raise Refusal(
+            "curvature_model_unsupported",
+            f"layer {name!r} received input of shape {tuple(a.shape)}; only (n, d_in) inputs "
+            "(one position per example) are supported for Linear layers",
+            ["flatten sequence/spatial dimensions before the Linear layer"],
+        )
+    return a.unsqueeze(1)
+
+
 def capture_forward(
-    model: nn.Module, x: Tensor, layers: Sequence[tuple[str, nn.Linear]]
+    model: nn.Module, x: Tensor, layers: Sequence[tuple[str, AffineLayer]]
 ) -> tuple[Tensor, list[LayerCapture]]:
     """Run ``model(x)`` recording each layer's input and output; hooks are removed in ``finally``.
 
@@ -113,14 +159,7 @@ def capture_forward(
                 ["analyse a model without weight sharing or unused layers"],
             )
         a, z = calls[0]
-        if a.ndim != 2 or a.shape[0] != n:
-            raise Refusal(
-                "curvature_model_unsupported",
-                f"layer {name!r} received input of shape {tuple(a.shape)}; only (n, d_in) inputs "
-                "(one position per example) are supported",
-                ["flatten sequence/spatial dimensions before the Linear layer"],
-            )
-        captures.append(LayerCapture(name, module, a.detach(), z))
+        captures.append(LayerCapture(name, module, _patches(name, module, a.detach(), n), z))
     return logits, captures
 
 
@@ -141,7 +180,8 @@ def backprop_factors(
     Returns
     -------
     list of Tensor
-        Per layer, ``(K, n, d_out)`` rows :math:`B_{ik} = J_{z_i}^\\top v_{ik}`.
+        Per layer, ``(K, n, P, d_out)`` rows :math:`B_{ikp} = J_{z_{ip}}^\\top v_{ik}` (``P``
+        output positions of a Conv2d, 1 for Linear).
     """
     outputs = [c.outputs for c in captures]
     per_direction = []
@@ -157,7 +197,15 @@ def backprop_factors(
                     ["remove unused layers from the analysed model"],
                 )
         per_direction.append(grads)
-    return [torch.stack([d[j] for d in per_direction]) for j in range(len(captures))]
+    out = []
+    for j in range(len(captures)):
+        b = torch.stack([d[j] for d in per_direction])
+        if b.ndim == 5:  # Conv2d: (K, n, C_out, H', W') -> (K, n, P, C_out)
+            b = b.flatten(3).transpose(2, 3)
+        else:
+            b = b.unsqueeze(2)
+        out.append(b)
+    return out
 
 
 def _entropy_rank(eigs: Tensor) -> float | None:

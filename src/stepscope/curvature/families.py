@@ -218,11 +218,15 @@ def block_metrics(
 ) -> dict:
     """Diagonal and KFAC summaries of one family's weight (and bias) block.
 
-    With :math:`D_{oj} = \\frac{1}{n}\\sum_{i,k} B_{iko}^2 a_{ij}^2` the exact weight-block diagonal
-    and :math:`\\bar B \\otimes \\bar A` the normalised KFAC:
+    With per-example, per-direction weight gradients :math:`g_{ik} = \\sum_p B_{ikp} a_{ip}^\\top`
+    (one position ``p`` for Linear, the output positions of a Conv2d), the exact weight-block
+    diagonal is :math:`D = \\frac1n\\sum_{i,k} g_{ik}^{\\odot 2}` (for Linear
+    :math:`D_{oj} = \\frac{1}{n}\\sum_{i,k} B_{iko}^2 a_{ij}^2`), and KFAC is
+    :math:`\\bar B \\otimes \\bar A` with :math:`\\bar A = \\frac{1}{nP}\\sum_{i,p} a_{ip}a_{ip}^\\top`,
+    :math:`\\bar B = \\frac1n\\sum_{i,k,p} B_{ikp}B_{ikp}^\\top` (KFAC-expand for Conv2d):
 
     - ``weight``/``bias``: ``diag_max`` = max D, ``frobenius`` = ‖D‖₂ (of the diagonal),
-      ``trace`` = Σ D, ``average`` = mean D (bias: :math:`\\frac1n\\sum_{ik} B_{iko}^2`).
+      ``trace`` = Σ D, ``average`` = mean D (bias: :math:`\\frac1n\\sum_{ik} (\\sum_p B_{ikp})^2`).
     - ``kfac``: ``trace`` = tr Ā tr B̄, ``frobenius`` = ‖Ā‖_F ‖B̄‖_F, ``top_eigenvalue`` =
       λmax(Ā) λmax(B̄), ``effective_rank`` = erank(Ā) erank(B̄) (entropy is additive over a
       Kronecker product), ``stable_rank`` = srank(Ā) srank(B̄), ``relative_diagonal_error`` =
@@ -231,19 +235,28 @@ def block_metrics(
     Parameters
     ----------
     inputs
-        ``(n, d_in)`` activations.
+        ``(n, P, D)`` activations (patches).
     backprop
-        ``(K, n, d_out)`` backprop rows of the family.
+        ``(K, n, P, d_out)`` backprop rows of the family.
     has_bias
         Whether the layer has a bias (else ``bias`` is ``None``).
     activation_spectrum, backprop_spectrum
         From :func:`stepscope.curvature.factors.factor_spectrum`.
     """
-    n = inputs.shape[0]
-    b_sq = (backprop * backprop).sum(dim=0)  # (n, d_out)
-    a_sq = inputs * inputs
-    diag_w = b_sq.T @ a_sq / n
-    kfac_diag = torch.outer(b_sq.sum(dim=0) / n, a_sq.sum(dim=0) / n)
+    n, positions = inputs.shape[0], inputs.shape[1]
+    if positions == 1:
+        b_sq = (backprop[:, :, 0] ** 2).sum(dim=0)  # (n, d_out)
+        diag_w = b_sq.T @ (inputs[:, 0] ** 2) / n
+    else:
+        diag_w = inputs.new_zeros(backprop.shape[-1], inputs.shape[-1])
+        for k in range(backprop.shape[0]):  # one direction at a time bounds the memory
+            g = torch.einsum("npo,npd->nod", backprop[k], inputs)
+            diag_w += (g * g).sum(dim=0)
+        diag_w /= n
+    bias_diag = (backprop.sum(dim=2) ** 2).sum(dim=(0, 1)) / n
+    b_diag = (backprop * backprop).sum(dim=(0, 1, 2)) / n
+    a_diag = (inputs * inputs).sum(dim=(0, 1)) / (n * positions)
+    kfac_diag = torch.outer(b_diag, a_diag)
     mean_abs = diag_w.abs().mean()
     a_sp, b_sp = activation_spectrum, backprop_spectrum
 
@@ -264,7 +277,7 @@ def block_metrics(
     }
     return {
         "weight": _diag_summary(diag_w),
-        "bias": _diag_summary(b_sq.sum(dim=0) / n) if has_bias else None,
+        "bias": _diag_summary(bias_diag) if has_bias else None,
         "kfac": kfac,
         "backprop_factor": b_sp,
     }

@@ -1,14 +1,15 @@
 """Directional metrics: KFAC quadratic forms along actual per-example CE weight gradients.
 
 For a layer, :math:`g_i = b_i a_i^\\top` is example :math:`i`'s weight gradient of its summed CE
-(``b_i`` the empirical-Fisher backprop row), :math:`G = \\frac1n \\sum_i g_i` the mean gradient and
+(``b_i`` the empirical-Fisher backprop row; for Conv2d :math:`g_i = \\sum_p b_{ip} a_{ip}^\\top`,
+formed explicitly), :math:`G = \\frac1n \\sum_i g_i` the mean gradient and
 :math:`\\Sigma = \\frac1n\\sum_i g_i g_i^\\top - G G^\\top` the (population-normalised) empirical
 covariance. Each family's KFAC quadratic form is
 
 .. math:: q(X) = \\langle X, \\bar B X \\bar A \\rangle = \\operatorname{vec}(X)^\\top
     (\\bar B \\otimes \\bar A) \\operatorname{vec}(X).
 
-Reported per family (all computed through ``n``-sized Grams, never a ``d x d`` parameter matrix):
+Reported per family (for Linear through ``n``-sized Grams, never a ``d x d`` parameter matrix):
 
 - ``mean_gradient_quadratic_form`` :math:`q(G)`; ``mean_gradient_rayleigh_quotient``
   :math:`q(G)/\\lVert G\\rVert^2` (legacy ``hess_curv``/``jac_curv``).
@@ -36,6 +37,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 from torch import Tensor
 
 
@@ -63,7 +65,10 @@ def gradient_moments(inputs: Tensor, ef_backprop: Tensor) -> dict[str, Any]:
     n = inputs.shape[0]
     sq = (inputs * inputs).sum(1) * (ef_backprop * ef_backprop).sum(1)
     mean_grad = ef_backprop.T @ inputs / n
-    g2 = float((mean_grad * mean_grad).sum())
+    return _moments_summary(sq, float((mean_grad * mean_grad).sum()), n)
+
+
+def _moments_summary(sq: Tensor, g2: float, n: int) -> dict[str, Any]:
     per_sq_mean = float(sq.mean())
     cov_trace = per_sq_mean - g2
     norms = sq.sqrt()
@@ -115,12 +120,19 @@ def directional_metrics(
     q_mean = float(((rows @ grad_a) ** 2).sum() / n**2)  # q(G) = |rows G A^T|_F^2 / n^2
     mean_grad = ef_backprop.T @ inputs / n  # summed squares keep |G|^2 >= 0 and exact-zero-aware
     g2 = float((mean_grad * mean_grad).sum())
+    rows_f = rows_ef if ef_rows is ef_backprop else rows @ ef_rows.T
+    fact = float((rows_f**2).sum() / n**2) * float((a_gram * a_gram).sum() / n**2)
+    return _directional_summary(q_each, sq_each, q_mean, g2, fact)
+
+
+def _directional_summary(
+    q_each: Tensor, sq_each: Tensor, q_mean: float, g2: float, fact: float
+) -> dict[str, Any]:
+    n = q_each.shape[0]
     valid = sq_each > 0
     quotients = q_each[valid] / sq_each[valid]
     q_each_mean = float(q_each.mean())
     cov = q_each_mean - q_mean
-    rows_f = rows_ef if ef_rows is ef_backprop else rows @ ef_rows.T
-    fact = float((rows_f**2).sum() / n**2) * float((a_gram * a_gram).sum() / n**2)
     fact_centered = fact - q_mean
     return {
         "mean_gradient_quadratic_form": q_mean,
@@ -147,12 +159,59 @@ def directional_metrics(
     }
 
 
+def directional_metrics_explicit(
+    grads: Tensor, abar: Tensor, bbar: Tensor, bbar_f: Tensor
+) -> dict[str, Any]:
+    """:func:`directional_metrics` from explicit per-example gradients and factor matrices.
+
+    Used for Conv2d layers, whose per-example gradients :math:`g_i = \\sum_p b_{ip} a_{ip}^\\top`
+    are not rank one. ``grads`` is ``(n, d_out, D)``; ``abar``, ``bbar``, ``bbar_f`` are the
+    (small) factor matrices; :math:`q(X) = \\sum (\\bar B X) \\odot (X \\bar A)`.
+    """
+    mean_grad = grads.mean(0)
+    q_each = ((bbar @ grads) * (grads @ abar)).sum(dim=(1, 2))
+    q_mean = float(((bbar @ mean_grad) * (mean_grad @ abar)).sum())
+    sq_each = (grads * grads).sum(dim=(1, 2))
+    fact = float((bbar * bbar_f).sum()) * float((abar * abar).sum())
+    return _directional_summary(q_each, sq_each, q_mean, float((mean_grad**2).sum()), fact)
+
+
 def layer_directional(
     inputs: Tensor, family_backprops: dict[str, Tensor], ef_key: str
 ) -> dict[str, Any]:
-    """Gradient moments plus each family's :func:`directional_metrics` for one layer."""
-    ef = family_backprops[ef_key][0]
-    out: dict[str, Any] = {"gradient_moments": gradient_moments(inputs, ef)}
+    """Gradient moments plus each family's directional metrics for one layer.
+
+    Parameters
+    ----------
+    inputs
+        ``(n, P, D)`` activations (``P = 1`` for Linear).
+    family_backprops
+        Family name -> ``(K, n, P, d_out)`` backprop rows.
+    ef_key
+        The empirical-Fisher family name (its single row per position is the CE gradient factor).
+    """
+    n, positions = inputs.shape[0], inputs.shape[1]
+    if positions == 1:  # rank-one per-example gradients: n x n Grams only
+        a = inputs[:, 0]
+        ef = family_backprops[ef_key][0, :, 0]
+        out: dict[str, Any] = {"gradient_moments": gradient_moments(a, ef)}
+        for name, rows in family_backprops.items():
+            out[name] = directional_metrics(a, ef, rows[:, :, 0], ef)
+        return out
+    ef_b = family_backprops[ef_key][0]  # (n, P, d_out)
+    grads = torch.einsum("npo,npd->nod", ef_b, inputs)
+    a_rows = inputs.reshape(-1, inputs.shape[-1])
+    abar = a_rows.T @ a_rows / (n * positions)
+    bbars = {}
     for name, rows in family_backprops.items():
-        out[name] = directional_metrics(inputs, ef, rows, ef)
+        flat = rows.reshape(-1, rows.shape[-1])
+        bbars[name] = flat.T @ flat / n
+    mean_grad = grads.mean(0)
+    out = {
+        "gradient_moments": _moments_summary(
+            (grads * grads).sum(dim=(1, 2)), float((mean_grad**2).sum()), n
+        )
+    }
+    for name in family_backprops:
+        out[name] = directional_metrics_explicit(grads, abar, bbars[name], bbars[ef_key])
     return out
