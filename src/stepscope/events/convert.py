@@ -145,7 +145,7 @@ def events_from_step(
         ``unavailable`` for non-observed rows and undefined fields, ``scalar`` per user scalar.
     """
     names = {s.site_id: s.name for s in sites}
-    axes = {
+    axes: dict[str, Any] = {
         "optimizer_step": block.optimizer_step,
         "examples_seen": block.examples_seen,
         "epoch": block.epoch,

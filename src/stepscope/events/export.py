@@ -80,7 +80,7 @@ def replay(path: str | os.PathLike[str], stream: EventStream, window: int = 256)
         stream.publish(events)
         kinds.update(e.kind.value for e in events)
         n_steps += 1
-    axes = {getattr(s, "axis", None) for s in stream.subscribers} - {None}
+    axes = {a for s in stream.subscribers if isinstance(a := getattr(s, "axis", None), Axis)}
     failures = {
         type(s).__name__: stream.status(s).failures
         for s in stream.subscribers

@@ -28,7 +28,7 @@ import collections
 import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from stepscope.errors import Refusal
 from stepscope.events.event import EventKind, EventSource, ObserverEvent
@@ -45,6 +45,7 @@ __all__ = [
 
 #: A subscriber is disabled after exactly this many consecutive failing deliveries.
 MAX_CONSECUTIVE_FAILURES = 8
+_S = TypeVar("_S")
 #: Rounds of subscriber-produced events handled per publish (checks never react to checks).
 _MAX_ROUNDS = 4
 
@@ -126,8 +127,8 @@ class EventStream:
         self._closed = False
 
     # -- subscribers ---------------------------------------------------------------------------
-    def subscribe(self, subscriber: Any) -> Any:
-        """Add a subscriber (anything with ``on_events``); returns it."""
+    def subscribe(self, subscriber: _S) -> _S:
+        """Add a subscriber (anything with ``on_events``, see :class:`SubscriberLike`); returns it."""
         if not callable(getattr(subscriber, "on_events", None)):
             raise Refusal(
                 "event_invalid",

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 from stepscope.events.checks.base import Check, CheckAction, Finding
 from stepscope.events.convert import SpineScalar
@@ -252,7 +253,7 @@ class UpdateRatioCheck(Check):
         )
 
     def _compare(self, upd: ObserverEvent, par: ObserverEvent) -> list[Finding | ObserverEvent]:
-        common = {
+        common: dict[str, Any] = {
             "optimizer_step": upd.optimizer_step,
             "examples_seen": upd.examples_seen,
             "epoch": upd.epoch,
