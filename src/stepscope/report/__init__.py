@@ -7,7 +7,13 @@ Example
 PosixPath('report.html')
 """
 
-from stepscope.report.html import SECTION_KEYS, build_sections, render_report, to_html
+from stepscope.report.html import (
+    SECTION_KEYS,
+    build_sections,
+    render_report,
+    to_html,
+    write_report,
+)
 from stepscope.report.model import Note, RunView, Section, Table
 from stepscope.report.plots import Plot, Trace, heatmap_plot, histogram_plot, line_plot
 
@@ -25,4 +31,5 @@ __all__ = [
     "line_plot",
     "render_report",
     "to_html",
+    "write_report",
 ]

@@ -8,9 +8,11 @@ Scalar-row conventions the report recognises (see ``docs/report.md``):
 
 - probe rows ``probe/<layer>/<key>`` and ``probe/model/...`` (:mod:`stepscope.probe.sink`);
 - evaluation rows ``eval/<split>/<metric>`` (``loss``/``ce`` and ``accuracy*`` metrics);
-- clocks ``clock/train_s`` (isolated training seconds, cumulative) and ``clock/elapsed_s``;
-- branch activity ``branch/<branch>/<quantity>`` (e.g. ``survival_probability``,
-  ``realized_survival``, ``nominal_skipped_macs``).
+  (the official ``test`` split only at evaluations declared ``endpoint`` in ``evals.log``);
+- clocks ``clock/training_seconds`` (isolated training seconds), ``clock/telemetry_seconds``
+  and ``clock/elapsed_seconds`` (:mod:`stepscope.runlog`);
+- branch activity ``branch/<branch>/<quantity>`` (``active_fraction``, ``nominal_skipped_macs``,
+  or your own, e.g. ``survival_probability``).
 
 Example
 -------
@@ -36,9 +38,12 @@ from stepscope.stats import SPECIAL_FIELDS, SPINE_FIELDS
 
 _F = {name: i for i, name in enumerate(SPINE_FIELDS)}
 
-#: Scalar names read as clocks (cumulative seconds at a step).
-TRAIN_CLOCK = "clock/train_s"
-ELAPSED_CLOCK = "clock/elapsed_s"
+#: Clock rows (cumulative seconds at the end of a step), as :mod:`stepscope.runlog.names` writes.
+TRAIN_CLOCK = "clock/training_seconds"
+TELEMETRY_CLOCK = "clock/telemetry_seconds"
+ELAPSED_CLOCK = "clock/elapsed_seconds"
+#: Official-test splits: plotted only at evaluations declared ``endpoint`` in ``evals.log``.
+ENDPOINT_ONLY_SPLITS = ("test",)
 EVAL_PATTERN = re.compile(r"^eval/(?P<split>[^/]+)/(?P<metric>.+)$")
 BRANCH_PATTERN = re.compile(r"^branch/(?P<branch>[^/]+)/(?P<quantity>.+)$")
 
@@ -317,6 +322,16 @@ def eval_metrics(reader: HistoryReader) -> dict[str, dict[str, str]]:
     return out
 
 
+def endpoint_steps(reader: HistoryReader, split: str) -> np.ndarray | None:
+    """Steps of ``split``'s evaluations declared ``endpoint`` (``None``: no ``evals.log``)."""
+    if not (reader.path / "evals.log").exists():
+        return None
+    from stepscope.runlog.sink import read_eval_log
+
+    steps = [r.optimizer_step for r in read_eval_log(reader) if r.split == split and r.endpoint]
+    return np.unique(np.array(steps, dtype=np.int64))
+
+
 def branch_quantities(reader: HistoryReader) -> dict[str, dict[str, str]]:
     """``branch -> {quantity: scalar name}`` for every ``branch/<branch>/<quantity>`` row."""
     out: dict[str, dict[str, str]] = {}
@@ -359,7 +374,7 @@ def throughput(reader: HistoryReader) -> tuple[np.ndarray, np.ndarray, str]:
             r = np.where(dt > 0, dn / dt, np.nan)
         rate[idx[1:]] = r
     how = (
-        "examples per isolated training second (clock/train_s)"
+        f"examples per isolated training second ({TRAIN_CLOCK})"
         if use_clock
         else "examples per wall-clock second between committed steps (includes non-training work)"
     )

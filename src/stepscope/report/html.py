@@ -159,10 +159,16 @@ def render_report(
     if endpoints is not None and any(int(e) < 0 for e in endpoints):
         raise Refusal("report_input_invalid", f"endpoints {list(endpoints)} must be >= 0.", [])
     views = [RunView.open(p) for p in runs]
-    sections = build_sections(views, endpoints, histogram_limit)
+    return write_report(build_sections(views, endpoints, histogram_limit), views, out)
+
+
+def write_report(
+    sections: Sequence[Section], runs: Sequence[RunView], out: str | os.PathLike[str]
+) -> Path:
+    """Write built sections as the HTML file ``out`` (atomically: temp file, then rename)."""
     target = Path(out)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(target.name + ".tmp")
-    tmp.write_text(to_html(sections, views), encoding="utf-8")
+    tmp.write_text(to_html(sections, runs), encoding="utf-8")
     os.replace(tmp, target)
     return target

@@ -174,8 +174,10 @@ def heatmap_plot(
     fig = _figure(7.2, 1.2 + 0.28 * max(len(rows), 2), left=1.2, right=1.4)
     ax = fig.add_subplot()
     _hatch_gaps(ax)
+    data: dict[str, Any] = {"rows": list(rows), "steps": steps, "values": values}
     if len(steps):
         edges, grid = _spread(values, steps, 1.0)
+        data["drawn_x_edges"], data["drawn"] = edges, grid
         masked = np.ma.masked_invalid(grid)
         finite = values[np.isfinite(values)]
         norm = None
@@ -193,9 +195,7 @@ def heatmap_plot(
     ax.set_xlabel(xlabel)
     ax.set_title(title, fontsize=10)
     cap = f"{caption} {_GAP_NOTE}.".strip()
-    return Plot(
-        title, xlabel, _png(fig), {"rows": list(rows), "steps": steps, "values": values}, cap
-    )
+    return Plot(title, xlabel, _png(fig), data, cap)
 
 
 def _signed_label(lower: float, upper: float) -> str:
@@ -232,6 +232,7 @@ def histogram_plot(grid: Any, xlabel: str = "optimizer step") -> Plot:
     fraction = grid.counts / totals
     special = np.array([grid.specials[name] for name in SPECIAL_BANDS], dtype=float)
     title = f"{grid.site} · {grid.stream}: histogram over time (signed log2 grid)"
+    drawn: dict[str, Any] = {}
     for a in (top, ax):
         _hatch_gaps(a)
     if len(grid.steps):
@@ -252,9 +253,10 @@ def histogram_plot(grid: Any, xlabel: str = "optimizer step") -> Plot:
                                  fontsize=6)  # fmt: skip
         if len(grid.bins):
             edges, fgrid = _spread(fraction, grid.steps, width)
+            drawn = {"drawn_x_edges": edges, "drawn_fraction": fgrid}
             pos = fraction[fraction > 0]
-            cmap = require_extra("matplotlib", "report", "drawing").colormaps["magma_r"].copy()
-            cmap.set_under("#f7f7f7")
+            mpl = require_extra("matplotlib", "report", "drawing report plots")
+            cmap = mpl.colormaps["magma_r"].with_extremes(under="#f7f7f7")
             norm = mcolors.LogNorm(vmin=pos.min(), vmax=max(pos.max(), pos.min() * 1.0001))
             shown = np.where(fgrid > 0, fgrid, np.where(np.isnan(fgrid), np.nan, pos.min() / 10))
             mesh = ax.pcolormesh(
@@ -281,6 +283,7 @@ def histogram_plot(grid: Any, xlabel: str = "optimizer step") -> Plot:
         "counts": grid.counts,
         "fraction": fraction,
         "specials": {name: grid.specials[name] for name in SPECIAL_BANDS},
+        **drawn,
     }
     caption = (
         "Red band cells: the special count is non-zero (numbers: the count). "

@@ -65,8 +65,12 @@ def _sources(run: RunView) -> dict[str, tuple[np.ndarray, str | None, str | None
         ce = next((metrics[m] for m in metrics if m in ("loss", "ce", "cross_entropy")), None)
         acc = next((metrics[m] for m in sorted(metrics) if m.startswith("acc")), None)
         names = [n for n in (ce, acc) if n]
-        if names:
-            out[f"eval/{split}"] = (D.scalar_steps(h, names), ce, acc)
+        steps = D.scalar_steps(h, names)
+        if split in D.ENDPOINT_ONLY_SPLITS:  # official test: only at declared endpoints
+            declared = D.endpoint_steps(h, split)
+            steps = steps[np.isin(steps, declared if declared is not None else [])]
+        if names and len(steps):
+            out[f"eval/{split}"] = (steps, ce, acc)
     return out
 
 
@@ -143,11 +147,16 @@ def _elapsed_plot(runs: list[RunView]) -> Item:
         else:
             y, src = wall - h.run.created_unix, "step wall_time - run created_unix"
         sources.add(src)
-        traces.append(Trace(r.label, steps.astype(float), y))
+        traces.append(Trace(f"total elapsed · {r.label}", steps.astype(float), y))
+        for name, what in ((D.TRAIN_CLOCK, "training"), (D.TELEMETRY_CLOCK, "telemetry")):
+            if name in h.scalar_names:
+                y = D.scalar_on(h, name, steps)
+                traces.append(Trace(f"{what} · {r.label}", steps.astype(float), y))
+                sources.add(name)
     if not any(np.isfinite(t.y).any() for t in traces):
         return no_data("total elapsed time", f"{D.ELAPSED_CLOCK} rows or step wall times")
     return line_plot(
-        "total elapsed time (not training time)",
+        "total elapsed time, shown apart from training and telemetry time",
         "optimizer step",
         "seconds",
         traces,
@@ -219,6 +228,10 @@ def endpoints_section(runs: list[RunView], endpoints: list[int]) -> Section:
             ce = next((m[k] for k in m if k in ("loss", "ce", "cross_entropy")), None)
             e_acc = D.scalar_on(h, acc, ep) if acc else np.full(len(ep), np.nan)
             e_ce = D.scalar_on(h, ce, ep) if ce else np.full(len(ep), np.nan)
+            if split in D.ENDPOINT_ONLY_SPLITS:  # official test: declared endpoints only
+                declared = D.endpoint_steps(h, split)
+                hidden = ~np.isin(ep, declared if declared is not None else [])
+                e_acc[hidden], e_ce[hidden] = np.nan, np.nan
             for i, step in enumerate(endpoints):
                 gap_acc = p_acc[i] - e_acc[i]
                 gap_ce = e_ce[i] - p_ce[i]

@@ -1,0 +1,139 @@
+"""The HTML file: every section present, every image an embedded PNG that decodes, absent data
+labelled as such, every plot naming its x-axis; the CLI and its refusals."""
+
+from __future__ import annotations
+
+import base64
+import struct
+import zlib
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+
+import stepscope as ss
+from stepscope.cli import main
+from stepscope.report import SECTION_KEYS, render_report
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+CHANNELS = {0: 1, 2: 3, 3: 1, 4: 2, 6: 4}  # PNG colour type -> samples per pixel
+
+
+def decode_png(data: bytes) -> tuple[int, int]:
+    """Check signature, every chunk CRC and that IDAT inflates to the size IHDR implies.
+
+    Returns ``(width, height)``. No matplotlib/PIL: an independent reading of the format.
+    """
+    assert data[:8] == PNG_SIGNATURE
+    pos, chunks = 8, []
+    while pos < len(data):
+        (length,) = struct.unpack(">I", data[pos : pos + 4])
+        kind = data[pos + 4 : pos + 8]
+        body = data[pos + 8 : pos + 8 + length]
+        (crc,) = struct.unpack(">I", data[pos + 8 + length : pos + 12 + length])
+        assert zlib.crc32(kind + body) == crc, kind
+        chunks.append((kind, body))
+        pos += 12 + length
+    assert chunks[0][0] == b"IHDR" and chunks[-1][0] == b"IEND"
+    width, height, depth, colour = struct.unpack(">IIBB", chunks[0][1][:10])
+    assert width > 0 and height > 0 and depth == 8
+    raw = zlib.decompress(b"".join(body for kind, body in chunks if kind == b"IDAT"))
+    assert len(raw) == height * (1 + width * CHANNELS[colour])
+    return width, height
+
+
+class ReportParser(HTMLParser):
+    """Collects, per section id: image sources, figcaptions and no-data notes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sections: dict[str, dict[str, list[str]]] = {}
+        self.current: str | None = None
+        self.capture: str | None = None
+        self.external: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        a = dict(attrs)
+        if tag == "section":
+            self.current = a["id"]
+            self.sections[self.current] = {"img": [], "caption": [], "nodata": []}
+        elif tag == "img" and self.current:
+            self.sections[self.current]["img"].append(a["src"] or "")
+        elif tag == "figcaption":
+            self.capture = "caption"
+        elif tag == "p" and a.get("class") == "nodata":
+            self.capture = "nodata"
+        if tag in ("link", "script") or (tag == "img" and not (a["src"] or "").startswith("data:")):
+            self.external.append(tag)
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag in ("figcaption", "p"):
+            self.capture = None
+        if tag == "section":
+            self.current = None
+
+    def handle_data(self, data: str) -> None:
+        if self.capture and self.current:
+            self.sections[self.current][self.capture].append(data)
+
+
+def parse(path: Path) -> ReportParser:
+    p = ReportParser()
+    p.feed(path.read_text(encoding="utf-8"))
+    return p
+
+
+def test_every_section_is_present_and_every_image_is_an_embedded_png_that_decodes(report):
+    p = parse(report["path"])
+    assert list(p.sections) == list(SECTION_KEYS)
+    assert p.external == []  # self-contained: no scripts, stylesheets or linked images
+    images = [src for s in p.sections.values() for src in s["img"]]
+    assert len(images) >= 30
+    prefix = "data:image/png;base64,"
+    for src in images:
+        assert src.startswith(prefix)
+        decode_png(base64.b64decode(src[len(prefix) :], validate=True))
+    for key in ("curves", "branch", "endpoints", "layers", "moments", "histograms", "curvature"):
+        assert p.sections[key]["img"], key
+
+
+def test_every_plot_names_its_x_axis(report):
+    p = parse(report["path"])
+    captions = [c for s in p.sections.values() for c in s["caption"]]
+    assert len(captions) == sum(len(s["img"]) for s in p.sections.values())
+    assert all(c.startswith("x-axis: ") and len(c) > len("x-axis: x.") for c in captions)
+
+
+def test_absent_sections_are_labelled_notes_without_any_plot(runs, tmp_path):
+    out = render_report([runs["bare"]], tmp_path / "bare.html")
+    p = parse(out)
+    assert list(p.sections) == list(SECTION_KEYS)
+    for key in ("moments", "curvature"):
+        assert p.sections[key]["img"] == [], key
+        assert any(n.startswith("no data recorded") for n in p.sections[key]["nodata"]), key
+    # curves: no probe/eval rows; only the clocks (elapsed beside training time) are drawn
+    assert "probe or validation CE/accuracy" in " ".join(p.sections["curves"]["nodata"])
+    assert len(p.sections["curves"]["img"]) == 1
+    assert "branch activity" in " ".join(p.sections["branch"]["nodata"])
+    # layers: the activation stream exists, the four other quantities are named as absent
+    assert len(p.sections["layers"]["img"]) == 1
+    assert len(p.sections["layers"]["nodata"]) == 4
+    assert "measured overhead" in " ".join(p.sections["record"]["nodata"])
+
+
+def test_cli_writes_the_report_and_refuses_bad_endpoints(runs, tmp_path, capsys):
+    out = tmp_path / "sub" / "cli.html"
+    assert main(["report", str(runs["bare"]), "--out", str(out), "--histogram-limit", "1"]) == 0
+    assert list(parse(out).sections) == list(SECTION_KEYS)
+    assert main(["report", str(runs["bare"]), "--out", str(out), "--endpoints", "a,b"]) == 3
+    assert "report_input_invalid" in capsys.readouterr().err
+
+
+def test_refusals_have_codes(tmp_path):
+    with pytest.raises(ss.Refusal) as err:
+        render_report([], tmp_path / "x.html")
+    assert err.value.code == "report_input_invalid"
+    with pytest.raises(ss.Refusal) as err:
+        render_report([tmp_path / "missing"], tmp_path / "x.html")
+    assert err.value.code == "history_artifact_missing"
+    assert not (tmp_path / "x.html").exists()
