@@ -82,6 +82,7 @@ def _dir_bytes(path: Path) -> int:
 def write_stepscope(path: Path, a: argparse.Namespace, durable: bool) -> dict:
     spines, hists = make_data(a.sites)
     base = _rss_reset()
+    commits: list[float] = []
     t0 = time.perf_counter()
     with ArtifactWriter(
         path, commit_steps=a.commit_steps, commit_seconds=None, durable=durable
@@ -99,8 +100,16 @@ def write_stepscope(path: Path, a: argparse.Namespace, durable: bool) -> dict:
                 )
                 for s, ph, sg in STREAMS[: a.streams]
             ]  # fmt: skip
-            w.write_step(StepBlockRecord(step), batches)
-    return {"seconds": time.perf_counter() - t0, "rss_growth": _status("VmHWM") - base}
+            c0 = time.perf_counter()
+            if w.write_step(StepBlockRecord(step), batches):
+                commits.append(time.perf_counter() - c0)
+    k = max(1, min(5, len(commits) // 2))
+    return {
+        "seconds": time.perf_counter() - t0,
+        "rss_growth": _status("VmHWM") - base,
+        "first_commits_ms": 1e3 * float(np.mean(commits[:k])),
+        "last_commits_ms": 1e3 * float(np.mean(commits[-k:])),
+    }
 
 
 def write_tensorboard(path: Path, a: argparse.Namespace) -> dict:
@@ -279,6 +288,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name:22} {r['rows']:9d} {rate:10.0f} {r['bytes'] / r['seconds'] / 1e6:7.1f} "
               f"{r['bytes'] / r['rows']:7.0f} {r['rss_growth'] / 2**20:7.1f} "
               f"{(ours['rows'] / ours['seconds']) / rate:7.2f}")  # fmt: skip
+    for name in ("stepscope (fsync)", "stepscope (no fsync)"):
+        r = results[name]
+        print(f"\n{name} commit (write_step that committed, {a.commit_steps} steps): first "
+              f"{r['first_commits_ms']:.1f} ms, last {r['last_commits_ms']:.1f} ms", end="")  # fmt: skip
+    print()
     tl = results.get("torchlens")
     if tl:
         print(f"\ntorchlens commit cost: first {tl['first_commits_ms']:.1f} ms, last "

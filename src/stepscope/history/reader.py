@@ -251,7 +251,11 @@ class HistoryReader:
         parts = []
         for row, f in self._selected(table, sv, steps, site_ids):
             arr = self._load(f)
-            mask = arr["step"] < self._cutoff[row["segment"]]
+            cutoff = self._cutoff[row["segment"]]
+            if steps is None and site_ids is None and row["step_hi"] < cutoff:
+                parts.append(arr)  # the whole chunk is in view: no mask to build
+                continue
+            mask = arr["step"] < cutoff
             if steps is not None:
                 mask &= (arr["step"] >= steps[0]) & (arr["step"] <= steps[1])
             if site_ids is not None and "site" in arr.dtype.names:
