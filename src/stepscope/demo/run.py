@@ -66,8 +66,8 @@ class DemoResult:
 class _Progress:
     """A dependency-free progress bar on stderr."""
 
-    def __init__(self, total: int, label: str, stream: TextIO = sys.stderr) -> None:
-        self.total, self.label, self.stream, self.done = total, label, stream, 0
+    def __init__(self, total: int, label: str, stream: TextIO | None = None) -> None:
+        self.total, self.label, self.stream, self.done = total, label, stream or sys.stderr, 0
         self.start = time.perf_counter()
 
     def advance(self, n: int = 1, note: str = "") -> None:
@@ -103,8 +103,12 @@ def evaluate(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> dict[s
     return out
 
 
-def run_demo(config: DemoConfig, stream: TextIO = sys.stdout) -> DemoResult:
-    """Train, evaluate, and print per-layer activation spines and one text histogram."""
+def run_demo(config: DemoConfig, stream: TextIO | None = None) -> DemoResult:
+    """Train with the collector on, evaluate, and print what stepscope saw.
+
+    ``stream`` defaults to the *current* ``sys.stdout`` (looked up at call time).
+    """
+    stream = stream or sys.stdout
     cfg = config.effective()
     if cfg.epochs < 1 or cfg.batch_size < 1 or cfg.lr <= 0:
         raise Refusal("run_config_invalid", f"epochs, batch_size and lr must be positive: {cfg}")
