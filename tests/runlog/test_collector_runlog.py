@@ -2,7 +2,7 @@
 
 import numpy as np
 import torch
-from conftest import BATCH, STEPS, STEPS_PER_EPOCH
+from runlog_testkit import BATCH, STEPS, STEPS_PER_EPOCH
 
 import stepscope as ss
 from stepscope.history import Presence

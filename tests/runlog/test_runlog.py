@@ -2,7 +2,7 @@
 
 import numpy as np
 import pytest
-from conftest import BATCH, STEPS, STEPS_PER_EPOCH, survival
+from runlog_testkit import BATCH, STEPS, STEPS_PER_EPOCH, survival
 
 from stepscope import Refusal, open_history
 from stepscope.runlog import EvalRecord, RunLog, RunView, read_summary

@@ -23,6 +23,7 @@ Example
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -100,7 +101,7 @@ def _host_or_tensor(value: Any, what: str) -> float | torch.Tensor:
                 "a logged value is one real number.",
                 ["reduce it first (e.g. .mean())"],
             )
-        return value.detach().reshape(())
+        return value  # detached and reshaped at the boundary, in one stacked op
     if isinstance(value, np.ndarray) and value.size == 1:
         value = value.reshape(()).item()
     if isinstance(value, (bool, int, float, np.integer, np.floating, np.bool_)):
@@ -222,18 +223,40 @@ class PendingStep:
         self._scalars, self._masks = {}, {}
 
 
+_NUMPY_EXACT = (torch.float32, torch.float64, torch.int64, torch.int32, torch.bool)
+
+
 def _to_host_all(tensors: list[torch.Tensor]) -> list[float]:
-    """Values of 0-d tensors, in order, with one stacked float64 copy per device."""
+    """Values of one-element tensors, in order, with one stacked copy per device."""
     if not tensors:
         return []
-    from stepscope.collect.staging import to_host  # counted transfer (lazy: avoids a cycle)
-
+    device = tensors[0].device
+    if all(t.device == device for t in tensors):  # the common case: one device
+        return _one_transfer(tensors)
     by_device: dict[torch.device, list[int]] = {}
     for i, t in enumerate(tensors):
         by_device.setdefault(t.device, []).append(i)
-    out = [0.0] * len(tensors)
+    out = [0.0] * len(tensors)  # every slot is overwritten below
     for idx in by_device.values():
-        stacked = torch.stack([tensors[i].to(torch.float64) for i in idx])
-        for i, v in zip(idx, to_host(stacked).tolist()):
+        for i, v in zip(idx, _one_transfer([tensors[i] for i in idx])):
             out[i] = v
     return out
+
+
+def _one_transfer(tensors: list[torch.Tensor]) -> list[float]:
+    if len(tensors) == 1:
+        stacked = tensors[0].detach().reshape(1)  # a view: no copy before the transfer
+    else:  # stack promotes mixed dtypes exactly (ints, bools, float32 -> float64)
+        stacked = torch.stack([t.detach().reshape(()) for t in tensors])
+    if stacked.dtype not in _NUMPY_EXACT:
+        stacked = stacked.to(torch.float64)  # half/bfloat16 have no (exact) numpy twin
+    # the counted transfer, looked up at each call (tests patch it)
+    return [float(v) for v in _staging().to_host(stacked).tolist()]
+
+
+def _staging() -> Any:
+    # lazy: stepscope.collect imports this package, so a module-level import would be circular
+    mod = sys.modules.get("stepscope.collect.staging")
+    if mod is None:
+        import stepscope.collect.staging as mod
+    return mod
