@@ -113,7 +113,7 @@ def test_gradient_norm_check_flags_exploding_and_vanishing_norms(ev, tmp_path):
 
 
 def test_update_ratio_check_matches_the_real_parameter_change(ev, tmp_path):
-    check = UpdateRatioCheck(lower=1e-6, upper=1e-3)
+    check = UpdateRatioCheck(lower=1e-6, upper=1e-3, parameter_phase="pre_step")  # this harness
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", CheckWarning)
         run = ev.train(tmp_path / "run", n_steps=3, lr=0.5, subscribers=[check])
@@ -156,7 +156,7 @@ def test_update_ratio_with_zero_parameter_norm_is_unavailable_not_infinite():
             source=EventSource.SPINE,
         )
 
-    out = UpdateRatioCheck().on_events(
+    out = UpdateRatioCheck(parameter_phase="pre_step").on_events(
         [l2("parameter", "pre_step", 0.0), l2("update", "post_step", 0.1)]
     )
     assert [(e.kind, e.reason) for e in out] == [
@@ -227,7 +227,7 @@ def test_update_ratio_says_when_the_parameter_norm_never_came():
             source=EventSource.SPINE,
         )
 
-    check = UpdateRatioCheck()  # wants parameter l2 in pre_step; this run records none
+    check = UpdateRatioCheck()  # wants parameter l2 (post_step); this run records none
     assert check.on_events([upd(0)]) == []
     assert check.on_events([upd(1)]) == []
     (missing,) = check.on_events([upd(2)])

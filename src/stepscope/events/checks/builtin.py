@@ -191,8 +191,9 @@ class UpdateRatioCheck(Check):
     lower, upper
         The band of healthy ratios (a common rule of thumb is around 1e-3 per step).
     parameter_phase
-        Which parameter observation is the denominator (default ``pre_step``, the weight the
-        update was applied to; ``None`` takes the first parameter l2 seen at that step).
+        Which parameter observation is the denominator (default ``post_step``, the phase at which
+        :class:`~stepscope.HistoryCollector` records the ``parameter`` stream, i.e. the weight
+        after the update; ``None`` takes the first parameter l2 seen at that step).
 
     Each ratio is also published as a ``scalar`` event ``"update_ratio/{site}"`` (source
     ``check``); a zero parameter norm gives an ``unavailable`` event
@@ -205,7 +206,7 @@ class UpdateRatioCheck(Check):
         self,
         lower: float = 1e-6,
         upper: float = 1e-1,
-        parameter_phase: Phase | str | None = Phase.PRE_STEP,
+        parameter_phase: Phase | str | None = Phase.POST_STEP,
         action: CheckAction | str = CheckAction.WARN,
     ) -> None:
         super().__init__(action)
