@@ -8,6 +8,8 @@ artifact: the tests compare the arrays the plots were given with these.
 from __future__ import annotations
 
 import json
+import struct
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -202,3 +204,30 @@ def plots_titled(section, prefix: str) -> list:
     from stepscope.report import Plot
 
     return [i for i in section.items if isinstance(i, Plot) and i.title.startswith(prefix)]
+
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+CHANNELS = {0: 1, 2: 3, 3: 1, 4: 2, 6: 4}  # PNG colour type -> samples per pixel
+
+
+def decode_png(data: bytes) -> tuple[int, int]:
+    """Check signature, every chunk CRC and that IDAT inflates to the size IHDR implies.
+
+    Returns ``(width, height)``. No matplotlib/PIL: an independent reading of the format.
+    """
+    assert data[:8] == PNG_SIGNATURE
+    pos, chunks = 8, []
+    while pos < len(data):
+        (length,) = struct.unpack(">I", data[pos : pos + 4])
+        kind = data[pos + 4 : pos + 8]
+        body = data[pos + 8 : pos + 8 + length]
+        (crc,) = struct.unpack(">I", data[pos + 8 + length : pos + 12 + length])
+        assert zlib.crc32(kind + body) == crc, kind
+        chunks.append((kind, body))
+        pos += 12 + length
+    assert chunks[0][0] == b"IHDR" and chunks[-1][0] == b"IEND"
+    width, height, depth, colour = struct.unpack(">IIBB", chunks[0][1][:10])
+    assert width > 0 and height > 0 and depth == 8
+    raw = zlib.decompress(b"".join(body for kind, body in chunks if kind == b"IDAT"))
+    assert len(raw) == height * (1 + width * CHANNELS[colour])
+    return width, height

@@ -4,42 +4,15 @@ labelled as such, every plot naming its x-axis; the CLI and its refusals."""
 from __future__ import annotations
 
 import base64
-import struct
-import zlib
 from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
+from report_testkit import decode_png
 
 import stepscope as ss
 from stepscope.cli import main
 from stepscope.report import SECTION_KEYS, render_report
-
-PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-CHANNELS = {0: 1, 2: 3, 3: 1, 4: 2, 6: 4}  # PNG colour type -> samples per pixel
-
-
-def decode_png(data: bytes) -> tuple[int, int]:
-    """Check signature, every chunk CRC and that IDAT inflates to the size IHDR implies.
-
-    Returns ``(width, height)``. No matplotlib/PIL: an independent reading of the format.
-    """
-    assert data[:8] == PNG_SIGNATURE
-    pos, chunks = 8, []
-    while pos < len(data):
-        (length,) = struct.unpack(">I", data[pos : pos + 4])
-        kind = data[pos + 4 : pos + 8]
-        body = data[pos + 8 : pos + 8 + length]
-        (crc,) = struct.unpack(">I", data[pos + 8 + length : pos + 12 + length])
-        assert zlib.crc32(kind + body) == crc, kind
-        chunks.append((kind, body))
-        pos += 12 + length
-    assert chunks[0][0] == b"IHDR" and chunks[-1][0] == b"IEND"
-    width, height, depth, colour = struct.unpack(">IIBB", chunks[0][1][:10])
-    assert width > 0 and height > 0 and depth == 8
-    raw = zlib.decompress(b"".join(body for kind, body in chunks if kind == b"IDAT"))
-    assert len(raw) == height * (1 + width * CHANNELS[colour])
-    return width, height
 
 
 class ReportParser(HTMLParser):
