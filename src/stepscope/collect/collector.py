@@ -670,9 +670,9 @@ class HistoryCollector:
 
         if isinstance(self._rows, MemoryRows):
             return RunView(self._rows)
-        if not self._closed and self.writer is not None:
-            self.writer.commit()
-        return RunView(open_history(self.writer.path))
+        if not self._closed:
+            self._rows.writer.commit()
+        return RunView(open_history(self._rows.path))
 
     # ------------------------------------------------------------------ lifecycle
     def _check_open(self) -> None:

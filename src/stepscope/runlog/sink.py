@@ -152,7 +152,7 @@ def read_eval_log(reader: Any) -> list[EvalRecord]:
     out = []
     for row in read_log(Path(reader.path) / EVAL_LOG).rows:
         rec = EvalRecord.from_dict(row)
-        if rec.optimizer_step < cutoff.get(row.get("segment"), np.iinfo(np.int64).max):
+        if rec.optimizer_step < cutoff.get(str(row.get("segment")), np.iinfo(np.int64).max):
             out.append(rec)
     return out
 

@@ -170,7 +170,7 @@ class RunView:
 
     # -- clocks ---------------------------------------------------------------------------
     def clocks(self) -> Clocks:
-        """The per-step ``clock/*`` rows (steps where all three were written)."""
+        """The cumulative ``clock/*`` rows (steps where all three were written)."""
         if CLOCK_TRAINING not in self._names:
             empty = np.empty(0)
             return Clocks(np.empty(0, np.int64), empty, empty, empty, self._clock_kind())
@@ -181,7 +181,8 @@ class RunView:
             last = {int(s): float(v) for s, v in zip(rows["step"], rows["value"])}
             return np.array([last[int(s)] for s in steps], np.float64)
 
-        return Clocks(steps, *(at(p) for p in parts), self._clock_kind())
+        training, telemetry, elapsed = (at(p) for p in parts)
+        return Clocks(steps, training, telemetry, elapsed, self._clock_kind())
 
     def _clock_kind(self) -> str | None:
         return None if self.summary is None else self.summary.get("training_clock")
