@@ -192,6 +192,7 @@ def bare_run(path: Path) -> None:
                 opt.zero_grad()
                 loss.backward()
                 opt.step()
+    (path / "runlog.json").unlink()  # as an older run without the clocks' summary
 
 
 def as_array(d: dict[int, float], steps: np.ndarray) -> np.ndarray:

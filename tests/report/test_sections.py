@@ -3,6 +3,8 @@ while training), and missing observations reach the plots as NaN gaps, never as 
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import torch
 from report_testkit import EVAL_ACC_STEPS, PROBE_STEPS, STEPS, as_array, plots_titled
@@ -225,3 +227,12 @@ def test_run_record_lists_versions_hashes_and_cadences(report):
     assert fields["model_fingerprint"] == run.model_fingerprint
     assert fields["extra.cadences.parameter.spine"] == "2"
     assert fields["extra.seed"] == "0"
+
+
+def test_measured_overhead_comes_from_the_runlog_summary(report, runs):
+    summary = json.loads((runs["seed0"] / "runlog.json").read_text())
+    tables = [t for t in report["sections"]["record"].items if isinstance(t, Table)]
+    (overhead,) = [t for t in tables if t.title.startswith("measured overhead")][:1]
+    fields = dict(overhead.rows)
+    assert float(fields["overhead_fraction"]) == summary["overhead_fraction"]
+    assert float(fields["training_seconds"]) == summary["training_seconds"]

@@ -1,5 +1,9 @@
 """The run-record section: versions, hashes, cadences and measured overhead, as tables.
 
+Measured overhead comes from the run log's ``runlog.json`` (training, telemetry and elapsed
+seconds and their ``overhead_fraction``, :mod:`stepscope.runlog`), else from the run record's
+``extra`` (``measurements``/``overhead``); otherwise the report says that none was recorded.
+
 Example
 -------
 >>> from stepscope.report.model import RunView
@@ -61,6 +65,11 @@ def _span(steps: Any) -> str:
 
 
 def _overhead(r: RunView) -> Item:
+    summary = _runlog_summary(r)
+    if summary is not None:
+        rows: list[list[str]] = []
+        _flat("", summary, rows)
+        return Table(f"measured overhead · {r.label} (runlog.json)", ["measurement", "value"], rows)
     extra = r.reader.run.extra
     for key in OVERHEAD_KEYS:
         if key in extra:
@@ -68,5 +77,16 @@ def _overhead(r: RunView) -> Item:
             _flat(key, extra[key], rows)
             return Table(f"measured overhead · {r.label}", ["measurement", "value"], rows)
     return no_data(
-        f"measured overhead · {r.label}", "run record extra." + " / extra.".join(OVERHEAD_KEYS)
+        f"measured overhead · {r.label}",
+        "RUN/runlog.json, run record extra." + " / extra.".join(OVERHEAD_KEYS),
     )
+
+
+def _runlog_summary(r: RunView) -> dict[str, Any] | None:
+    """The clocks' summary (training/telemetry/elapsed seconds, overhead fraction), if written."""
+    if not (r.path / "runlog.json").exists():
+        return None
+    from stepscope.runlog.sink import read_summary
+
+    summary = read_summary(r.path)
+    return summary if isinstance(summary, dict) else None

@@ -25,6 +25,7 @@ from stepscope.report.plots import Trace, bar_plot, heatmap_plot, line_plot, mat
 
 PROBE_CE, PROBE_ACC = "probe/model/loss", "probe/model/accuracy_fraction"
 MAX_RUN_PANELS = 4
+TRAIN_LOSS_NAMES = ("loss", "train/loss")  # user scalars drawn as the minibatch training loss
 
 
 def seed_traces(label: str, per_run: list[tuple[str, np.ndarray, np.ndarray]]) -> list[Trace]:
@@ -119,16 +120,17 @@ def curves_section(runs: list[RunView], endpoints: list[int]) -> Section:
     if not has_clock:
         sec.items.append(no_data("isolated training seconds", f"scalar rows {D.TRAIN_CLOCK}"))
     sec.items.append(_elapsed_plot(runs))
-    loss = [(r.label, *_user_series(r, "loss")) for r in runs if "loss" in r.reader.scalar_names]
-    if loss:
-        sec.items.append(
-            line_plot(
-                "training minibatch loss (user scalar 'loss')",
-                "optimizer step",
-                "loss",
-                seed_traces("loss", loss),
+    for name in TRAIN_LOSS_NAMES:
+        loss = [(r.label, *_user_series(r, name)) for r in runs if name in r.reader.scalar_names]
+        if loss:
+            sec.items.append(
+                line_plot(
+                    f"training minibatch loss (user scalar '{name}')",
+                    "optimizer step",
+                    "loss",
+                    seed_traces(name, loss),
+                )
             )
-        )
     return sec
 
 
