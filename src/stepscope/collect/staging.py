@@ -14,7 +14,7 @@ import torch
 from stepscope.stats import (
     SPINE_WIDTH,
     HistogramDescriptor,
-    merge_spine_rows_torch,
+    merge_spine_rows,
     reduce_histograms,
     reduce_spines,
     spine_into,
@@ -71,7 +71,7 @@ class Staging:
             spine_into(tensor, self.spines[row], self.backend)
         else:  # a module called twice in one step (micro-batches, weight sharing): fold exactly
             part = reduce_spines([tensor], backend=self.backend)
-            self.spines[row] = merge_spine_rows_torch(self.spines[row], part[0])
+            self.spines[row] = merge_spine_rows(self.spines[row], part[0])
         self.fired[row] += 1
         if histogram:
             counts = reduce_histograms([tensor], self.descriptor, backend=self.backend)[0]

@@ -36,41 +36,21 @@ PARTIAL = "merged_partial_coverage"  # a row observed on one side only
 HIST_PARTIAL = "histogram_partial_coverage"  # a histogram covers only part of its spine
 
 
+def merge_spine_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Merge two float64 spine matrices row by row: :func:`stepscope.stats.merge_spine_rows`.
+
+    One implementation serves numpy and torch rows; it is imported lazily so that importing
+    :mod:`stepscope.history` stays free of torch.
+    """
+    from stepscope.stats.reduce import merge_spine_rows as merge
+
+    return merge(a, b)
+
+
 def _idx() -> dict[str, int]:
     from stepscope.stats import SPINE_FIELDS
 
     return {name: i for i, name in enumerate(SPINE_FIELDS)}
-
-
-def merge_spine_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Merge two float64 spine matrices row by row (both sides observed).
-
-    Parameters
-    ----------
-    a, b
-        ``(n, SPINE_WIDTH)`` spine rows in ``stepscope.stats.SPINE_FIELDS`` order.
-
-    Returns
-    -------
-    numpy.ndarray
-        The merged rows: counts exact, extrema exact, sums in float64, Chan moments.
-    """
-    i = _idx()
-    a = np.asarray(a, dtype=np.float64)
-    b = np.asarray(b, dtype=np.float64)
-    out = a + b  # counts and the three sums
-    for name, fn in (("min", np.fmin), ("max", np.fmax), ("absmax", np.fmax)):
-        out[:, i[name]] = fn(a[:, i[name]], b[:, i[name]])
-    na, nb = a[:, i["finite"]], b[:, i["finite"]]
-    ma, mb = a[:, i["mean"]], b[:, i["mean"]]
-    with np.errstate(invalid="ignore", divide="ignore"):
-        n = na + nb
-        delta = mb - ma
-        mean = ma + delta * (nb / n)
-        m2 = a[:, i["m2"]] + b[:, i["m2"]] + delta * delta * (na * nb / n)
-    out[:, i["mean"]] = np.where(na == 0, mb, np.where(nb == 0, ma, mean))
-    out[:, i["m2"]] = np.where(na == 0, b[:, i["m2"]], np.where(nb == 0, a[:, i["m2"]], m2))
-    return out
 
 
 def merge_batches(

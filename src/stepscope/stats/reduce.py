@@ -20,6 +20,7 @@ Example
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 from collections.abc import Sequence
@@ -49,6 +50,7 @@ SPINE_FIELDS: tuple[str, ...] = (
     "m2",
 )
 SPINE_WIDTH = len(SPINE_FIELDS)
+_FIELD_INDEX = {name: k for k, name in enumerate(SPINE_FIELDS)}
 #: Moments and sums are accumulated in this dtype whatever the input dtype.
 REDUCTION_DTYPE = "float64"
 
@@ -358,23 +360,33 @@ def reduce_histograms(
     return out
 
 
-def merge_spine_rows_torch(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """Merge spine rows ``a`` and ``b`` (``[..., SPINE_WIDTH]``) with device ops only.
+def merge_spine_rows(a, b):
+    """Merge spine rows ``a`` and ``b`` (``[..., SPINE_WIDTH]``), numpy arrays or torch tensors.
 
-    Counts and sums add exactly, extrema combine, moments merge with Chan's pairwise formulas;
-    a side with no finite value contributes nothing to the moments. No host synchronisation.
+    Counts and sums add exactly (float64 sums), ``min``/``max``/``absmax`` combine with
+    ``fmin``/``fmax``, and ``mean``/``m2`` merge with Chan's pairwise formulas over the finite
+    counts; a side with no finite value contributes nothing to the moments. With tensors every
+    operation stays on their device (no host synchronisation) — the collector folds a module
+    that fires twice in one step this way; with numpy arrays it is the history's rank and
+    micro-batch merge. One implementation serves both, and :meth:`RunningStats.merge`.
     """
-    i = {name: k for k, name in enumerate(SPINE_FIELDS)}
+    if isinstance(a, torch.Tensor):
+        xp, guard = torch, contextlib.nullcontext()
+    else:
+        a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+        xp, guard = np, np.errstate(invalid="ignore", divide="ignore")
+    i = _FIELD_INDEX
     out = a + b  # counts and the three sums
-    for name in ("min", "max", "absmax"):
-        fn = torch.fmin if name == "min" else torch.fmax
-        out[..., i[name]] = fn(a[..., i[name]], b[..., i[name]])
+    out[..., i["min"]] = xp.fmin(a[..., i["min"]], b[..., i["min"]])
+    for name in ("max", "absmax"):
+        out[..., i[name]] = xp.fmax(a[..., i[name]], b[..., i[name]])
     na, nb = a[..., i["finite"]], b[..., i["finite"]]
     ma, mb = a[..., i["mean"]], b[..., i["mean"]]
-    n = na + nb
-    delta = mb - ma
-    mean = ma + delta * (nb / n)
-    m2 = a[..., i["m2"]] + b[..., i["m2"]] + delta * delta * (na * nb / n)
-    out[..., i["mean"]] = torch.where(na == 0, mb, torch.where(nb == 0, ma, mean))
-    out[..., i["m2"]] = torch.where(na == 0, b[..., i["m2"]], torch.where(nb == 0, a[..., i["m2"]], m2))
+    with guard:
+        n = na + nb
+        delta = mb - ma
+        mean = ma + delta * (nb / n)
+        m2 = a[..., i["m2"]] + b[..., i["m2"]] + delta * delta * (na * nb / n)
+    out[..., i["mean"]] = xp.where(na == 0, mb, xp.where(nb == 0, ma, mean))
+    out[..., i["m2"]] = xp.where(na == 0, b[..., i["m2"]], xp.where(nb == 0, a[..., i["m2"]], m2))
     return out

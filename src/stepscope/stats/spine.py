@@ -33,7 +33,13 @@ import numpy as np
 import torch
 
 from stepscope.errors import Refusal
-from stepscope.stats.reduce import REDUCTION_DTYPE, SPINE_FIELDS, SPINE_WIDTH, reduce_spines
+from stepscope.stats.reduce import (
+    REDUCTION_DTYPE,
+    SPINE_FIELDS,
+    SPINE_WIDTH,
+    merge_spine_rows,
+    reduce_spines,
+)
 
 COUNT_FIELDS: tuple[str, ...] = SPINE_FIELDS[:7]
 FLOAT_FIELDS: tuple[str, ...] = SPINE_FIELDS[7:]
@@ -101,26 +107,8 @@ class RunningStats:
             raise Refusal(
                 "stat_kind_mismatch", f"cannot merge RunningStats with {type(other).__name__}"
             )
-        out = RunningStats()
-        out.reduction_dtype = self.reduction_dtype
-        for name in COUNT_FIELDS:
-            out._c[name] = self._c[name] + other._c[name]
-        for name in _SUM_FIELDS:
-            out._f[name] = self._f[name] + other._f[name]
-        na, nb = self._c["finite"], other._c["finite"]
-        if na == 0 or nb == 0:
-            src = other if na == 0 else self
-            for name in ("min", "max", "absmax", "mean", "m2"):
-                out._f[name] = src._f[name]
-            return out
-        out._f["min"] = min(self._f["min"], other._f["min"])
-        out._f["max"] = max(self._f["max"], other._f["max"])
-        out._f["absmax"] = max(self._f["absmax"], other._f["absmax"])
-        n = na + nb
-        delta = other._f["mean"] - self._f["mean"]
-        out._f["mean"] = self._f["mean"] + delta * (nb / n)
-        out._f["m2"] = self._f["m2"] + other._f["m2"] + delta * delta * (na * nb / n)
-        return out
+        merged = merge_spine_rows(self.to_vector(), other.to_vector())
+        return RunningStats.from_vector(merged, reduction_dtype=self.reduction_dtype)
 
     # ---- vectors and dicts
     def to_vector(self) -> np.ndarray:
