@@ -18,14 +18,13 @@ from pathlib import Path
 
 from stepscope.errors import Refusal
 from stepscope.report.curvature import curvature_section
+from stepscope.report.endpoints import default_endpoints, endpoints_section
 from stepscope.report.model import Item, Note, RunView, Section, Table
 from stepscope.report.plots import Plot
 from stepscope.report.record import record_section
 from stepscope.report.sections import (
     branch_section,
     curves_section,
-    default_endpoints,
-    endpoints_section,
     histograms_section,
     layers_section,
     moments_section,

@@ -1,4 +1,4 @@
-"""Report sections built from the artifacts: curves, branch activity, endpoints, layers, moments.
+"""Report sections built from the artifacts: curves, branch activity, layers, moments, histograms.
 
 Each builder takes the :class:`~stepscope.report.model.RunView` list and returns a
 :class:`~stepscope.report.model.Section`. A quantity that no run recorded becomes a
@@ -21,7 +21,7 @@ import numpy as np
 
 from stepscope.report import data as D
 from stepscope.report.model import Item, Note, RunView, Section, Table, fmt, no_data
-from stepscope.report.plots import Trace, bar_plot, heatmap_plot, line_plot, matrix_plot
+from stepscope.report.plots import Trace, heatmap_plot, line_plot
 
 PROBE_CE, PROBE_ACC = "probe/model/loss", "probe/model/accuracy_fraction"
 MAX_RUN_PANELS = 4
@@ -202,92 +202,6 @@ def branch_section(runs: list[RunView]) -> Section:
         )
     else:
         sec.items.append(no_data("training throughput", "examples_seen with wall times/clocks"))
-    return sec
-
-
-def default_endpoints(runs: list[RunView]) -> list[int]:
-    """First and last probe step of the first run that has probe rows (else first/last step)."""
-    for r in runs:
-        steps = D.probe_steps(r.reader)
-        if len(steps):
-            return sorted({int(steps[0]), int(steps[-1])})
-    steps = runs[0].reader.steps if runs else np.empty(0)
-    return sorted({int(steps[0]), int(steps[-1])}) if len(steps) else []
-
-
-def endpoints_section(runs: list[RunView], endpoints: list[int]) -> Section:
-    """Generalisation gap, predicted-class counts and confusion matrices at the endpoints."""
-    from stepscope.probe.sink import read_probe_confusion
-
-    sec = Section("endpoints", "Generalisation gap, predicted classes and confusion at endpoints")
-    rows: list[list[str]] = []
-    for r in runs:
-        h = r.reader
-        ep = np.array(endpoints, dtype=np.int64)
-        p_acc, p_ce = D.scalar_on(h, PROBE_ACC, ep), D.scalar_on(h, PROBE_CE, ep)
-        for split, m in sorted(D.eval_metrics(h).items()):
-            acc = next((m[k] for k in sorted(m) if k.startswith("acc")), None)
-            ce = next((m[k] for k in m if k in ("loss", "ce", "cross_entropy")), None)
-            e_acc = D.scalar_on(h, acc, ep) if acc else np.full(len(ep), np.nan)
-            e_ce = D.scalar_on(h, ce, ep) if ce else np.full(len(ep), np.nan)
-            if split in D.ENDPOINT_ONLY_SPLITS:  # official test: declared endpoints only
-                declared = D.endpoint_steps(h, split)
-                hidden = ~np.isin(ep, declared if declared is not None else [])
-                e_acc[hidden], e_ce[hidden] = np.nan, np.nan
-            for i, step in enumerate(endpoints):
-                gap_acc = p_acc[i] - e_acc[i]
-                gap_ce = e_ce[i] - p_ce[i]
-                rows.append(
-                    [r.label, str(step), split]
-                    + [
-                        fmt(None if np.isnan(v) else float(v))
-                        for v in (p_acc[i], e_acc[i], gap_acc)
-                    ]
-                    + [fmt(None if np.isnan(v) else float(v)) for v in (p_ce[i], e_ce[i], gap_ce)]
-                )
-    if rows:
-        header = ["run", "step", "split", "probe acc", "eval acc", "acc gap (probe - eval)"]
-        header += ["probe CE", "eval CE", "CE gap (eval - probe)"]
-        sec.items.append(Table("generalisation gap (probe: a fixed training subset)", header, rows))
-    else:
-        sec.items.append(no_data("generalisation gap", "eval/<split>/* rows at the endpoints"))
-    drew = False
-    for r in runs[:MAX_RUN_PANELS]:
-        h = r.reader
-        probe_at = set(D.probe_steps(h).tolist())
-        counts_names = sorted(
-            (n for n in h.scalar_names if n.startswith("probe/model/predicted_counts/")),
-            key=lambda n: int(n.rsplit("/", 1)[1]),
-        )
-        groups = {}
-        for step in endpoints:
-            if step not in probe_at or not counts_names:
-                continue
-            groups[f"step {step}"] = np.array(
-                [D.scalar_on(h, n, np.array([step]))[0] for n in counts_names]
-            )
-            drew = True
-            sec.items.append(
-                matrix_plot(
-                    f"probe confusion at step {step} · {r.label}",
-                    read_probe_confusion(h, step),
-                    "predicted class",
-                    "true class",
-                )
-            )
-        if groups:
-            sec.items.insert(
-                len(sec.items) - len(groups),
-                bar_plot(
-                    f"probe predicted-class counts · {r.label}",
-                    groups,
-                    "class",
-                    "examples predicted",
-                    caption="A class never predicted (a dead class) shows as an empty bar.",
-                ),
-            )
-    if not drew:
-        sec.items.append(no_data("predicted-class counts and confusion", "probe/model/* rows"))
     return sec
 
 
