@@ -64,13 +64,19 @@ def test_user_branch_quantities_beside_mask_rows_are_allowed():
     assert d.scalars[branch_scalar("blocks.1", BranchField.ACTIVE_FRACTION)] == 3 / 5
 
 
-def test_a_mask_field_logged_by_hand_too_refuses():
+def test_a_mask_field_logged_by_hand_too_refuses_when_logged_in_either_order():
     p = PendingStep()
     p.add_scalar(branch_scalar("b", BranchField.ACTIVE_FRACTION), 0.5)
-    p.add_mask("b", [True])
     with pytest.raises(Refusal) as err:
-        p.drain(0)
+        p.add_mask("b", [True])
     assert err.value.code == "runlog_name_invalid"
+    q = PendingStep()
+    q.add_mask("c", [True])
+    with pytest.raises(Refusal) as err:
+        q.add_scalar(branch_scalar("c", BranchField.TOTAL_UNITS), 1.0)
+    assert err.value.code == "runlog_name_invalid"
+    q.add_scalar(branch_scalar("c", BranchField.TOTAL_UNITS), 1.0, step=7)  # another step: fine
+    assert q.drain(0).dated == ((branch_scalar("c", BranchField.TOTAL_UNITS), 7, 1.0),)
 
 
 def test_mask_counts_are_exact_and_accumulate_over_micro_batches():

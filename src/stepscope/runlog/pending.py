@@ -31,7 +31,14 @@ import numpy as np
 import torch
 
 from stepscope.errors import Refusal
-from stepscope.runlog.names import BranchField, branch_scalar, check_label, check_scalar_name
+from stepscope.runlog.names import (
+    BRANCH_PREFIX,
+    BranchField,
+    branch_scalar,
+    check_label,
+    check_scalar_name,
+    parse_branch_scalar,
+)
 
 Value = float | int | bool | torch.Tensor | np.ndarray | np.generic
 
@@ -92,6 +99,14 @@ class Drained:
     activity: tuple[BranchActivity, ...] = ()
 
 
+def _refuse_clash(scalar: str, branch: str) -> None:
+    raise Refusal(
+        "runlog_name_invalid",
+        f"{scalar!r} is written by log_mask({branch!r}) in this step; it cannot also be logged.",
+        ["log your own branch quantity under another field name (e.g. survival_probability)"],
+    )
+
+
 def _host_or_tensor(value: Any, what: str) -> float | torch.Tensor:
     if isinstance(value, torch.Tensor):
         if value.numel() != 1 or value.is_complex():
@@ -129,6 +144,10 @@ class PendingStep:
         A second value for the same name and step replaces the first (last write wins).
         """
         check_scalar_name(name)
+        if step is None and name.startswith(BRANCH_PREFIX):
+            parsed = parse_branch_scalar(name)
+            if parsed is not None and parsed[0] in self._masks:
+                _refuse_clash(name, parsed[0])
         if step is not None and (isinstance(step, bool) or not isinstance(step, int) or step < 0):
             raise Refusal("runlog_step_invalid", f"step {step!r} is not an int >= 0.", [])
         self._scalars[(name, step)] = _host_or_tensor(value, f"scalar {name!r}")
@@ -177,6 +196,9 @@ class PendingStep:
             self._add_count(f"{name}.{i}", counts[i], per_branch, nominal_macs_per_unit)
 
     def _add_count(self, name: str, active: Any, total: int, macs: float | None) -> None:
+        for kind in BranchField:
+            if (branch_scalar(name, kind), None) in self._scalars:
+                _refuse_clash(branch_scalar(name, kind), name)
         parts, before, _ = self._masks.get(name, ([], 0, macs))
         self._masks[name] = ([*parts, active], before + total, macs)
 
@@ -206,14 +228,10 @@ class PendingStep:
             rec = BranchActivity(name, step, active, total, macs)
             activity.append(rec)
             rows = rec.scalar_rows()
-            clash = sorted(set(rows) & set(scalars))
+            clash = sorted(set(rows) & set(scalars))  # only an explicit step=<this step> row
             if clash:
                 self._scalars, self._masks = {}, {}
-                raise Refusal(
-                    "runlog_name_invalid",
-                    f"step {step}: {clash} were logged by hand and by log_mask({name!r}).",
-                    ["log your own branch quantity under another field name"],
-                )
+                _refuse_clash(clash[0], name)
             scalars.update(rows)
         self._scalars, self._masks = {}, {}
         return Drained(scalars, tuple(dated), tuple(activity))

@@ -51,6 +51,8 @@ from stepscope.runlog.pending import PendingStep, _host_or_tensor, _to_host_all
 from stepscope.runlog.sink import ArtifactRows, MemoryRows, write_summary
 from stepscope.runlog.view import RunView
 
+_UNKNOWN_TRUTH = StepTruth()  # frozen: one shared record
+
 
 def write_clock_rows(sink: Any, rows: list[ClockRow]) -> None:
     """The reserved cumulative ``clock/*`` scalars of resolved steps."""
@@ -267,7 +269,7 @@ class RunLog:
             examples_seen=self._examples_seen,
             epoch=epoch,
             provenance=StepProvenance.EXPLICIT,
-            truth=StepTruth(),  # a run log does not see the optimizer: applied/clipped unknown
+            truth=_UNKNOWN_TRUTH,  # a run log does not see the optimizer: all unknown
             wall_time=time.time(),
         )
         self.sink.write_step(block, scalars=drained.scalars)
