@@ -157,3 +157,15 @@ def test_eval_records_validate_their_fields():
     r = EvalRecord("validation", {"ce": float("nan")}, optimizer_step=2, endpoint=True)
     back = EvalRecord.from_dict(r.to_dict())
     assert np.isnan(back.metrics["ce"]) and back.endpoint and back.optimizer_step == 2
+
+
+def test_a_hand_logged_fraction_has_masked_counts_not_garbage():
+    rl = RunLog()
+    with rl.step():
+        rl.log("branch/mine/active_fraction", 0.5)
+    with rl.step():
+        rl.log_mask("mine", [True, False, False, False])
+    b = rl.view().branch("mine")
+    assert b.active_fraction.tolist() == [0.5, 0.25]
+    assert b.active_units.tolist() == [None, 1] and b.total_units.tolist() == [None, 4]
+    assert b.nominal_skipped_macs.tolist() == [None, None]

@@ -82,8 +82,8 @@ class BranchSeries:
     name: str
     steps: np.ndarray
     active_fraction: np.ndarray
-    active_units: np.ndarray
-    total_units: np.ndarray
+    active_units: np.ma.MaskedArray  # exact counts; masked where only a fraction was logged
+    total_units: np.ma.MaskedArray
     nominal_skipped_macs: np.ma.MaskedArray  # masked where no per-unit MAC count was declared
 
 
@@ -206,12 +206,16 @@ class RunView:
             by = {int(s): float(v) for s, v in zip(rows["step"], rows["value"])}
             return np.array([by.get(int(s), np.nan) for s in steps])
 
-        macs = field(BranchField.NOMINAL_SKIPPED_MACS)
+        def counts(f: BranchField) -> np.ma.MaskedArray:
+            values = field(f)  # a fraction logged by hand has no counts: masked, not garbage
+            known = ~np.isnan(values)
+            return np.ma.masked_array(np.where(known, values, -1).astype(np.int64), mask=~known)
+
         return BranchSeries(
             name,
             steps,
             frac["value"].copy(),
-            field(BranchField.ACTIVE_UNITS).astype(np.int64),
-            field(BranchField.TOTAL_UNITS).astype(np.int64),
-            np.ma.masked_invalid(macs),
+            counts(BranchField.ACTIVE_UNITS),
+            counts(BranchField.TOTAL_UNITS),
+            np.ma.masked_invalid(field(BranchField.NOMINAL_SKIPPED_MACS)),
         )
