@@ -38,7 +38,12 @@ def find_curvature_files(run_dir: Path) -> list[Path]:
             for p in folder.iterdir():
                 if _NAME.match(p.name) and p.name not in found:
                     found[p.name] = p
-    return [found[k] for k in sorted(found, key=lambda n: int(_NAME.match(n)[1]))]
+    return [found[k] for k in sorted(found, key=_epoch_of)]
+
+
+def _epoch_of(name: str) -> int:
+    m = _NAME.match(name)
+    return int(m[1]) if m else -1
 
 
 def load_checkpoint(path: Path) -> dict[str, Any]:
@@ -58,7 +63,7 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
             ["pass files written by stepscope.curvature.run_curvature_panel"],
         )
     if "epoch" not in doc:
-        doc["epoch"] = int(_NAME.match(path.name)[1])
+        doc["epoch"] = _epoch_of(path.name)
     return doc
 
 

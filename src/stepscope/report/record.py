@@ -73,9 +73,9 @@ def _overhead(r: RunView) -> Item:
     extra = r.reader.run.extra
     for key in OVERHEAD_KEYS:
         if key in extra:
-            rows: list[list[str]] = []
-            _flat(key, extra[key], rows)
-            return Table(f"measured overhead · {r.label}", ["measurement", "value"], rows)
+            found: list[list[str]] = []
+            _flat(key, extra[key], found)
+            return Table(f"measured overhead · {r.label}", ["measurement", "value"], found)
     return no_data(
         f"measured overhead · {r.label}",
         "RUN/runlog.json, run record extra." + " / extra.".join(OVERHEAD_KEYS),

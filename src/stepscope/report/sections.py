@@ -94,9 +94,12 @@ def curves_section(runs: list[RunView], endpoints: list[int]) -> Section:
                 per_run = []
                 for r in runs:
                     src = _sources(r).get(label)
-                    if src is None or src[col] is None:
+                    if src is None:
                         continue
-                    steps, name = src[0], src[col]
+                    steps, ce_name, acc_name = src
+                    name = ce_name if col == 1 else acc_name
+                    if name is None:
+                        continue
                     y = D.scalar_on(r.reader, name, steps)
                     x = steps.astype(float)
                     if axis != "optimizer step":
