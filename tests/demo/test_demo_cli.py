@@ -1,26 +1,43 @@
-"""``stepscope demo`` runs end to end and prints what it measured."""
+"""``stepscope demo`` runs the study end to end and leaves artifacts a reader can use."""
 
+import json
 import subprocess
 import sys
 
 import pytest
 
+import stepscope as ss
 from stepscope.cli import main
 
 
-def test_quick_demo_prints_spines_and_histogram(tmp_path, capsys):
+def test_quick_study_writes_verified_artifacts_probe_rows_evals_and_curvature(tmp_path, capsys):
     pytest.importorskip("mlxtend")
-    assert main(["demo", "--quick", "--out", str(tmp_path / "run")]) == 0
-    out = capsys.readouterr().out
-    assert "activation spines" in out and "0 (exact)" in out
-    assert "validation loss" in out
-    assert (tmp_path / "run").is_dir()
+    out = tmp_path / "demo"
+    assert main(["demo", "--quick", "--variants", "plain", "residual", "--out", str(out), "--no-report"]) == 0
+    text = capsys.readouterr().out
+    assert "activation spines" in text and "0 (exact)" in text
+    for variant in ("plain", "residual"):
+        run = out / f"{variant}-seed0"
+        h = ss.open_history(run)
+        assert h.verify().ok  # every committed chunk re-hashes to its index row
+        steps = h.steps
+        assert len(steps) == 110 and steps[0] == 0  # 2 epochs x 55 steps, every step recorded
+        loss = h.scalars("train/loss")
+        assert len(loss.values) == 110 and loss.valid.all()
+        # the probe ran on its cadence (every 10 steps) and wrote its rows at step + 1
+        acc = h.scalars("probe/model/accuracy_fraction")
+        assert list(acc.steps) == list(range(1, 111, 10))
+        # three curvature checkpoints, each a JSON with the per-layer families
+        files = sorted((run / "curvature").glob("curvature-*.json"))
+        assert [f.name for f in files] == ["curvature-000.json", "curvature-001.json", "curvature-002.json"]
+        payload = json.loads(files[-1].read_text())
+        assert payload["epoch"] == 2 and payload["checkpoint"]["sha256"]
+        layer = next(iter(payload["analysis"]["layers"].values()))
+        assert {"empirical_fisher", "ce_ggn", "jacobian_gram"} <= set(layer)
 
 
 def test_module_entry_point_lists_commands():
-    res = subprocess.run(
-        [sys.executable, "-m", "stepscope", "--help"], capture_output=True, text=True, timeout=120
-    )
+    res = subprocess.run([sys.executable, "-m", "stepscope", "--help"], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0 and "demo" in res.stdout
 
 
