@@ -35,13 +35,15 @@ def hand_run(tmp_path_factory: pytest.TempPathFactory):
     path = tmp_path_factory.mktemp("hand") / "run"
     with ArtifactWriter(path, durable=False) as w:
         site = w.register_site("fc", "torch.nn.Linear", "f32[*,14]")
+        dead = w.register_site("relu", "torch.nn.ReLU", "f32[*,14]")
         for step in range(7):
-            t = torch.tensor(VALUES)
-            spines = ss.stats.reduce_spines([t]).numpy()
+            ts = [torch.tensor(VALUES), torch.zeros(len(VALUES))]  # a dead ReLU: only zeros
+            spines = ss.stats.reduce_spines(ts).numpy()
             kw = {}
             if step in HIST_STEPS:
-                kw = dict(hist_rows=[0], histograms=ss.stats.reduce_histograms([t]).numpy())
-            batch = ObservationBatch.observed("activation", "forward", [site], spines, **kw)
+                kw = dict(hist_rows=[0, 1], histograms=ss.stats.reduce_histograms(ts).numpy())
+            ids = [site, dead]
+            batch = ObservationBatch.observed("activation", "forward", ids, spines, **kw)
             w.write_step(StepBlockRecord(step, examples_seen=1), [batch])
     return open_history(path)
 
@@ -96,3 +98,13 @@ def test_seed_mean_and_interval_exist_only_where_every_run_has_a_value():
     np.testing.assert_array_equal(mean.band[1], [3.0, 4.0, np.nan, np.nan])
     assert mean.band_label == "probe · min–max over 3 runs"
     assert {t.group for t in traces} == {"probe"}
+
+
+def test_a_site_with_only_zeros_draws_its_zero_band_and_no_bins(hand_run):
+    from report_testkit import decode_png
+
+    plot = histogram_plot(histogram_grid(hand_run, "relu", "activation"))
+    assert len(plot.data["bins"]) == 0 and plot.data["counts"].size == 0
+    np.testing.assert_array_equal(plot.data["specials"]["zero"], [len(VALUES)] * 3)
+    assert all(not v.any() for k, v in plot.data["specials"].items() if k != "zero")
+    decode_png(plot.png)
