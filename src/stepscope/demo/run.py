@@ -31,11 +31,12 @@ class Progress:
         frac = self.done / max(self.total, 1)
         bar = "#" * int(30 * frac)
         rate = self.done / max(time.perf_counter() - self.start, 1e-9)
+        tty = self.stream.isatty()
+        line = f"{self.label} [{bar:<30}] {self.done}/{self.total} {rate:.0f}/s {note}"
+        # a terminal redraws one line; a log gets whole lines
         self.stream.write(
-            f"\r{self.label} [{bar:<30}] {self.done}/{self.total} {rate:.0f}/s {note}"
+            ("\r" + line + ("\n" if self.done >= self.total else "")) if tty else line + "\n"
         )
-        if self.done >= self.total:
-            self.stream.write("\n")
         self.stream.flush()
 
 
