@@ -100,7 +100,7 @@ def test_collector_clocks_add_up_and_match_its_telemetry(tmp_path, sdnet_train):
     assert (clk.training_seconds + clk.telemetry_seconds <= clk.elapsed_seconds).all()
     training, telemetry = clk.per_step()
     assert (training > 0).all() and (telemetry > 0).all()  # hooks ran: our time is not zero
-    assert clk.telemetry_seconds[-1] <= c.telemetry_seconds
+    assert clk.telemetry_seconds[-1] == c.telemetry_seconds  # same sums, same order
     assert v.summary["closed"] and v.summary["training_clock"] == "host_perf_counter"
     assert v.summary["overhead_fraction"] == clk.overhead_fraction
 
@@ -123,3 +123,31 @@ def test_ram_collector_keeps_run_log_rows():
     (e,) = v.evals("train_probe")
     assert (e.optimizer_step, e.examples_seen, e.metrics) == (0, 0, {"accuracy_fraction": 0.25})
     assert v.clocks().steps.tolist() == [0, 1, 2]
+
+
+def test_host_clock_rows_are_published_live_with_their_step():
+    from stepscope.events import EventStream, Subscriber
+
+    class Keep(Subscriber):
+        def __init__(self):
+            self.events = []
+
+        def on_events(self, events):
+            self.events.extend(events)
+
+    stream = EventStream()
+    keep = stream.subscribe(Keep())
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    settings = ss.WatchSettings(event_stream=stream, ram_policy="drop_oldest")
+    with ss.HistoryCollector(model, settings=settings) as c:
+        for _ in range(3):
+            with c.step(opt, examples=4):
+                model(torch.ones(4, 3)).sum().backward()
+                opt.step()
+        view = c.run_view()
+    stream.close()
+    live = [(e.optimizer_step, e.value) for e in keep.events if e.name == "clock/training_seconds"]
+    stored = view.clocks()
+    assert live == list(zip(stored.steps.tolist(), stored.training_seconds.tolist()))

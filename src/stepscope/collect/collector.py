@@ -65,6 +65,7 @@ from stepscope.runlog import (
     MemoryRows,
     PendingStep,
     StepClock,
+    clock_scalars,
     make_eval,
     withhold_inactive,
     write_clock_rows,
@@ -505,6 +506,14 @@ class HistoryCollector:
             truth=truth,
             wall_time=time.time(),
         )
+        # clocks before the write: a host-clock row travels in the block's scalars (and live
+        # events); the write and publish below count in the next step's telemetry
+        t_split = time.perf_counter()
+        telemetry_now = state.telemetry_s + (t_split - t0)
+        clock_rows = self.clock.finish(state.step, in_window, telemetry_now)
+        own = [r for r in clock_rows if r.step == state.step]
+        if own:
+            scalars = {**scalars, **clock_scalars(own[0])}
         if self.writer is not None:
             self.writer.write_step(block, batches, scalars=scalars)
         else:
@@ -512,23 +521,18 @@ class HistoryCollector:
             self._rows.write_step(block, scalars=scalars)
         for name, at, value in drained.dated:
             self._rows.write_scalar(name, at, value)
+        write_clock_rows(self._rows, [r for r in clock_rows if r.step != state.step])  # CUDA
         stream = self.settings.event_stream
         if stream is not None:
             from stepscope.events import events_from_step
 
             stream.publish(events_from_step(block, batches, self.sites, self.descriptor, scalars))
-        state.telemetry_s += time.perf_counter() - t0
-        self.telemetry_seconds += state.telemetry_s
-        clock_rows = self.clock.finish(state.step, in_window, state.telemetry_s)
-        t1 = time.perf_counter()
-        write_clock_rows(self._rows, clock_rows)
+        self.telemetry_seconds += telemetry_now
         self.last_block, self.last_batches = block, batches
         self._next_step = state.step + 1
         self._state = None
         self._begin_step()
-        late = time.perf_counter() - t1  # the clock rows' own cost: the next step's telemetry
-        self._state.telemetry_s += late
-        self.telemetry_seconds += late
+        self._state.telemetry_s += time.perf_counter() - t_split  # write, publish, next begin
 
     def _batches(self, state: StepState, host: dict) -> list[ObservationBatch]:
         out = []

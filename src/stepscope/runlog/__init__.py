@@ -13,7 +13,13 @@ from stepscope.runlog.names import (
     branch_scalar,
 )
 from stepscope.runlog.pending import BranchActivity, Drained, PendingStep
-from stepscope.runlog.runlog import RunLog, make_eval, write_clock_rows, write_eval
+from stepscope.runlog.runlog import (
+    RunLog,
+    clock_scalars,
+    make_eval,
+    write_clock_rows,
+    write_eval,
+)
 from stepscope.runlog.sink import (
     ArtifactRows,
     MemoryRows,
@@ -46,6 +52,7 @@ __all__ = [
     "Split",
     "StepClock",
     "branch_scalar",
+    "clock_scalars",
     "make_eval",
     "read_eval_log",
     "read_summary",

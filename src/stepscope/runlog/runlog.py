@@ -54,12 +54,20 @@ from stepscope.runlog.view import RunView
 _UNKNOWN_TRUTH = StepTruth()  # frozen: one shared record
 
 
+def clock_scalars(row: ClockRow) -> dict[str, float]:
+    """The reserved cumulative ``clock/*`` scalars of one resolved step."""
+    return {
+        CLOCK_TRAINING: row.training_total,
+        CLOCK_TELEMETRY: row.telemetry_total,
+        CLOCK_ELAPSED: row.elapsed_seconds,
+    }
+
+
 def write_clock_rows(sink: Any, rows: list[ClockRow]) -> None:
-    """The reserved cumulative ``clock/*`` scalars of resolved steps."""
+    """The ``clock/*`` scalars of steps resolved after their block was written (CUDA, close)."""
     for r in rows:
-        sink.write_scalar(CLOCK_TRAINING, r.step, r.training_total)
-        sink.write_scalar(CLOCK_TELEMETRY, r.step, r.telemetry_total)
-        sink.write_scalar(CLOCK_ELAPSED, r.step, r.elapsed_seconds)
+        for name, value in clock_scalars(r).items():
+            sink.write_scalar(name, r.step, value)
 
 
 def write_eval(sink: Any, rec: EvalRecord) -> None:
@@ -272,15 +280,19 @@ class RunLog:
             truth=_UNKNOWN_TRUTH,  # a run log does not see the optimizer: all unknown
             wall_time=time.time(),
         )
-        self.sink.write_step(block, scalars=drained.scalars)
+        t_split = self._timer()
+        telemetry = self._telemetry + (t_split - t0)
+        rows = self.clock.finish(step, in_window, telemetry)
+        scalars = drained.scalars
+        own = [r for r in rows if r.step == step]  # host clock: in the block's own scalars
+        if own:
+            scalars = {**scalars, **clock_scalars(own[0])}
+        self.sink.write_step(block, scalars=scalars)
         for name, at, value in drained.dated:
             self.sink.write_scalar(name, at, value)
-        telemetry = self._telemetry + (self._timer() - t0)
-        rows = self.clock.finish(step, in_window, telemetry)
-        t1 = self._timer()
-        write_clock_rows(self.sink, rows)
+        write_clock_rows(self.sink, [r for r in rows if r.step != step])  # CUDA: resolved late
         self._step = step + 1
-        self._telemetry = self._timer() - t1  # the clock rows' own cost goes to the next step
+        self._telemetry = self._timer() - t_split  # the write itself: the next step's telemetry
         self._window_from = self._telemetry
         self.clock.begin(self._step)
         return block
