@@ -236,3 +236,19 @@ def test_measured_overhead_comes_from_the_runlog_summary(report, runs):
     fields = dict(overhead.rows)
     assert float(fields["overhead_fraction"]) == summary["overhead_fraction"]
     assert float(fields["training_seconds"]) == summary["training_seconds"]
+
+
+def test_runs_of_different_recipes_are_never_averaged_together(report):
+    from dataclasses import replace
+
+    from stepscope.report.sections import curves_section
+
+    a, b = report["views"]
+    sec = curves_section([replace(a, group="plain"), replace(b, group="residual")], [0, 5])
+    (ce,) = plots_titled(sec, "cross-entropy vs optimizer step")
+    labels = [k.split(":", 1)[1] for k in ce.data]
+    assert not any("mean of" in lab for lab in labels)
+    assert f"probe · plain · {a.label}" in labels and f"probe · residual · {b.label}" in labels
+    same = curves_section([replace(a, group="plain"), replace(b, group="plain")], [0, 5])
+    (ce,) = plots_titled(same, "cross-entropy vs optimizer step")
+    assert "probe · mean of 2 runs" in [k.split(":", 1)[1] for k in ce.data]  # one recipe

@@ -55,21 +55,32 @@ def no_data(what: str, looked_for: str) -> Note:
     return Note(f"no data recorded: {what} (looked for {looked_for}).")
 
 
+#: Run-record ``extra`` keys naming a run's recipe (the report's seed groups), in priority order.
+GROUP_KEYS: tuple[str, ...] = ("recipe", "variant")
+
+
 @dataclass
 class RunView:
-    """One run given to the report: its directory, reader and display label."""
+    """One run given to the report: its directory, reader, display label and recipe group."""
 
     path: Path
     reader: HistoryReader
     label: str
+    group: str = ""
 
     @classmethod
     def open(cls, path: str | os.PathLike[str]) -> RunView:
-        """Open a run directory (refuses like :func:`~stepscope.history.open_history`)."""
+        """Open a run directory (refuses like :func:`~stepscope.history.open_history`).
+
+        ``group`` is the run's recipe, from the run record's ``extra`` (first of
+        :data:`GROUP_KEYS`); runs of different recipes are never averaged together.
+        """
         reader = open_history(path)
-        seed = reader.run.extra.get("seed")
+        extra = reader.run.extra
+        seed = extra.get("seed")
         label = reader.run.run_id if seed is None else f"{reader.run.run_id} (seed {seed})"
-        return cls(Path(path), reader, label)
+        group = next((str(extra[k]) for k in GROUP_KEYS if extra.get(k) is not None), "")
+        return cls(Path(path), reader, label, group)
 
 
 def fmt(value: object) -> str:

@@ -90,9 +90,9 @@ def curves_section(runs: list[RunView], endpoints: list[int]) -> Section:
             if axis != "optimizer step" and not has_clock:
                 continue
             traces: list[Trace] = []
-            for label in labels:
+            for (label, group), members in _by_group(runs, labels):
                 per_run = []
-                for r in runs:
+                for r in members:
                     src = _sources(r).get(label)
                     if src is None:
                         continue
@@ -105,7 +105,7 @@ def curves_section(runs: list[RunView], endpoints: list[int]) -> Section:
                     if axis != "optimizer step":
                         x = D.scalar_on(r.reader, D.TRAIN_CLOCK, steps)
                     per_run.append((r.label, x, y))
-                traces += seed_traces(label, per_run)
+                traces += seed_traces(label + group, per_run)
             if traces:
                 sec.items.append(
                     line_plot(
@@ -115,26 +115,44 @@ def curves_section(runs: list[RunView], endpoints: list[int]) -> Section:
                         traces,
                         markers=marks if axis == "optimizer step" else None,
                         caption="probe: the fixed dense-probe subset of the training split; "
-                        "eval/<split>: the run's evaluation rows. Several runs: thin seed traces "
-                        "behind their mean, shaded min–max interval, both only where every run "
-                        "has a value.",
+                        "eval/<split>: the run's evaluation rows. Several runs of one recipe: thin "
+                        "seed traces behind their mean, shaded min–max interval, both only where "
+                        "every run has a value; recipes (run record extra 'recipe'/'variant') are "
+                        "never averaged together.",
                     )
                 )
     if not has_clock:
         sec.items.append(no_data("isolated training seconds", f"scalar rows {D.TRAIN_CLOCK}"))
     sec.items.append(_elapsed_plot(runs))
     for name in TRAIN_LOSS_NAMES:
-        loss = [(r.label, *_user_series(r, name)) for r in runs if name in r.reader.scalar_names]
-        if loss:
+        traces = []
+        for (_, group), members in _by_group(runs, [name]):
+            loss = [(r.label, *_user_series(r, name)) for r in members]
+            traces += seed_traces(name + group, [x for x in loss if len(x[1])])
+        if traces:
             sec.items.append(
                 line_plot(
                     f"training minibatch loss (user scalar '{name}')",
                     "optimizer step",
                     "loss",
-                    seed_traces(name, loss),
+                    traces,
                 )
             )
     return sec
+
+
+def _by_group(
+    runs: list[RunView], labels: list[str]
+) -> list[tuple[tuple[str, str], list[RunView]]]:
+    """``((label, group suffix), runs)`` per label and recipe; one recipe: an empty suffix."""
+    groups: dict[str, list[RunView]] = {}
+    for r in runs:
+        groups.setdefault(r.group, []).append(r)
+    out = []
+    for label in labels:
+        for g, members in groups.items():
+            out.append(((label, f" · {g}" if len(groups) > 1 else ""), members))
+    return out
 
 
 def _user_series(run: RunView, name: str) -> tuple[np.ndarray, np.ndarray]:
