@@ -252,3 +252,9 @@ def test_runs_of_different_recipes_are_never_averaged_together(report):
     same = curves_section([replace(a, group="plain"), replace(b, group="plain")], [0, 5])
     (ce,) = plots_titled(same, "cross-entropy vs optimizer step")
     assert "probe · mean of 2 runs" in [k.split(":", 1)[1] for k in ce.data]  # one recipe
+
+
+def test_default_endpoints_are_where_probe_and_evaluation_were_both_taken(report):
+    from stepscope.report.endpoints import default_endpoints
+
+    assert default_endpoints(report["views"]) == [0, 5]

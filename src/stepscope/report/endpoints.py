@@ -17,17 +17,25 @@ from __future__ import annotations
 import numpy as np
 
 from stepscope.report import data as D
-from stepscope.report.model import RunView, Section, Table, fmt, no_data
+from stepscope.report.model import Note, RunView, Section, Table, fmt, no_data
 from stepscope.report.plots import bar_plot, matrix_plot
 from stepscope.report.sections import MAX_RUN_PANELS, PROBE_ACC, PROBE_CE
 
 
 def default_endpoints(runs: list[RunView]) -> list[int]:
-    """First and last probe step of the first run that has probe rows (else first/last step)."""
+    """Default endpoints from the first run with probe rows.
+
+    The first and last step where the probe and an evaluation were both taken (so the gap is
+    defined there); without such a step, the first and last probe step; without a probe, the
+    first and last committed step.
+    """
     for r in runs:
         steps = D.probe_steps(r.reader)
         if len(steps):
-            return sorted({int(steps[0]), int(steps[-1])})
+            names = [n for m in D.eval_metrics(r.reader).values() for n in m.values()]
+            both = np.intersect1d(steps, D.scalar_steps(r.reader, names))
+            pick = both if len(both) else steps
+            return sorted({int(pick[0]), int(pick[-1])})
     steps = runs[0].reader.steps if runs else np.empty(0)
     return sorted({int(steps[0]), int(steps[-1])}) if len(steps) else []
 
@@ -66,6 +74,13 @@ def endpoints_section(runs: list[RunView], endpoints: list[int]) -> Section:
         header = ["run", "step", "split", "probe acc", "eval acc", "acc gap (probe - eval)"]
         header += ["probe CE", "eval CE", "CE gap (eval - probe)"]
         sec.items.append(Table("generalisation gap (probe: a fixed training subset)", header, rows))
+        if all(r[5] == "not recorded" and r[8] == "not recorded" for r in rows):
+            sec.items.append(
+                Note(
+                    "no data recorded: a generalisation gap at these endpoints (no evaluation "
+                    "was taken at a probe step); pass --endpoints where both were taken."
+                )
+            )
     else:
         sec.items.append(no_data("generalisation gap", "eval/<split>/* rows at the endpoints"))
     drew = False

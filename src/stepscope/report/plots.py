@@ -305,7 +305,7 @@ def matrix_plot(
     title: str, matrix: np.ndarray, xlabel: str, ylabel: str, caption: str = ""
 ) -> Plot:
     """An annotated integer matrix (e.g. a confusion matrix: true on y, predicted on x)."""
-    fig = _figure(4.0, 3.6, left=0.8, right=0.2)
+    fig = _figure(4.0, 3.8, left=0.8, right=0.2)
     ax = fig.add_subplot()
     ax.imshow(matrix, cmap="Blues")
     for (i, j), v in np.ndenumerate(matrix):
@@ -314,7 +314,7 @@ def matrix_plot(
     ax.set_yticks(range(matrix.shape[0]))
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
-    ax.set_title(title, fontsize=9)
+    ax.set_title(title.replace(" · ", "\n"), fontsize=8)
     return Plot(title, xlabel, _png(fig), {"matrix": matrix}, caption)
 
 
