@@ -44,6 +44,20 @@ def _human(n: float) -> str:
     return str(n)
 
 
+def _scalar_summary(names: list[str], limit: int = 6) -> str:
+    """``scalars: N`` then names grouped by their first path component (at most ``limit`` shown)."""
+    groups: dict[str, list[str]] = {}
+    for name in names:
+        groups.setdefault(name.split("/", 1)[0], []).append(name)
+    lines = [f"scalars: {len(names)}"]
+    for prefix, members in groups.items():
+        shown = ", ".join(members[:limit]) + (
+            f", ... (+{len(members) - limit} more)" if len(members) > limit else ""
+        )
+        lines.append(f"  {prefix + '/':<10} {len(members):>5}  {shown}")
+    return "\n".join(lines)
+
+
 def _show(args: argparse.Namespace) -> int:
     from stepscope.history.reader import open_history
     from stepscope.history.schema import Stream
@@ -90,7 +104,7 @@ def _show(args: argparse.Namespace) -> int:
             )
     print(_table(rows) if len(rows) > 1 else "no observations committed")
     if h.scalar_names:
-        print("\nscalars: " + ", ".join(h.scalar_names))
+        print("\n" + _scalar_summary(h.scalar_names))
     print()
     sizes = h.sizes()
     print(
