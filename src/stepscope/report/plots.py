@@ -98,7 +98,8 @@ def line_plot(
 
     ``markers`` are ``(x, label)`` vertical lines (e.g. endpoints).
     """
-    fig = _figure(8.4, 3.2, right=2.9)
+    many = len(traces) > 12  # e.g. spectra of every layer and family: a two-column legend
+    fig = _figure(9.6 if many else 8.4, 4.2 if many else 3.2, right=4.1 if many else 2.9)
     ax = fig.add_subplot()
     data: dict[str, Any] = {}
     mpl = require_extra("matplotlib", "report", "drawing report plots")
@@ -124,7 +125,13 @@ def line_plot(
     ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=10)
     if traces:
-        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+        ax.legend(
+            fontsize=6 if many else 7,
+            ncol=2 if many else 1,
+            loc="upper left",
+            bbox_to_anchor=(1.01, 1.0),
+            frameon=False,
+        )
     return Plot(title, xlabel, _png(fig), data, caption)
 
 
