@@ -124,3 +124,24 @@ def test_bad_masks_refuse(mask, kwargs):
     with pytest.raises(Refusal) as err:
         PendingStep().add_mask("b", mask, **kwargs)
     assert err.value.code == "runlog_mask_invalid"
+
+
+def test_one_element_tensors_of_any_shape_and_dtype_read_back_exactly():
+    values = {
+        "f32_0d": torch.tensor(0.1, dtype=torch.float32),
+        "f32_11": torch.tensor([[0.1]], dtype=torch.float32),
+        "bf16": torch.tensor(0.1, dtype=torch.bfloat16),
+        "f16_1": torch.tensor([0.1], dtype=torch.float16),
+        "i64": torch.tensor(2**40 + 1),
+        "flag": torch.tensor(True),
+        "grad": torch.tensor(0.3, requires_grad=True) * 2,
+    }
+    expect = {k: float(v.detach().double().reshape(())) for k, v in values.items()}
+    for single in ("bf16", "f32_11", "grad"):  # the one-tensor path
+        p = PendingStep()
+        p.add_scalar(single, values[single])
+        assert p.drain(0).scalars == {single: expect[single]}
+    p = PendingStep()
+    for k, v in values.items():
+        p.add_scalar(k, v)
+    assert p.drain(0).scalars == expect  # the stacked path

@@ -263,13 +263,16 @@ def _to_host_all(tensors: list[torch.Tensor]) -> list[float]:
 
 def _one_transfer(tensors: list[torch.Tensor]) -> list[float]:
     if len(tensors) == 1:
-        stacked = tensors[0].detach().reshape(1)  # a view: no copy before the transfer
-    else:  # stack promotes mixed dtypes exactly (ints, bools, float32 -> float64)
-        stacked = torch.stack([t.detach().reshape(()) for t in tensors])
+        stacked = tensors[0]  # the transfer detaches; numel() == 1 was checked when logged
+    else:
+        parts = [t.detach().reshape(()) for t in tensors]
+        if any(p.dtype != parts[0].dtype for p in parts):  # torch would promote int64+float32
+            parts = [p.to(torch.float64) for p in parts]  # to float32; float64 keeps both
+        stacked = torch.stack(parts)
     if stacked.dtype not in _NUMPY_EXACT:
-        stacked = stacked.to(torch.float64)  # half/bfloat16 have no (exact) numpy twin
+        stacked = stacked.detach().to(torch.float64)  # half/bfloat16 have no exact numpy twin
     # the counted transfer, looked up at each call (tests patch it)
-    return [float(v) for v in _staging().to_host(stacked).tolist()]
+    return [float(v) for v in _staging().to_host(stacked).reshape(-1).tolist()]
 
 
 def _staging() -> Any:
