@@ -168,6 +168,7 @@ def train_run(
     t0, step, val = time.perf_counter(), 0, {}
     try:
         save(0)
+        write_probe_record(collector.writer, probe.measure(model, step=0, examples_seen=0, epoch=0))
         collector.log_eval(
             "validation",
             evaluate(model, splits.val_x, splits.val_y),
@@ -181,7 +182,9 @@ def train_run(
             model.train()
             for i in range(steps_per_epoch):
                 idx = order[i * cfg.batch_size : (i + 1) * cfg.batch_size]
-                probed = step % cfg.probe_every == 0
+                # predeclared probe steps: the cadence, and each epoch's last step so that probe rows
+                # and validation rows share an optimizer step (the report's generalisation gap)
+                probed = step % cfg.probe_every == 0 or i == steps_per_epoch - 1
                 with collector.step(opt, examples=len(idx), epoch=epoch) as st:
                     loss = F.cross_entropy(model(splits.train_x[idx]), splits.train_y[idx])
                     opt.zero_grad(set_to_none=True)
