@@ -123,6 +123,7 @@ def test_ram_collector_keeps_run_log_rows():
     (e,) = v.evals("train_probe")
     assert (e.optimizer_step, e.examples_seen, e.metrics) == (0, 0, {"accuracy_fraction": 0.25})
     assert v.clocks().steps.tolist() == [0, 1, 2]
+    assert v.clocks().training_clock == "host_perf_counter"
 
 
 def test_host_clock_rows_are_published_live_with_their_step():

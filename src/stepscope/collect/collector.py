@@ -673,6 +673,7 @@ class HistoryCollector:
         from stepscope.runlog import RunView
 
         if isinstance(self._rows, MemoryRows):
+            self._rows.summary_data = self.clock.summary(closed=self._closed)
             return RunView(self._rows)
         if not self._closed:
             self._rows.writer.commit()

@@ -301,6 +301,7 @@ class RunLog:
     def view(self) -> RunView:
         """Everything written so far (an artifact is committed first)."""
         if isinstance(self.sink, MemoryRows):
+            self.sink.summary_data = self.clock.summary(closed=self._closed)
             return RunView(self.sink)
         from stepscope.history import open_history
 

@@ -73,6 +73,7 @@ class MemoryRows:
         self._name_ids: dict[str, int] = {}
         self._scalars: list[tuple[int, int, float]] = []
         self.evals: list[EvalRecord] = []
+        self.summary_data: dict[str, Any] | None = None  # set by the owner (clock totals)
 
     def _intern(self, name: str) -> int:
         i = self._name_ids.get(name)
@@ -121,8 +122,8 @@ class MemoryRows:
         return list(self.evals)
 
     def summary(self) -> dict[str, Any] | None:
-        """RAM runs keep no summary file."""
-        return None
+        """The owner's clock summary (RAM runs keep no ``runlog.json``)."""
+        return self.summary_data
 
 
 def write_summary(directory: str | os.PathLike[str] | None, summary: dict[str, Any]) -> None:
