@@ -169,3 +169,14 @@ def test_a_hand_logged_fraction_has_masked_counts_not_garbage():
     assert b.active_fraction.tolist() == [0.5, 0.25]
     assert b.active_units.tolist() == [None, 1] and b.total_units.tolist() == [None, 4]
     assert b.nominal_skipped_macs.tolist() == [None, None]
+
+
+def test_the_history_reader_exposes_evals_and_clocks(tmp_path, sdnet_train):
+    truth, v = _run(sdnet_train, tmp_path / "run")
+    h = open_history(tmp_path / "run")
+    assert [r.metrics["ce"] for r in h.evals("validation")] == [
+        truth.val_ce[s] for s in (0, 4, 8, 12)
+    ]
+    assert [r.split for r in h.evals(endpoints_only=True)] == ["test"]
+    assert h.clocks().training_seconds.tolist() == v.clocks().training_seconds.tolist()
+    assert h.clocks().overhead_fraction == v.clocks().overhead_fraction

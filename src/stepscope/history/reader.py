@@ -370,6 +370,25 @@ class HistoryReader:
             np.full(n, -1, np.int32),
         )
 
+    # -- run log (rows of stepscope.runlog: RunLog and HistoryCollector.log_eval/log_mask) ----
+    def evals(self, split: str | None = None, *, endpoints_only: bool = False) -> list[Any]:
+        """Evaluation records (:class:`stepscope.runlog.EvalRecord`) of ``split``, by step.
+
+        ``endpoints_only`` keeps the declared endpoints (official-test values belong only there).
+        """
+        from stepscope.runlog import RunView
+
+        return RunView(self).evals(split, endpoints_only=endpoints_only)
+
+    def clocks(self) -> Any:
+        """Cumulative training/telemetry/elapsed seconds per step and the measured overhead.
+
+        A :class:`stepscope.runlog.Clocks` (``.overhead_fraction``, ``.per_step()``).
+        """
+        from stepscope.runlog import RunView
+
+        return RunView(self).clocks()
+
     def observations(
         self,
         site: int | str | SiteRecord | None = None,
