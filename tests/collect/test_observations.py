@@ -322,3 +322,20 @@ def test_user_scalars_land_at_their_step(small_net, tmp_path):
     h = open_history(tmp_path / "l")
     assert h.scalars("loss").values.tolist() == pytest.approx(losses, rel=1e-7)
     assert h.scalars("lr").values.tolist() == [0.1, 0.1, 0.1]
+
+
+def test_an_evaluation_inside_the_step_is_not_folded_into_its_activation_rows(small_net, tmp_path):
+    opt = torch.optim.SGD(small_net.parameters(), lr=0.1)
+    c = HistoryCollector(small_net, sites="fc", streams=("activation",), cadence=1,
+                         settings=WatchSettings(output_dir=str(tmp_path / "e")))
+    x, y = batches(1)[0]
+    with c.step(opt):
+        F.cross_entropy(small_net(x), y).backward()
+        opt.step()
+        small_net.eval()
+        with torch.no_grad():
+            small_net(torch.randn(3, 1, 6, 6))  # an evaluation: eval mode, no graph
+        small_net.train()
+    c.close()
+    total = open_history(tmp_path / "e").series("fc", "activation", "total").values
+    assert total.tolist() == [8 * 10]  # the training batch only (8 examples x 10 logits)

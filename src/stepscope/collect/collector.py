@@ -321,8 +321,12 @@ class HistoryCollector:
         state.telemetry_s += time.perf_counter() - t0
 
     def _recording(self) -> bool:
-        # inside a transaction always; in the implicit spelling only while the model trains
-        return self._state is not None and (self._txn_open or self.model.training)
+        # A forward belongs to the training step when the model trains, or, inside an explicit
+        # transaction, when it builds a graph. An eval-mode no_grad forward (an evaluation, the
+        # dense probe) is never folded into the step's activation rows.
+        if self._state is None:
+            return False
+        return self.model.training or (self._txn_open and torch.is_grad_enabled())
 
     # ------------------------------------------------------------------ hooks
     def _forward_hook(self, module: torch.nn.Module, _inputs: Any, output: Any) -> None:
