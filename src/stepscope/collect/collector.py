@@ -673,15 +673,9 @@ class HistoryCollector:
 
     def run_view(self) -> Any:
         """Run-log rows written so far (:class:`~stepscope.runlog.RunView`; commits first)."""
-        from stepscope.history import open_history
-        from stepscope.runlog import RunView
+        from stepscope.runlog.runlog import view_of
 
-        if isinstance(self._rows, MemoryRows):
-            self._rows.summary_data = self.clock.summary(closed=self._closed)
-            return RunView(self._rows)
-        if not self._closed:
-            self._rows.writer.commit()
-        return RunView(open_history(self._rows.path))
+        return view_of(self._rows, self.clock, self._closed)
 
     # ------------------------------------------------------------------ lifecycle
     def _check_open(self) -> None:

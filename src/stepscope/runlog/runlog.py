@@ -300,14 +300,7 @@ class RunLog:
     # -- lifecycle ------------------------------------------------------------------------
     def view(self) -> RunView:
         """Everything written so far (an artifact is committed first)."""
-        if isinstance(self.sink, MemoryRows):
-            self.sink.summary_data = self.clock.summary(closed=self._closed)
-            return RunView(self.sink)
-        from stepscope.history import open_history
-
-        if not self._closed:
-            self.sink.writer.commit()
-        return RunView(open_history(self.sink.path))
+        return view_of(self.sink, self.clock, self._closed)
 
     def close(self) -> None:
         """Write rows logged after the last step (no block), resolve clocks, commit, close."""
@@ -329,3 +322,18 @@ class RunLog:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def view_of(sink: Any, clock: StepClock, closed: bool) -> RunView:
+    """A :class:`RunView` of the rows in ``sink`` (RAM rows, or an artifact committed first).
+
+    Shared by :meth:`RunLog.view` and :meth:`stepscope.HistoryCollector.run_view`.
+    """
+    if isinstance(sink, MemoryRows):
+        sink.summary_data = clock.summary(closed=closed)
+        return RunView(sink)
+    from stepscope.history import open_history
+
+    if not closed:
+        sink.writer.commit()
+    return RunView(open_history(sink.path))
