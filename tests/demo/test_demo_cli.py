@@ -13,7 +13,12 @@ from stepscope.cli import main
 def test_quick_study_writes_verified_artifacts_probe_rows_evals_and_curvature(tmp_path, capsys):
     pytest.importorskip("mlxtend")
     out = tmp_path / "demo"
-    assert main(["demo", "--quick", "--variants", "plain", "residual", "--out", str(out), "--no-report"]) == 0
+    assert (
+        main(
+            ["demo", "--quick", "--variants", "plain", "residual", "--out", str(out), "--no-report"]
+        )
+        == 0
+    )
     text = capsys.readouterr().out
     assert "activation spines" in text and "0 (exact)" in text
     for variant in ("plain", "residual"):
@@ -30,15 +35,37 @@ def test_quick_study_writes_verified_artifacts_probe_rows_evals_and_curvature(tm
         assert list(acc.steps) == sorted({0, *range(1, 111, 10), 55, 110})
         # three curvature checkpoints, each a JSON with the per-layer families
         files = sorted((run / "curvature").glob("curvature-*.json"))
-        assert [f.name for f in files] == ["curvature-000.json", "curvature-001.json", "curvature-002.json"]
+        assert [f.name for f in files] == [
+            "curvature-000.json",
+            "curvature-001.json",
+            "curvature-002.json",
+        ]
         payload = json.loads(files[-1].read_text())
         assert payload["epoch"] == 2 and payload["checkpoint"]["sha256"]
         layer = next(iter(payload["analysis"]["layers"].values()))
         assert {"empirical_fisher", "ce_ggn", "jacobian_gram"} <= set(layer)
+    # stochastic depth in the residual variant: realised activity is logged per block, and a
+    # block that did not run has its gradient cells recorded not_scheduled, never as zeros
+    h = ss.open_history(out / "residual-seed0")
+    branches = sorted({n.split("/")[1] for n in h.scalar_names if n.startswith("branch/")})
+    assert len(branches) == 5
+    skipped_and_scheduled = 0
+    for b in branches:
+        active = h.scalars(f"branch/{b}/active_fraction")
+        assert set(active.values.tolist()) <= {0.0, 1.0} and 0.5 < active.values.mean() < 1.0
+        grad = h.series(f"{b}.block.0.weight", "gradient", "total")
+        presence = dict(zip(grad.steps.tolist(), grad.presence_names().tolist()))
+        for step in active.steps[active.values == 0].tolist():
+            if step in presence:  # a gradient step (every 10th) on which the block was skipped
+                assert presence[step] == "not_scheduled"
+                skipped_and_scheduled += 1
+    assert skipped_and_scheduled > 0
 
 
 def test_module_entry_point_lists_commands():
-    res = subprocess.run([sys.executable, "-m", "stepscope", "--help"], capture_output=True, text=True, timeout=120)
+    res = subprocess.run(
+        [sys.executable, "-m", "stepscope", "--help"], capture_output=True, text=True, timeout=120
+    )
     assert res.returncode == 0 and "demo" in res.stdout
 
 

@@ -20,14 +20,26 @@ from torch import nn
 CIRESAN_WIDTHS: tuple[int, ...] = (2500, 2000, 1500, 1000, 500)
 
 
-class _Residual(nn.Module):
-    """``x + block(x)`` for a width-preserving block."""
+class Residual(nn.Module):
+    """``x + block(x)`` for a width-preserving block, with optional stochastic depth.
 
-    def __init__(self, block: nn.Module) -> None:
+    With ``survival < 1`` the block runs in training with probability ``survival`` (drawn from
+    the global RNG, like dropout) and its output is scaled by ``1 / survival``; a skipped block
+    returns ``x`` untouched. ``last_active`` says whether the block ran in the last forward, so a
+    training loop can log the branch activity (``collector.log_mask``). Eval always runs it.
+    """
+
+    def __init__(self, block: nn.Module, survival: float = 1.0) -> None:
         super().__init__()
-        self.block = block
+        if not 0.0 < survival <= 1.0:
+            raise ValueError(f"survival probability must be in (0, 1], got {survival}")
+        self.block, self.survival, self.last_active = block, survival, True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training and self.survival < 1.0:
+            self.last_active = bool(torch.rand(()) < self.survival)
+            return x + self.block(x) / self.survival if self.last_active else x
+        self.last_active = True
         return x + self.block(x)
 
 
@@ -38,6 +50,7 @@ def ciresan_mlp(
     final_relu: bool = False,
     dropout: float = 0.0,
     residual: bool = False,
+    survival: float = 1.0,
 ) -> nn.Sequential:
     """Build the reference MLP.
 
@@ -53,6 +66,8 @@ def ciresan_mlp(
         Dropout probability after each hidden ReLU (0 disables).
     residual
         Add one extra width-preserving hidden block with an identity skip after each hidden layer.
+    survival
+        Stochastic-depth survival probability of those residual blocks (1: always run).
     """
     widths = [max(8, round(w * width_scale)) for w in CIRESAN_WIDTHS]
     layers: list[nn.Module] = []
@@ -60,7 +75,7 @@ def ciresan_mlp(
     for w in widths:
         layers += [nn.Linear(prev, w), nn.ReLU()]
         if residual:
-            layers.append(_Residual(nn.Sequential(nn.Linear(w, w), nn.ReLU())))
+            layers.append(Residual(nn.Sequential(nn.Linear(w, w), nn.ReLU()), survival))
         if dropout > 0:
             layers.append(nn.Dropout(dropout))
         prev = w

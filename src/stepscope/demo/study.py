@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from stepscope.collect import ALL_STREAMS, HistoryCollector, WatchSettings
 from stepscope.demo import model as model_module
 from stepscope.demo.data import DigitSplits, load_digits_splits
-from stepscope.demo.model import ciresan_mlp
+from stepscope.demo.model import Residual, ciresan_mlp
 from stepscope.demo.run import Progress, evaluate, print_dataset_statistics
 from stepscope.errors import Refusal
 
@@ -47,6 +47,7 @@ class StudyConfig:
     width_scale: float = 0.1
     probe_size: int = 128
     probe_every: int = 10
+    survival: float = 0.8  # stochastic depth of the residual variant's blocks
     data_source: str = "auto"
     report: bool = True
     quick: bool = False
@@ -124,10 +125,14 @@ def train_run(
 
     def factory() -> torch.nn.Module:
         return ciresan_mlp(
-            n_inputs=splits.n_features, width_scale=cfg.width_scale, residual=residual
+            n_inputs=splits.n_features,
+            width_scale=cfg.width_scale,
+            residual=residual,
+            survival=cfg.survival if residual else 1.0,
         )
 
     model = factory()
+    branches = [(n, m) for n, m in model.named_modules() if isinstance(m, Residual)]
     opt = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum)
     collector = HistoryCollector(
         model,
@@ -196,6 +201,14 @@ def train_run(
                         opt.step()
                     st.log("train/loss", loss)
                     st.log("train/lr", opt.param_groups[0]["lr"])
+                    for name, block in branches:  # realised stochastic depth, never "time saved"
+                        width = block.block[0].in_features
+                        collector.log_mask(
+                            name,
+                            torch.tensor([float(block.last_active)]),
+                            nominal_macs_per_unit=float(len(idx) * width * width),
+                        )
+                        st.log(f"branch/{name}/survival_probability", block.survival)
                 step += 1
                 if probed:  # outside the transaction, in eval mode: nothing leaks into the step
                     seen = collector.last_block.examples_seen  # the step just recorded
