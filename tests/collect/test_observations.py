@@ -9,7 +9,7 @@ from collect_testkit import SmallNet, batches
 from stepscope import Refusal, open_history
 from stepscope.collect import ALL_STREAMS, Cadence, HistoryCollector, WatchSettings
 from stepscope.collect import staging as staging_mod
-from stepscope.stats import Histogram, RunningStats
+from stepscope.stats import SPINE_FIELDS, Histogram, RunningStats
 
 
 def run(model, opt, data, collector, explicit=True):
@@ -59,26 +59,7 @@ def test_every_stream_matches_hand_captured_tensors(small_net, tmp_path):
     h = open_history(tmp_path / "r")
 
     def spine_at(site, stream, step):
-        vec = [
-            h.series(site, stream, f).values[step]
-            for f in (
-                "total",
-                "finite",
-                "zero",
-                "negative",
-                "nan",
-                "posinf",
-                "neginf",
-                "min",
-                "max",
-                "absmax",
-                "sum",
-                "sum_squares",
-                "sum_abs",
-                "mean",
-                "m2",
-            )
-        ]
+        vec = [h.series(site, stream, f).values[step] for f in SPINE_FIELDS]
         return RunningStats.from_vector(np.array(vec))
 
     for step in range(3):
