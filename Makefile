@@ -23,11 +23,11 @@ demo: $(VENV)/.demo-installed
 	$(VENV)/bin/stepscope demo $(DEMO_ARGS)
 
 test: $(VENV)/.dev-installed
-	$(PY) -m ruff check src tests benchmarks
+	$(PY) -m ruff check src tests benchmarks examples
 	$(PY) -m pytest -q
 
 lint: $(VENV)/.dev-installed
-	$(PY) -m ruff check src tests benchmarks
+	$(PY) -m ruff check src tests benchmarks examples
 	$(PY) -m ruff format --check src tests benchmarks
 
 bench: $(VENV)/.dev-installed
