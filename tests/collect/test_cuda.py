@@ -44,10 +44,14 @@ def test_cuda_transfers_per_step_do_not_grow_with_sites(monkeypatch):
     for width in (3, 30):
         model, opt = make(width)
         c = HistoryCollector(model, sites="*", streams=ALL_STREAMS, cadence=Cadence(1, 1))
-        calls = []
-        real = staging_mod.to_host
-        monkeypatch.setattr(staging_mod, "to_host", lambda t: calls.append(t.device.type) or real(t))
-        monkeypatch.setattr(collector_mod, "to_host", lambda t: calls.append(t.device.type) or real(t))
+        calls: list[str] = []
+
+        def counted(t, calls=calls, real=staging_mod.to_host):
+            calls.append(t.device.type)
+            return real(t)
+
+        monkeypatch.setattr(staging_mod, "to_host", counted)
+        monkeypatch.setattr(collector_mod, "to_host", counted)
         train(model, opt, c, steps=1)
         monkeypatch.undo()
         c.close()
