@@ -9,7 +9,7 @@ python -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is
 pip install -q pytest hypothesis mpmath 2>/dev/null || true
 rc=0
 echo "== CUDA tests (kernels on device, no host sync; probe and clocks on CUDA)"
-python -m pytest -q -p no:cacheprovider tests/stats/test_cuda.py tests/probe tests/runlog -k "cuda or CUDA" 2>&1 | tee "$out/gpu_tests.log" | tail -5 || rc=1
+python -m pytest -q -p no:cacheprovider tests/stats/test_cuda.py tests/collect/test_cuda.py tests/probe tests/runlog -k "cuda or CUDA" 2>&1 | tee "$out/gpu_tests.log" | tail -5 || rc=1
 echo "== Kineto join gate (>= 95% of device time joined to ops)"
 python benchmarks/gpu/kineto_join_gate.py 2>&1 | tee "$out/kineto_gate.log" | tail -25 || rc=1
 echo "== kernel throughput on the GPU (ratios to torch.sum)"
