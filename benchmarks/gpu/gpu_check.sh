@@ -2,7 +2,7 @@
 # The checks that need a GPU, in one short run (see README "Measured"). Usage, on a CUDA machine:
 #   bash benchmarks/gpu/gpu_check.sh            # from the repository root, torch with CUDA installed
 # Prints each section's result; exits non-zero if any check fails. Writes logs to ${OUT:-/tmp}.
-set -u
+set -u -o pipefail
 export PYTHONPATH=src PYTHONUNBUFFERED=1
 out=${OUT:-/tmp}
 python -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else '')"
