@@ -2,7 +2,8 @@
 
 For each variant (``plain``, ``residual``) and seed, the Ciresan-style MLP trains on the bundled
 digits with the :class:`~stepscope.HistoryCollector` on (all five streams, default cadence), the
-:class:`~stepscope.DenseProbe` measured on a fixed cadence around predeclared steps, validation
+:class:`~stepscope.DenseProbe` on the cadence its helper qualifies (<= 5% overhead, measured
+on a copy of the model) plus each epoch's end, around predeclared steps, validation
 rows every epoch and a test row at the declared endpoint, and checkpoints at three points that the
 offline curvature panel (:func:`~stepscope.curvature.run_curvature_panel`) analyses afterwards.
 Every run is one artifact directory; the report (:mod:`stepscope.report`) reads them all.
@@ -46,7 +47,8 @@ class StudyConfig:
     momentum: float = 0.9
     width_scale: float = 0.1
     probe_size: int = 128
-    probe_every: int = 10
+    probe_every: int | None = None  # None: the probe's own <=5%-overhead cadence helper decides
+    probe_overhead_target: float = 0.05
     survival: float = 0.8  # stochastic depth of the residual variant's blocks
     data_source: str = "auto"
     report: bool = True
@@ -73,7 +75,7 @@ class StudyConfig:
             or self.lr <= 0
             or not self.seeds
             or bad
-            or self.probe_every < 1
+            or (self.probe_every is not None and self.probe_every < 1)
         ):
             raise Refusal(
                 "run_config_invalid",
@@ -105,6 +107,49 @@ class StudyResult:
     elapsed_seconds: float
 
 
+def _probe_cadence(
+    cfg: StudyConfig,
+    probe: object,
+    model: torch.nn.Module,
+    splits: DigitSplits,
+    steps_per_epoch: int,
+) -> tuple[int, dict]:
+    """The probe cadence: the user's, or the densest one the probe's helper qualifies (<= target).
+
+    The helper times the probe against real training steps of a *copy* of the model (the run
+    itself is untouched) and never changes precision; its decision and timings are recorded.
+    """
+    import copy
+
+    from stepscope._purity import preserved_state
+    from stepscope.probe import plan_cadence
+
+    if cfg.probe_every is not None:
+        return cfg.probe_every, {"rule": "user", "cadence_steps": cfg.probe_every}
+    twin = copy.deepcopy(model)
+    twin_opt = torch.optim.SGD(twin.parameters(), lr=cfg.lr, momentum=cfg.momentum)
+    x, y = splits.train_x[: cfg.batch_size], splits.train_y[: cfg.batch_size]
+
+    def step() -> None:
+        loss = F.cross_entropy(twin(x), y)
+        twin_opt.zero_grad(set_to_none=True)
+        loss.backward()
+        twin_opt.step()
+
+    with preserved_state(twin):  # the twin's dropout/stochastic depth draws leave no trace
+        decision = plan_cadence(
+            probe,
+            twin,
+            step,
+            target=cfg.probe_overhead_target,
+            repeats=3,
+            max_cadence=None,
+        )
+    record = decision.to_dict()
+    every = decision.cadence_steps or steps_per_epoch  # infeasible: epoch ends only (recorded)
+    return every, record
+
+
 def _checkpoint_epochs(epochs: int) -> list[int]:
     """Three checkpoints: initialisation, the middle, the end (fewer if there are fewer epochs)."""
     return sorted({0, (epochs + 1) // 2, epochs})
@@ -134,6 +179,16 @@ def train_run(
     model = factory()
     branches = [(n, m) for n, m in model.named_modules() if isinstance(m, Residual)]
     opt = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum)
+    probe = DenseProbe(
+        splits.train_x,
+        splits.train_y,
+        size=cfg.probe_size,
+        seed=20260909 + seed,
+        input_normalization=splits.normalisation,
+    )
+    n = len(splits.train_y)
+    steps_per_epoch = (n + cfg.batch_size - 1) // cfg.batch_size
+    probe_every, cadence_record = _probe_cadence(cfg, probe, model, splits, steps_per_epoch)
     collector = HistoryCollector(
         model,
         sites="*",
@@ -146,15 +201,9 @@ def train_run(
                 "variant": variant,
                 "seed": seed,
                 "study": asdict(cfg),
+                "probe_cadence": cadence_record,
             },
         ),
-    )
-    probe = DenseProbe(
-        splits.train_x,
-        splits.train_y,
-        size=cfg.probe_size,
-        seed=20260909 + seed,
-        input_normalization=splits.normalisation,
     )
     probe.snapshot_init(model)
     ckpt_dir = path / "checkpoints"
@@ -167,8 +216,6 @@ def train_run(
             checkpoints[epoch] = ckpt_dir / f"epoch-{epoch:03d}.pt"
             torch.save(model.state_dict(), checkpoints[epoch])
 
-    n = len(splits.train_y)
-    steps_per_epoch = (n + cfg.batch_size - 1) // cfg.batch_size
     gen = torch.Generator().manual_seed(seed)
     t0, step, val = time.perf_counter(), 0, {}
     try:
@@ -189,7 +236,7 @@ def train_run(
                 idx = order[i * cfg.batch_size : (i + 1) * cfg.batch_size]
                 # predeclared probe steps: the cadence, and each epoch's last step so that probe rows
                 # and validation rows share an optimizer step (the report's generalisation gap)
-                probed = step % cfg.probe_every == 0 or i == steps_per_epoch - 1
+                probed = step % probe_every == 0 or i == steps_per_epoch - 1
                 with collector.step(opt, examples=len(idx), epoch=epoch) as st:
                     loss = F.cross_entropy(model(splits.train_x[idx]), splits.train_y[idx])
                     opt.zero_grad(set_to_none=True)
