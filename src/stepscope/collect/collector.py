@@ -314,10 +314,8 @@ class HistoryCollector:
         if state is None or not state.spine_due[row.stream]:
             return
         t0 = time.perf_counter()
-        with torch.no_grad():
-            self._staging(tensor.device).write(
-                row.index, tensor.detach(), state.hist_due[row.stream]
-            )
+        # detached: no graph is built (the C kernel and the torch path only read the tensor)
+        self._staging(tensor.device).write(row.index, tensor.detach(), state.hist_due[row.stream])
         state.telemetry_s += time.perf_counter() - t0
 
     def _recording(self) -> bool:

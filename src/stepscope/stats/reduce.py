@@ -198,7 +198,11 @@ def spine_into(tensor: torch.Tensor, out_row: torch.Tensor, backend: str = "auto
 
     The collector's hot path: the same result as :func:`reduce_spines` with less per-call work.
     """
-    x = _prepare(tensor)
+    dtype = tensor.dtype
+    if (dtype is torch.float32 or dtype is torch.float64) and tensor.is_contiguous():
+        x = tensor.detach()  # already flat-addressable: skip the reshape/copy checks
+    else:
+        x = _prepare(tensor)
     if x.device.type == "cpu" and backend != "torch":
         lib = _native.load() if backend == "auto" else _select(backend, x.device)
         if lib is not None:
