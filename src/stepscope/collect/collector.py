@@ -525,7 +525,7 @@ class HistoryCollector:
             self._rows.write_scalar(name, at, value)
         write_clock_rows(self._rows, [r for r in clock_rows if r.step != state.step])  # CUDA
         stream = self.settings.event_stream
-        if stream is not None:
+        if stream is not None and stream.active:  # no enabled subscriber: skip the conversion
             from stepscope.events import events_from_step
 
             stream.publish(events_from_step(block, batches, self.sites, self.descriptor, scalars))
