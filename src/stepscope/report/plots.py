@@ -75,7 +75,7 @@ def _figure(width: float = 6.4, height: float = 3.2, left: float = 1.0, right: f
 
 def _png(fig: Any) -> bytes:
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=_DPI)
+    fig.savefig(buf, format="png", dpi=_DPI, bbox_inches="tight")  # keep outside legends whole
     return buf.getvalue()
 
 
