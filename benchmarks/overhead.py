@@ -189,6 +189,15 @@ def main(argv: list[str] | None = None) -> int:
                 None,
             )
         )
+        arms.append(
+            stepscope_arm(
+                "stepscope cadence=auto (5% target)",
+                args,
+                tmp,
+                ("activation", "gradient", "parameter", "update"),
+                "auto",
+            )
+        )
         full = stepscope_arm(
             "stepscope all 5 streams, spine 1, hist 10", args, tmp, ALL_STREAMS, Cadence(1, 10)
         )

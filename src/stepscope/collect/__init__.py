@@ -1,5 +1,6 @@
 """Module-tier collection: the ``HistoryCollector`` and its settings."""
 
+from stepscope.collect.autocadence import AutoCadence, CadenceChoice, choose_stream_cadences
 from stepscope.collect.collector import DEFAULT_STREAMS, HistoryCollector, StepTransaction
 from stepscope.collect.plan import Plan, PlanRow
 from stepscope.collect.settings import (
@@ -14,11 +15,14 @@ __all__ = [
     "ALL_STREAMS",
     "DEFAULT_CADENCE",
     "DEFAULT_STREAMS",
+    "AutoCadence",
     "Cadence",
+    "CadenceChoice",
     "HistoryCollector",
     "Plan",
     "PlanRow",
     "StepTransaction",
     "StreamName",
     "WatchSettings",
+    "choose_stream_cadences",
 ]

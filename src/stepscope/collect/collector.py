@@ -26,13 +26,14 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from stepscope.collect.autocadence import AutoCadence, choose_stream_cadences
 from stepscope.collect.plan import Plan, build_plan
 from stepscope.collect.settings import ALL_STREAMS, Cadence, WatchSettings, resolve_cadence
 from stepscope.collect.sites import (
@@ -109,6 +110,7 @@ class StepState:
     telemetry_s: float = 0.0
     started: float = 0.0
     window_from: float = 0.0  # telemetry_s when the step's training-clock window opened
+    stream_s: dict[str, float] = field(default_factory=dict)  # reduction seconds per stream
 
 
 class StepTransaction:
@@ -148,7 +150,10 @@ class HistoryCollector:
         Any of ``activation, gradient, parameter, update, activation_grad``.
     cadence
         Per-stream :class:`Cadence` (or int, or a ``{stream: ...}`` mapping); default
-        :data:`~stepscope.collect.settings.DEFAULT_CADENCE`.
+        :data:`~stepscope.collect.settings.DEFAULT_CADENCE`. ``"auto"`` (or an
+        :class:`~stepscope.collect.AutoCadence`) measures every stream's cost for a warm-up and
+        then chooses cadences that keep telemetry within a target fraction of training time
+        (decision in :attr:`cadence_decision` and in ``cadence/...`` scalar rows).
     settings
         :class:`WatchSettings` (output directory, ring, descriptor, update sample, ...).
     optimizer
@@ -182,7 +187,13 @@ class HistoryCollector:
         self.model = model
         self.settings = settings or WatchSettings()
         self.streams = streams
+        self.auto: AutoCadence | None = None
+        if cadence == "auto" or isinstance(cadence, AutoCadence):
+            self.auto = cadence if isinstance(cadence, AutoCadence) else AutoCadence()
+            cadence = dict.fromkeys(streams, self.auto.warmup_cadence())
         self.cadences: dict[str, Cadence] = resolve_cadence(cadence, streams)
+        self.cadence_decision: dict[str, Any] | None = None
+        self._auto_seen: dict[str, list[float]] = {"shared": [], "train": []}
         self.modules = select_modules(model, sites if sites is not None else _leaf_modules)
         self.rows: list[Row] = build_rows(self.modules, streams)
         if not self.rows:
@@ -244,6 +255,7 @@ class HistoryCollector:
             extra={
                 **dict(s.extra),
                 "cadences": {k: c.describe() for k, c in self.cadences.items()},
+                "auto_cadence": None if self.auto is None else asdict(self.auto),
                 "streams": self.streams,
                 "update_sample_size": s.update_sample_size,
                 "update_seed": s.update_seed,
@@ -316,7 +328,9 @@ class HistoryCollector:
         t0 = time.perf_counter()
         # detached: no graph is built (the C kernel and the torch path only read the tensor)
         self._staging(tensor.device).write(row.index, tensor.detach(), state.hist_due[row.stream])
-        state.telemetry_s += time.perf_counter() - t0
+        dt = time.perf_counter() - t0
+        state.telemetry_s += dt
+        state.stream_s[row.stream] = state.stream_s.get(row.stream, 0.0) + dt
 
     def _recording(self) -> bool:
         # A forward belongs to the training step when the model trains, or, inside an explicit
@@ -330,6 +344,12 @@ class HistoryCollector:
     def _forward_hook(self, module: torch.nn.Module, _inputs: Any, output: Any) -> None:
         if not self._recording():
             return
+        rows = self._act_rows[id(module)]
+        due = self._state.spine_due
+        if not any(due[r.stream] for r in rows.values()) and all(
+            r.signature is not None for r in rows.values()
+        ):
+            return  # nothing due and already discovered: drift is checked on observed steps
         t = (
             output
             if isinstance(output, torch.Tensor)
@@ -339,7 +359,6 @@ class HistoryCollector:
         )
         if t is None:
             return
-        rows = self._act_rows[id(module)]
         sig = output_signature(t)
         for row in rows.values():
             if row.signature != sig:  # discovery, or topology drift: a new series, never re-bound
@@ -383,7 +402,9 @@ class HistoryCollector:
             with torch.no_grad():
                 for row in self._by_stream["update"]:
                     self._update_old[row.index] = self._sample(row)
-            state.telemetry_s += time.perf_counter() - t0
+            dt = time.perf_counter() - t0
+            state.telemetry_s += dt
+            state.stream_s["update"] = state.stream_s.get("update", 0.0) + dt
 
     def _sample(self, row: Row) -> torch.Tensor:
         flat = row.param.detach().reshape(-1)
@@ -480,7 +501,8 @@ class HistoryCollector:
         in_window = state.telemetry_s - state.window_from
         t0 = time.perf_counter()
         hist_step = any(state.hist_due.values())
-        host = {dev: st.to_host(hist_step) for dev, st in self._stagings.items()}
+        any_due = any(state.spine_due.values())  # nothing due: no copy at all this step
+        host = {dev: st.to_host(hist_step) for dev, st in self._stagings.items()} if any_due else {}
         drained = self._pending.drain(state.step)
         scalars = drained.scalars
         inactive = {a.name for a in drained.activity if not a.ran}
@@ -516,6 +538,8 @@ class HistoryCollector:
         own = [r for r in clock_rows if r.step == state.step]
         if own:
             scalars = {**scalars, **clock_scalars(own[0])}
+        if self.auto is not None and self.cadence_decision is None:
+            scalars = {**scalars, **self._auto_measure(state, t0, telemetry_now)}
         if self.writer is not None:
             self.writer.write_step(block, batches, scalars=scalars)
         else:
@@ -535,6 +559,39 @@ class HistoryCollector:
         self._state = None
         self._begin_step()
         self._state.telemetry_s += time.perf_counter() - t_split  # write, publish, next begin
+
+    def _auto_measure(
+        self, state: StepState, t_finish: float, telemetry: float
+    ) -> dict[str, float]:
+        """Record this warmup step's costs; at the last warmup step choose the cadences.
+
+        Returns scalar rows ``cadence/<stream>/spine_every`` (and ``histogram_every``, and
+        ``cadence/expected_overhead``) for the step at which the decision was made.
+        """
+        seen = self._auto_seen
+        if state.step > 0:  # step 0 pays discovery and kernel loading: not representative
+            seen["train"].append(max(0.0, (t_finish - state.started) - state.telemetry_s))
+            seen["shared"].append(max(0.0, telemetry - sum(state.stream_s.values())))
+            for s in self.streams:
+                seen.setdefault(s, []).append(state.stream_s.get(s, 0.0))
+        if state.step < self.auto.warmup - 1:
+            return {}
+        choice = choose_stream_cadences(
+            {s: seen.get(s, []) for s in self.streams},
+            seen["shared"],
+            seen["train"],
+            self.auto.target,
+            self.auto.histogram_factor,
+        )
+        self.cadences = dict(choice.cadences)
+        self.cadence_decision = {**choice.to_dict(), "decided_at_step": state.step}
+        rows: dict[str, float] = {}
+        for s, c in choice.cadences.items():
+            rows[f"cadence/{s}/spine_every"] = float(c.spine)
+            rows[f"cadence/{s}/histogram_every"] = float(c.histogram)
+        if choice.expected_overhead is not None:
+            rows["cadence/expected_overhead"] = choice.expected_overhead
+        return rows
 
     def _batches(self, state: StepState, host: dict) -> list[ObservationBatch]:
         out = []
