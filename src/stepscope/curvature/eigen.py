@@ -49,6 +49,7 @@ import torch
 from torch import Tensor
 
 from stepscope.curvature.products import (
+    DEFAULT_SEED,
     LOSS_CONVENTION,
     CurvatureKind,
     CurvatureOperator,
@@ -58,7 +59,6 @@ from stepscope.curvature.products import (
 )
 from stepscope.errors import Refusal
 
-DEFAULT_SEED = 20260909
 CRITERION = "converged iff ||M v - theta v||_2 <= tol * max_j |theta_j| (explicit residual)"
 
 

@@ -39,6 +39,7 @@ import torch
 from torch import Tensor
 
 from stepscope.curvature.products import (
+    DEFAULT_SEED,
     LOSS_CONVENTION,
     CurvatureKind,
     CurvatureOperator,
@@ -47,8 +48,6 @@ from stepscope.curvature.products import (
     probe_operator,
 )
 from stepscope.errors import Refusal
-
-DEFAULT_SEED = 20260909
 
 
 class TraceMethod(str, Enum):

@@ -26,8 +26,6 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import os
-import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -54,23 +52,11 @@ def sha256_file(path: str | Path) -> str:
 
 
 def atomic_write_json(path: Path, payload: Any) -> None:
-    """Write JSON so that ``path`` only ever names complete, durable data."""
-    data = json.dumps(payload, indent=1, allow_nan=False).encode()
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    """Write JSON so that ``path`` only ever names complete, durable data (temp, fsync, rename,
+    directory fsync: :func:`stepscope.history.files.atomic_write_bytes`)."""
+    from stepscope.history.files import atomic_write_bytes
+
+    atomic_write_bytes(path, json.dumps(payload, indent=1, allow_nan=False).encode())
 
 
 def load_probe(path: str | Path) -> tuple[Tensor, Tensor]:

@@ -53,6 +53,9 @@ from torch.func import functional_call
 from stepscope._purity import float64_copy, preserved_state
 from stepscope.errors import Refusal
 
+#: Seed of the private generators behind random directions and probes (never the global RNG).
+DEFAULT_SEED = 20260909
+
 
 class CurvatureKind(str, Enum):
     """Which curvature matrix a product applies."""

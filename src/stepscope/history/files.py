@@ -39,6 +39,18 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def _write_all(fd: int, data: bytes, durable: bool) -> None:
+    """Write every byte (``os.write`` may write less), fsync when durable, close ``fd``."""
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        if durable:
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def atomic_write_bytes(
     path: Path, data: bytes, *, durable: bool = True, sync_dir: bool = True
 ) -> None:
@@ -48,14 +60,7 @@ def atomic_write_bytes(
     """
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-        if durable:
-            os.fsync(fd)
-    finally:
-        os.close(fd)
+    _write_all(fd, data, durable)
     os.replace(tmp, path)
     if durable and sync_dir:
         fsync_dir(path.parent)
@@ -120,14 +125,7 @@ def append_log_row(path: Path, row: dict[str, Any], *, durable: bool = True) -> 
     """Append one checksummed row with a single ``write`` and make it durable."""
     line = encode_log_row(row)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    try:
-        view = memoryview(line)
-        while view:
-            view = view[os.write(fd, view) :]
-        if durable:
-            os.fsync(fd)
-    finally:
-        os.close(fd)
+    _write_all(fd, line, durable)
 
 
 @dataclass(frozen=True)
