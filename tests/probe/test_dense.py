@@ -9,6 +9,7 @@ import pytest
 import torch
 from probe_testkit import make_data, make_model
 from torch import nn
+from transformer_testkit import per_example_gradients
 
 from stepscope import Refusal
 from stepscope.probe import DenseProbe
@@ -178,16 +179,22 @@ def test_invalid_models_refuse_with_codes(model, code):
     assert err.value.code == code and err.value.remedies
 
 
-def test_reused_module_and_unknown_layer_names_refuse():
+def test_reused_module_gets_the_sum_over_its_calls_and_unknown_names_refuse():
+    torch.manual_seed(0)
     lin = nn.Linear(4, 4)
-    twice = nn.Sequential(lin, nn.ReLU(), lin)
-    x, y = torch.randn(8, 4), torch.randint(0, 4, (8,))
-    with pytest.raises(Refusal) as err:
-        DenseProbe(x, y, size=4).measure(twice, step=0, examples_seen=0, epoch=0)
-    assert err.value.code == "probe_layer_unsupported"
+    twice = nn.Sequential(lin, nn.Tanh(), lin).double()
+    x, y = torch.randn(8, 4, dtype=torch.float64), torch.randint(0, 4, (8,))
+    rec = DenseProbe(x, y, size=5).measure(twice, step=0, examples_seen=0, epoch=0)
+    idx = list(DenseProbe(x, y, size=5).selection.indices)
+    grads, _, _ = per_example_gradients(twice, x[idx], y[idx], None, False)
+    g = grads[id(lin.weight)]
+    expected = (g**2).sum(1).mean()
+    assert rec.layers["0"].fisher_trace == pytest.approx(expected, rel=1e-12)
+    assert list(rec.layers) == ["0"]  # one module, registered twice, called twice
+    assert rec.layers["0"].validity["calls"] == 2
     with pytest.raises(Refusal) as err:
         DenseProbe(x, y, size=4, layers=["1"]).measure(twice, step=0, examples_seen=0, epoch=0)
-    assert err.value.code == "probe_layer_unsupported"
+    assert err.value.code == "probe_layer_unsupported" and "Tanh" in str(err.value)
     with pytest.raises(Refusal):
         DenseProbe(x, y, size=4, layers=["0"]).measure(
             twice, step=0, examples_seen=0, epoch=0, active={"nope": False}

@@ -10,10 +10,10 @@ from hypothesis import strategies as st
 
 from stepscope.probe.moments import (
     COVARIANCE_ROUNDOFF_RTOL,
-    block_tensors,
     gradient_moments,
     per_example_sq_norms,
 )
+from stepscope.probe.sequence import Use, parameter_sq_norms_and_sum
 
 
 def _explicit(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -48,12 +48,14 @@ def test_block_mean_gradient_and_bias_match_explicit_loop():
     g = torch.Generator().manual_seed(1)
     a = torch.randn(4, 6, 5, generator=g, dtype=torch.float64)
     b = torch.randn(4, 2, 5, generator=g, dtype=torch.float64)
-    out = block_tensors(a, b)
+    use = Use(left=b.transpose(1, 2), right=a.transpose(1, 2))
+    sq, total = parameter_sq_norms_and_sum([use], torch.Size([2, 6]))
     per_example = torch.stack([b[i] @ a[i].T for i in range(4)])
-    torch.testing.assert_close(out.weight_sum, per_example.sum(0))
-    torch.testing.assert_close(out.bias_sum, b.sum(2).sum(0))
-    torch.testing.assert_close(out.bias_sq, b.sum(2).square().sum(1))
-    assert block_tensors(a, b, with_bias=False).bias_sq is None
+    torch.testing.assert_close(total, per_example.sum(0).reshape(-1))
+    torch.testing.assert_close(sq, per_example.square().sum((1, 2)))
+    bias_sq, bias_sum = parameter_sq_norms_and_sum([Use(dense=b.sum(2))], torch.Size([2]))
+    torch.testing.assert_close(bias_sum, b.sum(2).sum(0))
+    torch.testing.assert_close(bias_sq, b.sum(2).square().sum(1))
 
 
 def test_roundoff_negative_covariance_is_clipped_and_recorded():

@@ -1,6 +1,8 @@
 """The fixed dense probe: one forward and one backward of a small fitting-split subset.
 
-:class:`DenseProbe` measures, per affine module (``Linear``; ``Conv2d`` through unfolding), the
+:class:`DenseProbe` measures, per module with parameters and a per-example rule (``Linear``, HF
+``Conv1D``, ``Conv1d``/``Conv2d`` through unfolding, ``Embedding``, ``LayerNorm``, ``RMSNorm``;
+:mod:`stepscope.probe.sequence`), the
 per-example gradient moments of :mod:`stepscope.probe.moments`, activation/backprop zero
 fractions, parameter norms and the distances of :mod:`stepscope.probe.state`, plus the probe's
 cross-entropy, accuracy, predicted-class counts and confusion matrix.
@@ -39,10 +41,12 @@ import torch
 from stepscope._purity import preserved_state
 from stepscope.errors import Refusal
 from stepscope.probe.assemble import block_record, zero_fraction, zero_validity
-from stepscope.probe.forward import ProbeForward, run_probe_forward
+from stepscope.probe.forward import CONFUSION_CLASS_CAP, ProbeForward, run_probe_forward
 from stepscope.probe.moments import absent_moments, gradient_moments
+from stepscope.probe.outputs import OutputSelector
 from stepscope.probe.recorder import LayerRecord, ProbeRecord, StepAxes
 from stepscope.probe.selection import DEFAULT_PROBE_SEED, ProbeSelection, select_probe
+from stepscope.probe.sequence import check_module, measured_parameters, module_kind
 from stepscope.probe.state import (
     ParamSnapshot,
     StepUpdate,
@@ -53,7 +57,6 @@ from stepscope.probe.state import (
     take_snapshot,
 )
 
-AFFINE_TYPES = (torch.nn.Linear, torch.nn.Conv2d)
 CONVENTIONS: dict[str, Any] = {
     "mode": "eval",
     "backprop_scale": "per-example: d(sum CE)/dZ = n * d(mean CE)/dZ",
@@ -62,6 +65,9 @@ CONVENTIONS: dict[str, Any] = {
     "gradient_diversity": "Yin et al. sum_i ||g_i||^2 / ||sum_i g_i||^2 (legacy = n * this)",
     "zero_fraction": "exact zeros (== 0), not legacy <= 0",
     "reductions": "float32 on device for tensors; float64 on host for n-length arrays",
+    "example": "one example = one probe row; a sequence's loss sums its scored tokens",
+    "shared_parameters": "a parameter used by several calls or modules (tied embeddings) gets its "
+    "total per-example gradient, summed over all uses, in every module record that owns it",
 }
 
 
@@ -80,9 +86,20 @@ class DenseProbe:
     indices
         Explicit probe positions inside the split, instead of a seeded draw.
     layers
-        Qualified names of the affine modules to measure; default all Linear/Conv2d modules.
+        Qualified names of the modules to measure; default every module with a per-example rule
+        (Linear, HF Conv1D, Conv1d/Conv2d with groups 1, Embedding, LayerNorm, RMSNorm).
     input_normalization
         Description of the inputs' normalisation, recorded with every measurement.
+    output
+        ``None`` (the model returns logits), a key (``"logits"`` of a dict / HF ``ModelOutput``)
+        or a callable selecting the logits from the model's output.
+    next_token
+        Labels are ``(N, T)`` token ids scored with the causal-LM shift (logits at ``t`` predict
+        the label at ``t + 1``); ``-100`` labels are not scored. Without it, ``(N, T)`` labels
+        are scored position by position against ``(n, T, C)`` logits.
+    confusion_cap
+        Largest class count with a dense confusion matrix; above it the confusion is bounded
+        (:class:`~stepscope.probe.recorder.ModelRecord`).
     """
 
     def __init__(
@@ -94,12 +111,18 @@ class DenseProbe:
         indices: Sequence[int] | torch.Tensor | np.ndarray | None = None,
         layers: Sequence[str] | None = None,
         input_normalization: str = "none recorded (inputs used as given)",
+        output: OutputSelector = None,
+        next_token: bool = False,
+        confusion_cap: int = CONFUSION_CLASS_CAP,
     ) -> None:
         self.selection: ProbeSelection
         self.selection, self._inputs, self._labels = select_probe(
             inputs, labels, size, seed, indices, input_normalization
         )
         self.layer_names: tuple[str, ...] | None = None if layers is None else tuple(layers)
+        self.output = output
+        self.next_token = bool(next_token)
+        self.confusion_cap = int(confusion_cap)
         self.init_snapshot: ParamSnapshot | None = None
         self.snapshot: ParamSnapshot | None = None
         self.last_update: StepUpdate | None = None
@@ -108,27 +131,36 @@ class DenseProbe:
 
     # -- layers and parameters -------------------------------------------------------------
     def resolve_layers(self, model: torch.nn.Module) -> dict[str, torch.nn.Module]:
-        """Qualified name -> module for the measured affine layers, in model order."""
+        """Qualified name -> module for the measured layers, in model order.
+
+        By default every module with a per-example rule and a parameter; a module named in
+        ``layers`` without one refuses ``probe_layer_unsupported`` naming its type.
+        """
         modules = dict(model.named_modules())
         if self.layer_names is None:
-            found = {n: m for n, m in modules.items() if isinstance(m, AFFINE_TYPES)}
+            found = {
+                n: m
+                for n, m in modules.items()
+                if module_kind(m) and measured_parameters(m) and getattr(m, "groups", 1) == 1
+            }
         else:
             found = {}
             for name in self.layer_names:
                 module = modules.get(name)
-                if not isinstance(module, AFFINE_TYPES):
-                    what = "no such module" if module is None else type(module).__name__
+                if module is None:
                     raise Refusal(
                         "probe_layer_unsupported",
-                        f"layer {name!r}: {what}; the probe measures Linear and Conv2d",
-                        ["list affine module names from model.named_modules()"],
+                        f"layer {name!r}: no such module",
+                        ["list module names from model.named_modules()"],
                     )
+                check_module(name, module)
                 found[name] = module
         if not found:
             raise Refusal(
                 "probe_layer_unsupported",
-                "the model has no Linear or Conv2d module to measure",
-                ["pass a model with affine layers", "or name them via layers=[...]"],
+                "the model has no module the probe measures (Linear, HF Conv1D, Conv1d/Conv2d, "
+                "Embedding, LayerNorm, RMSNorm)",
+                ["pass a model with such layers", "or name them via layers=[...]"],
             )
         return found
 
@@ -136,9 +168,8 @@ class DenseProbe:
         """``<layer>.weight`` / ``<layer>.bias`` -> parameter, for the measured layers."""
         out: dict[str, torch.Tensor] = {}
         for name, module in self.resolve_layers(model).items():
-            out[f"{name}.weight"] = module.weight
-            if module.bias is not None:
-                out[f"{name}.bias"] = module.bias
+            for part in measured_parameters(module):
+                out[f"{name}.{part}"] = getattr(module, part)
         return out
 
     def snapshot_init(self, model: torch.nn.Module, step: int = 0) -> ParamSnapshot:
@@ -253,7 +284,15 @@ class DenseProbe:
             torch.autocast(device.type, enabled=False),
         ):
             model.eval()
-            fwd = run_probe_forward(model, layers, x, y)
+            fwd = run_probe_forward(
+                model,
+                layers,
+                x,
+                y,
+                output=self.output,
+                next_token=self.next_token,
+                confusion_cap=self.confusion_cap,
+            )
         if _versions(model) != versions:
             raise Refusal(
                 "probe_state_changed",
@@ -299,9 +338,7 @@ class DenseProbe:
             elif name not in host.layers:
                 reason = fwd.absent.get(name, "not_executed")
             blocks = {}
-            for part in ("weight", "bias"):
-                if part == "bias" and module.bias is None:
-                    continue
+            for part in measured_parameters(module):
                 key = f"{name}.{part}"
                 if reason is None:
                     moments = gradient_moments(*host.layers[name][part])
@@ -314,10 +351,12 @@ class DenseProbe:
             weight = blocks["weight"]
             validity = dict(weight.validity)
             validity.update(zero_validity(zeros))
+            validity["shared_with"] = fwd.shared.get(f"{name}.weight")
+            validity["calls"] = fwd.calls.get(name)
             out[name] = LayerRecord(
                 **{f: getattr(weight, f) for f in weight.keys() if f != "validity"},
                 validity=validity,
-                kind="conv2d" if isinstance(module, torch.nn.Conv2d) else "linear",
+                kind=module_kind(module) or "linear",
                 legacy_index=index,
                 activation_zero_fraction=zero_fraction(zeros, 0),
                 backprop_zero_fraction=zero_fraction(zeros, 2),

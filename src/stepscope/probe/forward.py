@@ -1,10 +1,17 @@
-"""The probe's single forward and backward: capture ``A``/``Z``, get ``B`` by ``autograd.grad``.
+"""The probe's single forward and backward: capture inputs/outputs, get ``B`` by ``autograd.grad``.
 
-Forward hooks keep each measured layer's input and output and hand the rest of the network a
-*clone* of the output, so in-place activations downstream (``ReLU(inplace=True)``) cannot
-overwrite the tensor we differentiate with respect to. ``torch.autograd.grad`` of the summed
-cross-entropy with respect to those outputs yields ``B`` at per-example scale without touching any
-``.grad`` buffer. All device results travel to the host in one batched transfer.
+Forward hooks keep every call's input and output of each module that owns a measured parameter
+(a tied weight brings in every module that shares it) and hand the rest of the network a *clone*
+of the output, so in-place activations downstream (``ReLU(inplace=True)``) cannot overwrite the
+tensor we differentiate with respect to. ``torch.autograd.grad`` of the summed cross-entropy (over
+every scored target: one per example, or every scored token of a sequence) with respect to those
+outputs yields ``B`` at per-example scale without touching any ``.grad`` buffer; per-example
+gradients follow from :mod:`stepscope.probe.sequence`. All device results travel to the host in
+one batched transfer.
+
+Confusion: with at most ``confusion_cap`` classes the dense ``C x C`` matrix is recorded; above
+it (a 50,257-token vocabulary) only predicted-class counts, per-true-class error counts and the
+``top_k`` most frequent ``(true, predicted)`` error pairs, in ``O(C + targets)`` memory.
 
 Example
 -------
@@ -26,8 +33,20 @@ import torch
 import torch.nn.functional as F
 
 from stepscope.errors import Refusal
-from stepscope.probe.moments import BlockTensors, affine_factors, block_tensors
+from stepscope.probe.moments import BlockTensors
+from stepscope.probe.outputs import OutputSelector, ScoredTargets, score_targets, select_logits
 from stepscope.probe.recorder import ModelRecord
+from stepscope.probe.sequence import (
+    check_module,
+    measured_parameters,
+    module_use,
+    parameter_sq_norms_and_sum,
+)
+
+#: above this many classes the confusion is bounded (no dense C x C matrix)
+CONFUSION_CLASS_CAP = 1024
+#: most frequent (true, predicted) error pairs kept above the cap
+CONFUSION_TOP_K = 32
 
 
 @dataclass
@@ -48,18 +67,41 @@ class ProbeForward:
     blocks: dict[str, BlockTensors]
     zero_counts: dict[str, torch.Tensor]
     loss_sum: torch.Tensor
-    logits: torch.Tensor
-    labels: torch.Tensor
+    logits: torch.Tensor  #: ``(m, C)`` scored logit rows
+    labels: torch.Tensor  #: ``(m,)`` their labels
     absent: dict[str, str] = field(default_factory=dict)
+    confusion_cap: int = CONFUSION_CLASS_CAP
+    top_k: int = CONFUSION_TOP_K
+    shared: dict[str, list[str]] = field(default_factory=dict)
+    calls: dict[str, int] = field(default_factory=dict)
+
+    def _confusion_parts(self) -> tuple[list[torch.Tensor], bool]:
+        classes = self.logits.shape[1]
+        preds = self.logits.argmax(1)
+        if classes <= self.confusion_cap:
+            cells = torch.bincount(self.labels * classes + preds, minlength=classes * classes)
+            return [cells], False
+        wrong = preds != self.labels
+        keys = self.labels[wrong] * classes + preds[wrong]
+        unique, counts = torch.unique(keys, return_counts=True)  # ascending keys
+        order = torch.sort(counts, descending=True, stable=True).indices[: self.top_k]
+        k = torch.tensor([float(order.numel())], device=keys.device)
+        return [
+            torch.bincount(preds, minlength=classes),
+            torch.bincount(self.labels[wrong], minlength=classes),
+            k,
+            unique[order],
+            counts[order],
+        ], True
 
     def to_host(self) -> HostResults:
         """One batched device-to-host transfer, then unpack (float64 for the n-length arrays)."""
-        n, classes = self.logits.shape
-        preds = self.logits.argmax(1)
+        n = self.n
+        m, classes = self.logits.shape
         top = self.logits.max(1, keepdim=True).values
         ties = ((self.logits == top).sum(1) > 1).sum()
-        confusion = torch.bincount(self.labels * classes + preds, minlength=classes * classes)
-        parts: list[torch.Tensor] = [self.loss_sum.reshape(1), ties.reshape(1), confusion]
+        confusion, bounded = self._confusion_parts()
+        parts: list[torch.Tensor] = [self.loss_sum.reshape(1), ties.reshape(1), *confusion]
         layout: list[tuple[str, str, int]] = []
         for name, b in self.blocks.items():
             for part, sq, total in (
@@ -74,12 +116,28 @@ class ProbeForward:
             parts.append(self.zero_counts[name])
         flat_host = torch.cat([p.detach().to(torch.float64) for p in parts]).cpu().numpy()
         loss_sum, tie_count = float(flat_host[0]), int(flat_host[1])
-        conf = flat_host[2 : 2 + classes * classes].astype(np.int64).reshape(classes, classes)
-        pos = 2 + classes * classes
+        pos = 2
+        if bounded:
+            predicted = flat_host[pos : pos + classes].astype(np.int64)
+            errors = flat_host[pos + classes : pos + 2 * classes].astype(np.int64)
+            k = int(flat_host[pos + 2 * classes])
+            pos += 2 * classes + 1
+            keys = flat_host[pos : pos + k].astype(np.int64)
+            counts = flat_host[pos + k : pos + 2 * k].astype(np.int64)
+            pos += 2 * k
+            correct = int(m - errors.sum())
+            conf: list[list[int]] = []
+            pairs = [[int(t // classes), int(t % classes), int(c)] for t, c in zip(keys, counts)]
+            per_class = [int(v) for v in errors]
+        else:
+            dense = flat_host[pos : pos + classes * classes].astype(np.int64)
+            dense = dense.reshape(classes, classes)
+            pos += classes * classes
+            predicted, correct = dense.sum(0), int(np.trace(dense))
+            conf, pairs, per_class = dense.tolist(), None, None
         layers: dict[str, dict[str, tuple[np.ndarray, float]]] = {}
         zero_counts: dict[str, tuple[int, int, int, int]] = {}
-        names = list(self.blocks)
-        for name in names:
+        for name in self.blocks:
             layers[name] = {}
             for lname, part, size in layout:
                 if lname != name:
@@ -90,128 +148,228 @@ class ProbeForward:
             counts = flat_host[pos : pos + 4].astype(np.int64)
             zero_counts[name] = (int(counts[0]), int(counts[1]), int(counts[2]), int(counts[3]))
             pos += 4
-        correct = int(np.trace(conf))
         model = ModelRecord(
-            loss=loss_sum / n if np.isfinite(loss_sum) else None,
-            accuracy_fraction=correct / n,
+            loss=loss_sum / m if np.isfinite(loss_sum) and m else None,
+            accuracy_fraction=correct / m if m else 0.0,
             n_examples=int(n),
             n_correct=correct,
             num_classes=int(classes),
-            predicted_counts=[int(v) for v in conf.sum(0)],
-            confusion=conf.tolist(),
+            predicted_counts=[int(v) for v in predicted],
+            confusion=conf,
             argmax_tie_count=tie_count,
+            n_targets=int(m),
+            confusion_mode="bounded" if bounded else "dense",
+            confusion_class_cap=self.confusion_cap,
+            per_class_errors=per_class,
+            top_confused_pairs=pairs,
         )
         return HostResults(layers, zero_counts, model)
 
 
-def run_probe_forward(
-    model: torch.nn.Module, layers: dict[str, torch.nn.Module], x: torch.Tensor, y: torch.Tensor
-) -> ProbeForward:
-    """Run one forward and one backward of the probe through ``model`` (already in eval mode).
+def parameter_owners(
+    model: torch.nn.Module, layers: dict[str, torch.nn.Module]
+) -> tuple[dict[int, list[tuple[str, str]]], dict[str, torch.nn.Module]]:
+    """Every ``(module name, attribute)`` that holds a measured layer's parameters.
+
+    Returns ``param id -> owners`` and the modules to hook (measured layers plus any module that
+    shares one of their parameters, e.g. the token embedding of a tied LM head).
 
     Raises
     ------
     Refusal
-        ``probe_output_invalid`` if the output is not ``(n, classes)`` logits covering the labels;
-        ``probe_layer_unsupported`` if a measured module runs more than once per forward, or its
-        input is modified in place after the module ran.
+        ``probe_layer_unsupported`` when a sharing module has no per-example rule.
     """
-    captured: dict[str, list[tuple[torch.Tensor, torch.Tensor, int]]] = {n: [] for n in layers}
+    wanted = {
+        id(getattr(m, part)): getattr(m, part)
+        for m in layers.values()
+        for part in measured_parameters(m)
+    }
+    owners: dict[int, list[tuple[str, str]]] = {pid: [] for pid in wanted}
+    hooked: dict[str, torch.nn.Module] = dict(layers)
+    for name, module in model.named_modules():
+        for attr, p in module._parameters.items():
+            if p is None or id(p) not in owners:
+                continue
+            if name not in layers:
+                if attr not in ("weight", "bias"):
+                    raise Refusal(
+                        "probe_layer_unsupported",
+                        f"module {name!r} ({type(module).__name__}) shares a measured parameter "
+                        f"as {attr!r}; its contribution has no per-example rule",
+                        ["exclude the shared parameter's layers via layers=[...]"],
+                    )
+                check_module(name, module)
+                hooked[name] = module
+            owners[id(p)].append((name, attr))
+    return owners, hooked
+
+
+def _input_of(args: tuple, kwargs: dict) -> torch.Tensor:
+    return args[0] if args else next(iter(kwargs.values()))
+
+
+def run_probe_forward(
+    model: torch.nn.Module,
+    layers: dict[str, torch.nn.Module],
+    x: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    output: OutputSelector = None,
+    next_token: bool = False,
+    confusion_cap: int = CONFUSION_CLASS_CAP,
+) -> ProbeForward:
+    """Run one forward and one backward of the probe through ``model`` (already in eval mode).
+
+    Parameters
+    ----------
+    output, next_token
+        Logit selection and target alignment (:mod:`stepscope.probe.outputs`).
+    confusion_cap
+        Largest class count recorded as a dense confusion matrix.
+
+    Raises
+    ------
+    Refusal
+        ``probe_output_invalid`` if the selected output does not align with the labels;
+        ``probe_layer_unsupported`` if a measured module's input is modified in place after the
+        module ran, or a module sharing a measured parameter has no per-example rule.
+    """
+    owners, hooked = parameter_owners(model, layers)
+    captured: dict[str, list[tuple[torch.Tensor, torch.Tensor, int]]] = {n: [] for n in hooked}
+
+    n = x.shape[0]
 
     def make_hook(name: str) -> Any:
-        def hook(module: torch.nn.Module, args: tuple, kwargs: dict, output: torch.Tensor) -> Any:
-            inp = args[0] if args else kwargs["input"]
-            captured[name].append((inp, output, inp._version))
-            return (
-                output.clone()
-            )  # downstream in-place ops must not overwrite what we differentiate
+        def hook(module: torch.nn.Module, args: tuple, kwargs: dict, out: torch.Tensor) -> Any:
+            inp = _input_of(args, kwargs)
+            if out.dim() and out.shape[0] == 1 < n and inp.dim() and inp.shape[0] == 1:
+                # a batch-of-one call broadcast over the batch (HF position ids (1, T)): hand the
+                # network the broadcast it would form anyway, so each example gets its own rows
+                inp = inp.expand(n, *inp.shape[1:])
+                out = out.expand(n, *out.shape[1:])
+            captured[name].append((inp, out, inp._version))
+            return out.clone()  # downstream in-place ops must not overwrite what we differentiate
 
         return hook
 
-    handles = [m.register_forward_hook(make_hook(n), with_kwargs=True) for n, m in layers.items()]
+    handles = [m.register_forward_hook(make_hook(n), with_kwargs=True) for n, m in hooked.items()]
     try:
         with torch.enable_grad():
             xin = x.detach().requires_grad_(True) if x.is_floating_point() else x
-            logits = model(xin)
+            raw = model(xin)
     finally:
         for handle in handles:
             handle.remove()
-    _check_logits(logits, y)
-    absent: dict[str, str] = {}
-    outputs: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
-    for name, calls in captured.items():
-        if len(calls) > 1:
-            raise Refusal(
-                "probe_layer_unsupported",
-                f"layer {name!r} ran {len(calls)} times in one forward; per-example gradients "
-                "would mix its calls",
-                ["exclude shared/reused modules via layers=[...]"],
-            )
-        if not calls:
-            absent[name] = "not_executed"
-            continue
-        inp, out, version = calls[0]
-        if inp._version != version:
-            raise Refusal(
-                "probe_layer_unsupported",
-                f"the input of layer {name!r} was modified in place after the layer ran",
-                ["avoid in-place ops on tensors that feed a measured layer"],
-            )
-        if not out.requires_grad:
-            absent[name] = "no_gradient_path"
-            continue
-        outputs[name] = (inp.detach(), out)
+    scored = score_targets(select_logits(raw, output), y, next_token=next_token)
+    calls: list[tuple[str, torch.Tensor, torch.Tensor]] = []  # (module, input, output)
+    batch_shared: set[str] = set()
+    for name, seen in captured.items():
+        for inp, out, version in seen:
+            if inp._version != version:
+                raise Refusal(
+                    "probe_layer_unsupported",
+                    f"the input of layer {name!r} was modified in place after the layer ran",
+                    ["avoid in-place ops on tensors that feed a measured layer"],
+                )
+            if out.dim() == 0 or out.shape[0] != n:
+                batch_shared.add(name)  # one output for the whole batch: not per-example
+            elif out.requires_grad:
+                calls.append((name, inp.detach(), out))
     with torch.enable_grad():
-        loss_sum = F.cross_entropy(logits, y, reduction="sum")
-        names = list(outputs)
+        loss_sum = F.cross_entropy(scored.logits, scored.labels, reduction="sum")
         grads = (
-            torch.autograd.grad(loss_sum, [outputs[k][1] for k in names], allow_unused=True)
-            if names and loss_sum.requires_grad
-            else [None] * len(names)
+            torch.autograd.grad(loss_sum, [c[2] for c in calls], allow_unused=True)
+            if calls and loss_sum.requires_grad
+            else [None] * len(calls)
         )
-    blocks: dict[str, BlockTensors] = {}
-    zero_counts: dict[str, torch.Tensor] = {}
-    with torch.no_grad():
-        for name, grad in zip(names, grads):
-            if grad is None:
-                absent[name] = "no_gradient_path"
-                continue
-            inp = outputs[name][0]
-            module = layers[name]
-            a, b = affine_factors(module, inp, grad)
-            blocks[name] = block_tensors(a, b, with_bias=module.bias is not None)
-            zero_counts[name] = torch.stack(
-                [
-                    (inp == 0).sum(),
-                    torch.tensor(inp.numel(), device=inp.device),
-                    (grad == 0).sum(),
-                    torch.tensor(grad.numel(), device=grad.device),
-                ]
-            )
-    return ProbeForward(
-        n=int(y.shape[0]),
-        dtype=logits.dtype,
-        blocks=blocks,
-        zero_counts=zero_counts,
-        loss_sum=loss_sum.detach(),
-        logits=logits.detach(),
-        labels=y,
-        absent=absent,
+    live = [(name, inp, g) for (name, inp, _), g in zip(calls, grads) if g is not None]
+    return _reduce(
+        layers, hooked, owners, captured, live, scored, loss_sum, confusion_cap, batch_shared
     )
 
 
-def _check_logits(logits: Any, y: torch.Tensor) -> None:
-    ok = isinstance(logits, torch.Tensor) and logits.dim() == 2 and logits.is_floating_point()
-    if (
-        ok
-        and logits.shape[0] == y.shape[0]
-        and int(y.max()) < logits.shape[1]
-        and int(y.min()) >= 0
-    ):
-        return
-    shape = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
-    raise Refusal(
-        "probe_output_invalid",
-        f"model output {shape} is not (n={y.shape[0]}, classes) logits covering the labels",
-        ["wrap the model so it returns (n, classes) logits", "check the label range"],
+def _zero_counts(inp: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
+    """Exact zeros and entries of a float input (token ids count as no entries) and backprop."""
+    floating = inp.is_floating_point()
+    zeros = (inp == 0).sum() if floating else grad.new_zeros((), dtype=torch.int64)
+    entries = inp.numel() if floating else 0
+    return torch.stack(
+        [
+            zeros,
+            torch.tensor(entries, device=grad.device),
+            (grad == 0).sum(),
+            torch.tensor(grad.numel(), device=grad.device),
+        ]
+    )
+
+
+def _reduce(
+    layers: dict[str, torch.nn.Module],
+    hooked: dict[str, torch.nn.Module],
+    owners: dict[int, list[tuple[str, str]]],
+    captured: dict[str, list[Any]],
+    live: list[tuple[str, torch.Tensor, torch.Tensor]],
+    scored: ScoredTargets,
+    loss_sum: torch.Tensor,
+    confusion_cap: int,
+    batch_shared: set[str],
+) -> ProbeForward:
+    """Per-parameter moments over all uses, mapped back to each measured layer's blocks.
+
+    A parameter with a use whose output is not per-example (one output for the whole batch)
+    has no per-example gradient here: its layers are absent (``batch_shared_call``).
+    """
+    absent: dict[str, str] = {}
+    per_param: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+    blocks: dict[str, BlockTensors] = {}
+    zero_counts: dict[str, torch.Tensor] = {}
+    shared: dict[str, list[str]] = {}
+    n_calls: dict[str, int] = {}
+    with torch.no_grad():
+        for name, module in layers.items():
+            mine = [(inp, g) for owner, inp, g in live if owner == name]
+            params = [getattr(module, part) for part in measured_parameters(module)]
+            if {o for p in params for o, _ in owners[id(p)]} & batch_shared:
+                absent[name] = "batch_shared_call"
+                continue
+            if not mine:
+                absent[name] = "not_executed" if not captured[name] else "no_gradient_path"
+                continue
+            n_calls[name] = len(mine)
+            parts: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+            for part in measured_parameters(module):
+                p = getattr(module, part)
+                if id(p) not in per_param:
+                    uses = [
+                        module_use(hooked[owner], attr, inp, g)
+                        for owner, attr in owners[id(p)]
+                        for o, inp, g in live
+                        if o == owner
+                    ]
+                    per_param[id(p)] = parameter_sq_norms_and_sum(uses, p.shape)
+                parts[part] = per_param[id(p)]
+                others = sorted({o for o, _ in owners[id(p)] if o != name})
+                if others or len(mine) > 1:
+                    shared[f"{name}.{part}"] = others
+            weight = parts.get("weight")
+            bias = parts.get("bias")
+            blocks[name] = BlockTensors(
+                weight_sq=weight[0] if weight else None,
+                weight_sum=weight[1] if weight else None,
+                bias_sq=bias[0] if bias else None,
+                bias_sum=bias[1] if bias else None,
+            )
+            zero_counts[name] = sum(_zero_counts(inp, g) for inp, g in mine)
+    return ProbeForward(
+        n=scored.n,
+        dtype=scored.logits.dtype,
+        blocks=blocks,
+        zero_counts=zero_counts,
+        loss_sum=loss_sum.detach(),
+        logits=scored.logits.detach(),
+        labels=scored.labels,
+        absent=absent,
+        confusion_cap=confusion_cap,
+        shared=shared,
+        calls=n_calls,
     )

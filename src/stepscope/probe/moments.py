@@ -22,8 +22,8 @@ Example
 -------
 >>> import torch
 >>> a, b = torch.ones(3, 2), torch.ones(3, 4)
->>> dev = block_tensors(a, b)
->>> m = gradient_moments(dev.weight_sq.double().numpy(), float(dev.weight_sum.square().sum()) / 9)
+>>> sq, total = per_example_sq_norms(a, b), b.T @ a
+>>> m = gradient_moments(sq.double().numpy(), float(total.square().sum()) / 9)
 >>> m.fisher_trace, m.mean_grad_sq_norm, m.covariance_trace, m.gradient_diversity
 (8.0, 8.0, 0.0, 0.3333333333333333)
 """
@@ -35,9 +35,6 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
-
-from stepscope.errors import Refusal
 
 #: ``||sum g_i||^2 <= DIVERSITY_DENOMINATOR_RTOL * sum ||g_i||^2`` makes the diversity undefined:
 #: below this the float32 mean gradient is dominated by round-off (diversity would exceed 1e6 / n).
@@ -45,64 +42,24 @@ DIVERSITY_DENOMINATOR_RTOL = 1e-6
 #: A covariance trace in ``[-COVARIANCE_ROUNDOFF_RTOL * fisher_trace, 0)`` is float32 round-off of
 #: a non-negative quantity and is clipped to 0 (recorded); more negative values are reported None.
 COVARIANCE_ROUNDOFF_RTOL = 1e-5
+#: largest per-example-gradient block (elements) the "outer" method materialises at once
+OUTER_CHUNK_ELEMENTS = 1 << 24
 QUANTILES: dict[str, float] = {"min": 0.0, "q25": 0.25, "median": 0.5, "q75": 0.75, "max": 1.0}
 
 
 @dataclass
 class BlockTensors:
-    """On-device results for one parameter block (weight or bias), before the host transfer.
+    """On-device results for one measured module (weight and bias blocks), before the host transfer.
 
     ``weight_sq`` holds ``||g_i||^2`` per example (shape ``(n,)``); ``weight_sum`` the summed
     gradient ``sum_i g_i = n G`` (flattened for conv). Sums, not means: dividing a weight-sized
     tensor by ``n`` costs a pass over it, dividing the squared norm by ``n^2`` costs nothing.
     """
 
-    weight_sq: torch.Tensor
-    weight_sum: torch.Tensor
+    weight_sq: torch.Tensor | None
+    weight_sum: torch.Tensor | None
     bias_sq: torch.Tensor | None = None
     bias_sum: torch.Tensor | None = None
-
-
-def affine_factors(
-    module: torch.nn.Module, x: torch.Tensor, b: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Return ``(A, B)`` as ``(n, d)``/``(n, o)`` or, with positions, ``(n, d, L)``/``(n, o, L)``.
-
-    Parameters
-    ----------
-    module
-        A ``torch.nn.Linear`` or ``torch.nn.Conv2d`` (groups 1).
-    x
-        The module's input in the probe forward.
-    b
-        The per-example-scale derivative of the loss at the module's output.
-    """
-    n = x.shape[0]
-    if isinstance(module, torch.nn.Linear):
-        if x.dim() == 2:
-            return x, b
-        d, o = x.shape[-1], b.shape[-1]
-        return x.reshape(n, -1, d).transpose(1, 2), b.reshape(n, -1, o).transpose(1, 2)
-    if isinstance(module, torch.nn.Conv2d):
-        if module.groups != 1 or x.dim() != 4:
-            raise Refusal(
-                "probe_layer_unsupported",
-                f"Conv2d with groups={module.groups} and input rank {x.dim()} is not measured",
-                ["exclude this layer via layers=[...]", "use groups=1 and batched 4-D input"],
-            )
-        padding: Any = module.padding
-        if isinstance(padding, str) or module.padding_mode != "zeros":
-            # the same explicit padding Conv2d applies itself for 'same' and non-zero modes
-            mode = "constant" if module.padding_mode == "zeros" else module.padding_mode
-            x = F.pad(x, module._reversed_padding_repeated_twice, mode=mode)
-            padding = 0
-        a = F.unfold(x, module.kernel_size, module.dilation, padding, module.stride)
-        return a, b.reshape(n, b.shape[1], -1)
-    raise Refusal(
-        "probe_layer_unsupported",
-        f"{type(module).__name__} is not an affine layer the probe measures",
-        ["select Linear or Conv2d modules via layers=[...]"],
-    )
 
 
 def per_example_sq_norms(a: torch.Tensor, b: torch.Tensor, method: str = "auto") -> torch.Tensor:
@@ -122,30 +79,17 @@ def per_example_sq_norms(a: torch.Tensor, b: torch.Tensor, method: str = "auto")
     o = b.shape[1]
     if method == "auto":
         method = "outer" if o * d <= positions * (d + o) else "gram"  # flops n*o*d*L vs n*L^2*(d+o)
-    if method == "outer":
-        return torch.bmm(b, a.transpose(1, 2)).square().sum((1, 2))
+    if method == "outer":  # in chunks of examples: at most OUTER_CHUNK_ELEMENTS per product
+        step = max(1, OUTER_CHUNK_ELEMENTS // max(1, o * d))
+        return torch.cat(
+            [
+                torch.bmm(b[i : i + step], a[i : i + step].transpose(1, 2)).square().sum((1, 2))
+                for i in range(0, a.shape[0], step)
+            ]
+        )
     if method == "gram":
         return (torch.bmm(a.transpose(1, 2), a) * torch.bmm(b.transpose(1, 2), b)).sum((1, 2))
     raise ValueError(f"unknown method {method!r}")
-
-
-def block_tensors(a: torch.Tensor, b: torch.Tensor, with_bias: bool = True) -> BlockTensors:
-    """Per-example squared norms and summed gradients of the weight (and bias) blocks.
-
-    The summed gradient costs one matmul, the same work as the ordinary weight gradient.
-    """
-    if a.dim() == 2:
-        weight_sum = b.transpose(0, 1) @ a
-        bias_per_example = b
-    else:
-        o, d = b.shape[1], a.shape[1]
-        weight_sum = b.transpose(0, 1).reshape(o, -1) @ a.transpose(1, 2).reshape(-1, d)
-        bias_per_example = b.sum(2)
-    out = BlockTensors(weight_sq=per_example_sq_norms(a, b), weight_sum=weight_sum)
-    if with_bias:
-        out.bias_sq = bias_per_example.square().sum(1)
-        out.bias_sum = bias_per_example.sum(0)
-    return out
 
 
 @dataclass(frozen=True)

@@ -64,14 +64,22 @@ class ModelRecord:
     Attributes
     ----------
     loss
-        Mean cross-entropy over the probe (nats per example).
+        Mean cross-entropy per scored target (nats per example for class labels, per token for
+        sequences).
     accuracy_fraction
-        Correct / n, in [0, 1].
+        Correct / scored targets, in [0, 1].
     predicted_counts
         Examples predicted per class (argmax; ties go to the lowest index, counted in
         ``argmax_tie_count``).
     confusion
-        ``confusion[true][predicted]`` counts.
+        ``confusion[true][predicted]`` counts over scored targets; empty above the class cap.
+    n_targets
+        Scored targets: ``n_examples`` for class labels, the scored tokens for sequences (loss,
+        accuracy and counts are per target).
+    confusion_mode
+        ``"dense"`` (``num_classes <= confusion_class_cap``) or ``"bounded"``: no ``C x C`` matrix,
+        ``per_class_errors[c]`` (targets of class ``c`` predicted wrong) and
+        ``top_confused_pairs`` (``[true, predicted, count]``, most frequent first) instead.
     """
 
     loss: float | None
@@ -82,6 +90,11 @@ class ModelRecord:
     predicted_counts: list[int]
     confusion: list[list[int]]
     argmax_tie_count: int
+    n_targets: int | None = None
+    confusion_mode: str = "dense"
+    confusion_class_cap: int | None = None
+    per_class_errors: list[int] | None = None
+    top_confused_pairs: list[list[int]] | None = None
 
 
 @dataclass(frozen=True)

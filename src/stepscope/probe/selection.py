@@ -110,11 +110,11 @@ def _refuse(message: str, remedies: Sequence[str]) -> Refusal:
 def _check_split(inputs: torch.Tensor, labels: torch.Tensor) -> int:
     if not isinstance(inputs, torch.Tensor) or not isinstance(labels, torch.Tensor):
         raise _refuse("inputs and labels must be torch tensors", ["pass torch.Tensor objects"])
-    if inputs.dim() < 1 or labels.dim() != 1 or inputs.shape[0] != labels.shape[0]:
+    if inputs.dim() < 1 or labels.dim() not in (1, 2) or inputs.shape[0] != labels.shape[0]:
         raise _refuse(
             f"inputs {tuple(inputs.shape)} and labels {tuple(labels.shape)} do not describe the "
             "same examples",
-            ["pass inputs of shape (N, ...) and integer labels of shape (N,)"],
+            ["pass inputs of shape (N, ...) and integer labels of shape (N,) or tokens (N, T)"],
         )
     if labels.dtype not in (torch.int64, torch.int32, torch.int16, torch.uint8, torch.int8):
         raise _refuse(f"labels have dtype {labels.dtype}, not integer class ids", ["cast labels"])

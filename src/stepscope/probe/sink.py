@@ -6,7 +6,9 @@ Every numeric field of a :class:`ProbeRecord` becomes a user scalar row named
 at ``optimizer_step``. The other two axes travel as rows ``probe/axes/examples_seen`` and
 ``probe/axes/epoch`` at the same step, so a probe series can be plotted against any of the three
 clocks. The confusion matrix and predicted-class counts are integer rows
-``probe/model/confusion/<true>/<predicted>`` and ``probe/model/predicted_counts/<class>``.
+``probe/model/confusion/<true>/<predicted>`` and ``probe/model/predicted_counts/<class>``; above
+the class cap (bounded confusion) only non-zero ``predicted_counts`` and ``per_class_errors/<class>``
+rows and ``top_confused/<rank>/{true,predicted,count}``, never ``C x C`` rows.
 
 A ``None`` value (absent, masked or undefined) writes **no row**: the reader's series simply has no
 entry at that step, never a 0; the validity rows say why.
@@ -42,8 +44,16 @@ def probe_scalar_rows(record: ProbeRecord) -> dict[str, float]:
     rows["probe/axes/examples_seen"] = float(record.step.examples_seen)
     rows["probe/axes/epoch"] = float(record.step.epoch)
     rows["probe/model/n_examples"] = float(record.model.n_examples)
+    bounded = record.model.confusion_mode == "bounded"
     for c, count in enumerate(record.model.predicted_counts):
-        rows[f"probe/model/predicted_counts/{c}"] = float(count)
+        if count or not bounded:  # above the class cap: classes never predicted write no row
+            rows[f"probe/model/predicted_counts/{c}"] = float(count)
+    for c, count in enumerate(record.model.per_class_errors or ()):
+        if count:
+            rows[f"probe/model/per_class_errors/{c}"] = float(count)
+    for rank, (true, pred, count) in enumerate(record.model.top_confused_pairs or ()):
+        for key, value in (("true", true), ("predicted", pred), ("count", count)):
+            rows[f"probe/model/top_confused/{rank}/{key}"] = float(value)
     for t, row in enumerate(record.model.confusion):
         for p, count in enumerate(row):
             rows[f"probe/model/confusion/{t}/{p}"] = float(count)

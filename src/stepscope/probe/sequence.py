@@ -1,0 +1,263 @@
+"""Per-example gradients of the layers transformers are made of, sequences and shared weights included.
+
+One example is one sequence: its gradient sums over positions (and over every call of a module,
+and over every module that uses the same parameter). Each call of a module contributes a
+:class:`Use` to each of its parameters, in one of two forms:
+
+- **Kronecker sum** ``g_i = sum_p l_ip r_ip^T`` in the parameter's own ``(rows, cols)`` layout:
+  ``nn.Linear`` (``l`` = output backprop, ``r`` = input), HF ``Conv1D`` (transposed Linear,
+  ``weight (d_in, d_out)``: ``l`` = input, ``r`` = backprop), ``nn.Conv1d``/``nn.Conv2d``
+  (``r`` = unfolded receptive field) and ``nn.Embedding`` (``l`` = the one-hot token, kept as an
+  index, ``r`` = backprop; ``padding_idx`` positions contribute nothing).
+- **Dense**: the per-example gradient itself, ``(n, *shape)``: biases (``sum_p b_ip``) and
+  LayerNorm / RMSNorm weights (``sum_p b_ip * xhat_ip``).
+
+Squared norms of the total per-example gradient use ``||sum_u g^u||^2 = sum_{u,v} <g^u, g^v>``
+with the Gram ("ghost norm") identity for Kronecker sums,
+
+.. math:: \\langle \\textstyle\\sum_p l_p r_p^\\top, \\sum_q l'_q r'^\\top_q \\rangle
+    = \\sum_{p,q} (l_p \\cdot l'_q)(r_p \\cdot r'_q),
+
+where a one-hot ``l`` makes ``l_p . l'_q`` a gather (``l'_q[token_p]``) or an equality test; a
+single Kronecker use materialises ``B_i A_i^T`` instead when that costs fewer flops
+(:func:`stepscope.probe.moments.per_example_sq_norms`).
+
+Example
+-------
+>>> import torch
+>>> emb = torch.nn.Embedding(5, 3)
+>>> uses = [module_use(emb, "weight", torch.tensor([[1, 1, 2]]), torch.ones(1, 3, 3))]
+>>> sq, total = parameter_sq_norms_and_sum(uses, emb.weight.shape)
+>>> float(sq[0]), total.reshape(5, 3)[1].tolist()  # token 1 twice: (2, 2, 2); token 2: (1, 1, 1)
+(15.0, [2.0, 2.0, 2.0])
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from stepscope.errors import Refusal
+from stepscope.probe.moments import per_example_sq_norms
+
+#: kind label per supported module type (the record's ``kind``)
+KINDS: dict[type, str] = {
+    nn.Linear: "linear",
+    nn.Conv1d: "conv1d",
+    nn.Conv2d: "conv2d",
+    nn.Embedding: "embedding",
+    nn.LayerNorm: "layernorm",
+    nn.RMSNorm: "rmsnorm",
+}
+
+
+def is_hf_conv1d(module: nn.Module) -> bool:
+    """HF ``transformers.pytorch_utils.Conv1D`` (a Linear with ``weight (d_in, d_out)``)."""
+    return type(module).__name__ == "Conv1D" and hasattr(module, "nf")
+
+
+def module_kind(module: nn.Module) -> str | None:
+    """The probe's kind label for ``module``, or ``None`` when it has no per-example rule."""
+    if is_hf_conv1d(module):
+        return "hf_conv1d"
+    return KINDS.get(type(module)) or next(
+        (k for t, k in KINDS.items() if isinstance(module, t)), None
+    )
+
+
+def measured_parameters(module: nn.Module) -> list[str]:
+    """``weight``/``bias`` names of ``module`` that are parameters (norms may have none)."""
+    return [
+        part for part in ("weight", "bias") if isinstance(getattr(module, part, None), nn.Parameter)
+    ]
+
+
+def check_module(name: str, module: nn.Module) -> None:
+    """Refuse ``probe_layer_unsupported`` for modules or options without a per-example rule."""
+    kind = module_kind(module)
+    problem = None
+    if kind is None:
+        problem = (
+            f"{type(module).__name__} has no per-example gradient rule here; the probe measures "
+            "Linear, HF Conv1D, Conv1d/Conv2d (groups 1), Embedding, LayerNorm and RMSNorm"
+        )
+    elif kind in ("conv1d", "conv2d") and module.groups != 1:
+        problem = f"{type(module).__name__} with groups={module.groups} is not measured"
+    elif kind == "embedding" and (module.max_norm is not None or module.scale_grad_by_freq):
+        problem = "Embedding with max_norm (renormalises the weight in place) or "
+        problem += "scale_grad_by_freq (batch-dependent gradient) is not measured"
+    elif not measured_parameters(module):
+        problem = f"{type(module).__name__} has no weight or bias parameter"
+    if problem:
+        raise Refusal(
+            "probe_layer_unsupported",
+            f"layer {name!r}: {problem}",
+            ["exclude this layer via layers=[...]"],
+        )
+
+
+@dataclass
+class Use:
+    """One call's contribution to one parameter's per-example gradients.
+
+    ``left`` ``(n, P, rows)`` (or ``(n, P)`` int64 row indices for Embedding) and ``right``
+    ``(n, P, cols)`` for a Kronecker sum; ``dense`` ``(n, numel)`` otherwise.
+    """
+
+    left: Tensor | None = None
+    right: Tensor | None = None
+    dense: Tensor | None = None
+
+    @property
+    def indexed(self) -> bool:
+        """Whether ``left`` holds one-hot row indices (Embedding)."""
+        return self.left is not None and not self.left.is_floating_point()
+
+
+def _positions(t: Tensor, n: int) -> Tensor:
+    """``(n, ..., d)`` -> ``(n, P, d)``."""
+    return t.reshape(n, -1, t.shape[-1])
+
+
+def _unfold(module: nn.Conv1d | nn.Conv2d, x: Tensor) -> Tensor:
+    """Receptive fields ``(n, L, C_in * prod(kernel))`` ordered like ``weight.reshape(o, -1)``."""
+    padding: Any = module.padding
+    if isinstance(padding, str) or module.padding_mode != "zeros":
+        # the same explicit padding the convolution applies itself for 'same' and non-zero modes
+        mode = "constant" if module.padding_mode == "zeros" else module.padding_mode
+        x = F.pad(x, module._reversed_padding_repeated_twice, mode=mode)
+        padding = (0,) * len(module.kernel_size)
+    kernel, dilation, stride = module.kernel_size, module.dilation, module.stride
+    if isinstance(module, nn.Conv1d):  # a Conv1d is a Conv2d of height 1
+        x = x.unsqueeze(2)
+        kernel, dilation, stride = (1, *kernel), (1, *dilation), (1, *stride)
+        padding = (0, *padding)
+    return F.unfold(x, kernel, dilation, padding, stride).transpose(1, 2)
+
+
+def _normalized(module: nn.LayerNorm | nn.RMSNorm, x: Tensor) -> Tensor:
+    """``xhat`` as the module computes it before its elementwise affine."""
+    dims = tuple(range(-len(module.normalized_shape), 0))
+    eps = module.eps
+    if isinstance(module, nn.LayerNorm):
+        mean = x.mean(dims, keepdim=True)
+        var = x.var(dims, unbiased=False, keepdim=True)
+        return (x - mean) * torch.rsqrt(var + eps)
+    eps = torch.finfo(x.dtype).eps if eps is None else eps
+    return x * torch.rsqrt(x.square().mean(dims, keepdim=True) + eps)
+
+
+def module_use(module: nn.Module, part: str, inp: Tensor, grad: Tensor) -> Use:
+    """The :class:`Use` of one call of ``module`` for its parameter ``part`` (``weight``/``bias``).
+
+    Parameters
+    ----------
+    inp
+        The call's input; ``grad`` the per-example-scale derivative of the loss at its output.
+    """
+    n = grad.shape[0]
+    kind = module_kind(module)
+    if kind in ("layernorm", "rmsnorm"):
+        shape = module.normalized_shape
+        b = grad.reshape(n, -1, *shape)
+        if part == "bias":
+            return Use(dense=b.sum(1).reshape(n, -1))
+        xhat = _normalized(module, inp).reshape(n, -1, *shape)
+        return Use(dense=(b * xhat).sum(1).reshape(n, -1))
+    if kind in ("conv1d", "conv2d"):
+        b = grad.reshape(n, grad.shape[1], -1).transpose(1, 2)  # (n, L, o)
+        if part == "bias":
+            return Use(dense=b.sum(1))
+        return Use(left=b, right=_unfold(module, inp))
+    if kind == "embedding":
+        idx = inp.reshape(n, -1)
+        b = _positions(grad, n)
+        if module.padding_idx is not None:  # the padding row never receives a gradient
+            b = b * (idx != module.padding_idx).unsqueeze(-1).to(b.dtype)
+        return Use(left=idx.long(), right=b)
+    b = _positions(grad, n)
+    if part == "bias":
+        return Use(dense=b.sum(1))
+    a = _positions(inp, n)
+    return Use(left=a, right=b) if kind == "hf_conv1d" else Use(left=b, right=a)
+
+
+def _left_gram(u: Use, v: Use) -> Tensor:
+    """``(n, P_u, P_v)`` inner products of the left factors."""
+    if u.indexed and v.indexed:
+        return (u.left.unsqueeze(2) == v.left.unsqueeze(1)).to(u.right.dtype)
+    if u.indexed:
+        return _left_gram(v, u).transpose(1, 2)
+    if v.indexed:  # l_p . e_{token_q} = l_p[token_q]
+        index = v.left.unsqueeze(1).expand(-1, u.left.shape[1], -1)
+        return u.left.gather(2, index)
+    return torch.bmm(u.left, v.left.transpose(1, 2))
+
+
+def _materialise(u: Use, rows: int) -> Tensor:
+    """``(n, rows * cols)`` per-example gradients of a use (fallback for mixed forms)."""
+    if u.dense is not None:
+        return u.dense
+    n, _, cols = u.right.shape
+    if u.indexed:
+        out = u.right.new_zeros(n, rows, cols)
+        out.scatter_add_(1, u.left.unsqueeze(-1).expand(-1, -1, cols), u.right)
+        return out.reshape(n, -1)
+    return torch.bmm(u.left.transpose(1, 2), u.right).reshape(n, -1)
+
+
+def _cross(u: Use, v: Use, rows: int) -> Tensor:
+    """``<g^u_i, g^v_i>`` for every example, ``(n,)``."""
+    if u.dense is None and v.dense is None:
+        kr = torch.bmm(u.right, v.right.transpose(1, 2))
+        return (_left_gram(u, v) * kr).sum((1, 2))
+    return (_materialise(u, rows) * _materialise(v, rows)).sum(1)
+
+
+def _self(u: Use, rows: int) -> Tensor:
+    if u.dense is not None:
+        return u.dense.square().sum(1)
+    if u.indexed:
+        return _cross(u, u, rows)
+    if u.left.shape[1] == 1:  # one position: ||l||^2 ||r||^2
+        return per_example_sq_norms(u.right[:, 0], u.left[:, 0])
+    return per_example_sq_norms(u.right.transpose(1, 2), u.left.transpose(1, 2))
+
+
+def _sum(u: Use, rows: int) -> Tensor:
+    if u.dense is not None:
+        return u.dense.sum(0)
+    cols = u.right.shape[-1]
+    right = u.right.reshape(-1, cols)
+    if u.indexed:
+        return right.new_zeros(rows, cols).index_add_(0, u.left.reshape(-1), right).reshape(-1)
+    return (u.left.reshape(-1, u.left.shape[-1]).T @ right).reshape(-1)
+
+
+def parameter_sq_norms_and_sum(uses: list[Use], shape: torch.Size) -> tuple[Tensor, Tensor]:
+    """``(||g_i||^2 for each example, sum_i g_i flattened)`` of a parameter over all its uses."""
+    rows = shape[0]
+    sq = _self(uses[0], rows)
+    total = _sum(uses[0], rows)
+    for j, u in enumerate(uses[1:], start=1):
+        sq = sq + _self(u, rows)
+        for v in uses[:j]:
+            sq = sq + 2 * _cross(u, v, rows)
+        total = total + _sum(u, rows)
+    return sq, total
+
+
+__all__ = [
+    "KINDS",
+    "Use",
+    "check_module",
+    "is_hf_conv1d",
+    "measured_parameters",
+    "module_kind",
+    "module_use",
+    "parameter_sq_norms_and_sum",
+]
