@@ -77,6 +77,7 @@ CODES: dict[str, str] = {
     "curvature_input_invalid": "inputs/labels have the wrong shape or dtype",
     "curvature_mode_invalid": "an unknown curvature mode or family",
     "curvature_not_converged": "an iterative method did not converge where convergence was required",
+    "curvature_weight_shared": "an analysed layer's parameter is used by several calls or modules (tied weights)",
     "checkpoint_tampered": "a checkpoint, probe or source file does not match its sha256 pin",
     "panel_output_exists": "a curvature panel already ran into this output directory",
     "budget_censored": "a work budget would be exceeded; the run stopped with a censored result",

@@ -73,14 +73,17 @@ class GPTBlock(nn.Module):
 
 
 class TinyGPT(nn.Module):
-    def __init__(self, vocab: int = 23, d: int = 8, positions: int = 7, heads: int = 2) -> None:
+    def __init__(
+        self, vocab: int = 23, d: int = 8, positions: int = 7, heads: int = 2, tied: bool = True
+    ) -> None:
         super().__init__()
         self.wte = nn.Embedding(vocab, d)
         self.wpe = nn.Embedding(positions, d)
         self.block = GPTBlock(d, heads)
         self.ln_f = nn.LayerNorm(d)
         self.lm_head = nn.Linear(d, vocab, bias=False)
-        self.lm_head.weight = self.wte.weight  # tied head
+        if tied:
+            self.lm_head.weight = self.wte.weight  # tied head
 
     def forward(self, idx: torch.Tensor) -> dict[str, torch.Tensor]:
         pos = torch.arange(idx.shape[1], device=idx.device).unsqueeze(0)  # (1, T) as in HF
@@ -104,13 +107,16 @@ class BertBlock(nn.Module):
 
 
 class TinyBert(nn.Module):
-    def __init__(self, vocab: int = 19, d: int = 8, positions: int = 9, classes: int = 3) -> None:
+    def __init__(
+        self, vocab: int = 19, d: int = 8, positions: int = 9, classes: int = 3, shared: bool = True
+    ) -> None:
         super().__init__()
         self.word = nn.Embedding(vocab, d, padding_idx=0)
         self.position = nn.Embedding(positions, d)
         self.emb_norm = nn.LayerNorm(d)
         self.mixer = nn.Conv1d(d, d, 3, padding=1)
         self.block = BertBlock(d, heads=2)
+        self.block2 = self.block if shared else BertBlock(d, heads=2)
         self.pooler = nn.Linear(d, d)
         self.classifier = nn.Linear(d, classes)
 
@@ -118,7 +124,7 @@ class TinyBert(nn.Module):
         pos = torch.arange(idx.shape[1], device=idx.device).expand(idx.shape[0], -1)
         x = self.emb_norm(self.word(idx) + self.position(pos))
         x = x + self.mixer(x.transpose(1, 2)).transpose(1, 2)
-        x = self.block(self.block(x))  # ALBERT-style: one block, two calls
+        x = self.block2(self.block(x))  # shared (default): ALBERT-style, one block, two calls
         return {"logits": self.classifier(torch.tanh(self.pooler(x[:, 0])))}
 
 
@@ -169,13 +175,24 @@ def make_transformer(kind: str, seed: int = 0) -> nn.Module:
     torch.manual_seed(seed)
     if kind == "gpt":
         model = TinyGPT()
+    elif kind == "gpt_untied":
+        model = TinyGPT(tied=False)
     elif kind == "bert":
         model = TinyBert()
+    elif kind == "bert_unshared":
+        model = TinyBert(shared=False)
     elif kind == "vit":
         model = TinyViT()
-    elif kind == "hf_gpt2":
+    elif kind in ("hf_gpt2", "hf_gpt2_untied"):
         hf = import_transformers()
-        cfg = hf.GPT2Config(vocab_size=29, n_positions=8, n_embd=8, n_layer=2, n_head=2)
+        cfg = hf.GPT2Config(
+            vocab_size=29,
+            n_positions=8,
+            n_embd=8,
+            n_layer=2,
+            n_head=2,
+            tie_word_embeddings=kind == "hf_gpt2",
+        )
         cfg._attn_implementation = "eager"
         model = hf.GPT2LMHeadModel(cfg)
     elif kind == "hf_bert":
@@ -199,9 +216,12 @@ def make_transformer(kind: str, seed: int = 0) -> nn.Module:
 #: per kind: (labels kind, output selector, next_token)
 TARGETS: dict[str, tuple[str, Any, bool]] = {
     "gpt": ("tokens", "logits", True),
+    "gpt_untied": ("tokens", "logits", True),
+    "bert_unshared": ("classes", "logits", False),
     "bert": ("classes", "logits", False),
     "vit": ("classes", None, False),
     "hf_gpt2": ("tokens", "logits", True),
+    "hf_gpt2_untied": ("tokens", "logits", True),
     "hf_bert": ("classes", lambda out: out.logits, False),
 }
 
@@ -213,7 +233,9 @@ def make_transformer_data(kind: str, n: int = 10, seed: int = 1) -> tuple[torch.
         return torch.randn(n, 3, 8, 8, generator=g, dtype=torch.float64), torch.randint(
             0, 4, (n,), generator=g
         )
-    vocab, t = {"gpt": (23, 7), "bert": (19, 9), "hf_gpt2": (29, 8), "hf_bert": (31, 12)}[kind]
+    vocab, t = {"gpt": (23, 7), "bert": (19, 9), "hf_gpt2": (29, 8), "hf_bert": (31, 12)}[
+        kind.rsplit("_", 1)[0] if kind.endswith(("_untied", "_unshared")) else kind
+    ]
     x = torch.randint(0, vocab, (n, t), generator=g)
     if TARGETS[kind][0] == "tokens":
         y = x.clone()
@@ -286,3 +308,95 @@ def moments(g: np.ndarray) -> dict[str, float]:
             for q, v in (("min", 0), ("q25", 0.25), ("median", 0.5), ("q75", 0.75), ("max", 1))
         },
     }
+
+
+def curvature_oracle(
+    model: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    output: Any,
+    next_token: bool,
+    names: list[str],
+) -> dict[str, Any]:
+    """Brute-force float64 curvature blocks, one example and one logit at a time.
+
+    For each example alone and each scored logit ``(t, c)``, ``autograd.grad`` gives the rows of
+    the Jacobians with respect to each layer's output ``z`` (``Jz``) and its parameters
+    (``Jtheta``). With ``H_t = diag(p_t) - p_t p_t^T`` and ``g_t = p_t - e_{y_t}``:
+
+    - exact diagonals: EF ``mean_i (sum_t g_t Jtheta_t)^2``, GGN ``mean_i sum_t diag(Jtheta_t^T
+      H_t Jtheta_t)``, Jacobian Gram ``mean_i sum_t diag(Jtheta_t^T Jtheta_t)``;
+    - KFAC factors by definition: ``A_expand = mean_{i,p} a a^T``, ``A_reduce = mean_i abar abar^T``
+      (``abar`` = mean over positions), ``B_expand = 1/n sum_i sum_p Jz_p^T Q Jz_p`` and
+      ``B_reduce = 1/n sum_i Jzs^T Q Jzs`` (``Jzs`` = sum over positions) with ``Q = H_t``, ``I``
+      or ``g g^T`` summed over scored positions.
+    """
+    m64 = copy.deepcopy(model).double().eval()
+    modules = dict(m64.named_modules())
+    n = x.shape[0]
+    out: dict[str, Any] = {}
+    xs = x.double() if x.is_floating_point() else x
+    fams = ("empirical_fisher", "ce_ggn", "jacobian_gram")
+    for i in range(n):
+        seen: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        handles = [
+            modules[k].register_forward_hook(
+                lambda m, a, o, k=k, seen=seen: seen.__setitem__(k, (a[0].detach(), o))
+            )
+            for k in names
+        ]
+        try:
+            logits = _select(m64(xs[i : i + 1]), output)
+        finally:
+            for h in handles:
+                h.remove()
+        yi = y[i : i + 1]
+        if yi.dim() == 1:
+            rows = [(logits[0], int(yi[0]))]
+        else:
+            lg, lab = (logits[0, :-1], yi[0, 1:]) if next_token else (logits[0], yi[0])
+            rows = [(lg[t], int(lab[t])) for t in range(lab.shape[0]) if lab[t] != -100]
+        for k in names:
+            mod = modules[k]
+            params = [mod.weight] + ([mod.bias] if mod.bias is not None else [])
+            a, z = seen[k]
+            a = a.reshape(-1, a.shape[-1])
+            entry = out.setdefault(k, {"A_expand": 0.0, "A_reduce": 0.0, **{f: {} for f in fams}})
+            entry["A_expand"] = entry["A_expand"] + a.T @ a / (n * a.shape[0])
+            am = a.mean(0)
+            entry["A_reduce"] = entry["A_reduce"] + torch.outer(am, am) / n
+            g_theta = [torch.zeros_like(p) for p in params]
+            g_z = torch.zeros_like(z).reshape(-1, z.shape[-1])
+            for row, label in rows:
+                c = row.shape[0]
+                jz, jt = [], [[] for _ in params]
+                for j in range(c):
+                    gr = torch.autograd.grad(row[j], [z, *params], retain_graph=True)
+                    jz.append(gr[0].reshape(-1, z.shape[-1]))
+                    for q, gp in enumerate(gr[1:]):
+                        jt[q].append(gp.reshape(-1))
+                jz_t = torch.stack(jz)  # (C, P, o)
+                jt_t = [torch.stack(v) for v in jt]  # (C, numel)
+                p = row.detach().softmax(0)
+                h = torch.diag(p) - torch.outer(p, p)
+                g = p.clone()
+                g[label] -= 1.0
+                g_z = g_z + torch.einsum("c,cpo->po", g, jz_t)
+                for q in range(len(params)):
+                    g_theta[q] = g_theta[q] + (g @ jt_t[q]).reshape(params[q].shape)
+                for fam, qmat in (("ce_ggn", h), ("jacobian_gram", torch.eye(c, dtype=h.dtype))):
+                    e = entry[fam]
+                    for q, part in enumerate(("weight", "bias")[: len(params)]):
+                        d = ((qmat @ jt_t[q]) * jt_t[q]).sum(0).reshape(params[q].shape) / n
+                        e[part] = e.get(part, 0.0) + d
+                    be = torch.einsum("cpo,cd,dpr->or", jz_t, qmat, jz_t) / n
+                    js = jz_t.sum(1)
+                    e["B_expand"] = e.get("B_expand", 0.0) + be
+                    e["B_reduce"] = e.get("B_reduce", 0.0) + js.T @ qmat @ js / n
+            e = entry["empirical_fisher"]
+            for q, part in enumerate(("weight", "bias")[: len(params)]):
+                e[part] = e.get(part, 0.0) + g_theta[q].square() / n
+            gs = g_z.sum(0)
+            e["B_expand"] = e.get("B_expand", 0.0) + g_z.T @ g_z / n
+            e["B_reduce"] = e.get("B_reduce", 0.0) + torch.outer(gs, gs) / n
+    return out

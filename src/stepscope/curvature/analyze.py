@@ -52,6 +52,8 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -60,24 +62,27 @@ from torch import Tensor, nn
 from stepscope._purity import float64_copy, preserved_state
 from stepscope.curvature.factors import (
     APPROX_METHOD,
+    KfacApprox,
     affine_layers,
     backprop_factors,
     capture_forward,
     factor_spectrum,
+    kfac_factor_rows,
+    out_features,
 )
 from stepscope.curvature.families import (
     ESTIMATOR_LABELS,
     CurvatureMode,
     Family,
     block_metrics,
-    ce_hessian_sqrt,
-    ce_logit_gradient,
     output_directions,
     parse_mode,
+    place_directions,
 )
 from stepscope.curvature.output_space import DEFAULT_SUPPORT_RTOL, output_space_mismatch
 from stepscope.curvature.quotients import layer_directional
 from stepscope.errors import Refusal
+from stepscope.probe.outputs import OutputSelector, ScoredTargets, score_targets, select_logits
 
 SCHEMA = "stepscope.curvature.v1"
 _LOG = logging.getLogger(__name__)
@@ -135,17 +140,24 @@ def _validate(x: Tensor, y: Tensor, mode: CurvatureMode, samples: int, eig_max: 
         raise Refusal(
             "curvature_input_invalid", f"x has shape {tuple(x.shape)}", ["pass (n, ...) inputs"]
         )
-    if y.ndim != 1 or y.shape[0] != x.shape[0] or y.dtype not in (torch.int64, torch.int32):
+    if (
+        y.ndim not in (1, 2)
+        or y.shape[0] != x.shape[0]
+        or y.dtype not in (torch.int64, torch.int32)
+    ):
         raise Refusal(
             "curvature_input_invalid",
-            f"y must be integer class labels of shape ({x.shape[0]},), got {tuple(y.shape)} "
-            f"{y.dtype}",
-            ["pass y as a 1-D int64 tensor aligned with x"],
+            f"y must be integer class labels ({x.shape[0]},) or token labels ({x.shape[0]}, T), "
+            f"got {tuple(y.shape)} {y.dtype}",
+            ["pass y as an int64 tensor aligned with x"],
         )
-    if not x.is_floating_point() or not torch.isfinite(x).all():
+    # derivatives are taken with respect to parameters: integer inputs (token ids) are fine
+    if x.is_complex() or x.dtype == torch.bool:
         raise Refusal(
-            "curvature_input_invalid", "x must be a finite floating tensor", ["cast and clean x"]
+            "curvature_input_invalid", f"x has dtype {x.dtype}", ["pass real or integer inputs"]
         )
+    if x.is_floating_point() and not torch.isfinite(x).all():
+        raise Refusal("curvature_input_invalid", "x must be finite", ["clean x of nan/inf"])
     if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
         raise Refusal("curvature_input_invalid", f"samples={samples!r}", ["pass an integer >= 1"])
     if mode is CurvatureMode.EXACT and samples != 1:
@@ -176,19 +188,27 @@ def analyze_curvature(
     probe_id: str | None = None,
     eig_max_dimension: int = 1536,
     include_directional: bool = True,
+    output: OutputSelector = None,
+    next_token: bool = False,
+    kfac_approx: str = "expand",
+    layers: Sequence[str] | None = None,
 ) -> dict[str, Any]:
-    """Analyse a classifier's per-layer curvature blocks on a fixed probe, in float64.
+    """Analyse a classifier's or language model's per-layer curvature blocks, in float64.
 
     Parameters
     ----------
     model
-        Maps ``x`` to ``(n, C)`` logits; its ``nn.Linear`` and ``nn.Conv2d`` (``groups=1``,
-        numeric zero padding; KFAC-expand) layers are analysed; other convolutions refuse
-        ``curvature_model_unsupported``. It is never modified: the work happens on a
-        float64 deep copy in eval mode, and modes, ``.grad``, ``requires_grad`` and every RNG
-        state are restored.
+        Maps ``x`` to ``(n, C)`` logits (or ``(n, T, C)`` with token labels); its
+        ``nn.Linear`` and HF ``Conv1D`` (on ``(n, D)`` or ``(n, ..., D)`` inputs) and
+        ``nn.Conv2d`` (``groups=1``, numeric zero padding) layers are analysed; other
+        convolutions refuse ``curvature_model_unsupported``, a layer that runs twice or shares
+        a parameter with another module refuses ``curvature_weight_shared``. It is never
+        modified: the work happens on a float64 deep copy in eval mode, and modes, ``.grad``,
+        ``requires_grad`` and every RNG state are restored.
     x, y
-        Probe inputs ``(n, ...)`` and integer labels ``(n,)``.
+        Probe inputs ``(n, ...)`` (floating, or integer token ids) and integer labels ``(n,)``,
+        or ``(n, T)`` token labels (``-100`` not scored). One example is one sequence: its loss
+        is the sum over its scored positions; every family is normalised by ``n``.
     mode
         ``"exact"`` (all output directions) or ``"sampled"`` (Rademacher combinations, GGN and
         Jacobian Gram only; the empirical Fisher is exact in both).
@@ -202,6 +222,16 @@ def analyze_curvature(
         Largest dense eigenproblem; larger factors get a labelled top-k approximation.
     include_directional
         Compute the directional quotients (:mod:`stepscope.curvature.quotients`).
+    output
+        ``None``, a key (``"logits"`` of a dict / HF ``ModelOutput``) or a callable selecting
+        the logits from the model's output.
+    next_token
+        Token labels with the causal-LM shift (logits at ``t`` predict the label at ``t + 1``).
+    kfac_approx
+        ``"expand"`` or ``"reduce"`` (Eschenhagen et al. 2023) for layers with positions;
+        identical for one position (:mod:`stepscope.curvature.factors`).
+    layers
+        Qualified names of the layers to analyse (default: every supported layer).
 
     Returns
     -------
@@ -210,6 +240,7 @@ def analyze_curvature(
     """
     start = time.perf_counter()
     mode_enum = parse_mode(mode)
+    approx = _parse_approx(kfac_approx)
     _validate(x, y, mode_enum, samples, eig_max_dimension)
     supplied_dtype = next((p.dtype for p in model.parameters()), None)
     prev_precision = torch.get_float32_matmul_precision()
@@ -218,7 +249,15 @@ def analyze_curvature(
         # autograd is needed even when called under no_grad() or inference_mode()
         with preserved_state(model), torch.inference_mode(False), torch.enable_grad():
             result = _analyze(
-                model, x, y, mode_enum, samples, seed, eig_max_dimension, include_directional
+                model,
+                x,
+                y,
+                mode_enum,
+                samples,
+                seed,
+                eig_max_dimension,
+                include_directional,
+                _Targets(output, next_token, approx, layers),
             )
     finally:
         torch.set_float32_matmul_precision(prev_precision)
@@ -272,13 +311,51 @@ def _layer_shape(cap: Any) -> dict[str, Any]:
     shape: dict[str, Any] = {
         "kind": type(m).__name__,
         "d_in": int(cap.inputs.shape[-1]),
-        "d_out": int(m.weight.shape[0]),
+        "d_out": out_features(m),
         "positions": int(cap.inputs.shape[1]),
         "bias": m.bias is not None,
     }
     if isinstance(m, nn.Conv2d):
         shape.update(kernel_size=list(m.kernel_size), stride=list(m.stride))
     return shape
+
+
+@dataclass(frozen=True)
+class _Targets:
+    """How outputs are read and factored: logit selector, LM shift, KFAC convention, layers."""
+
+    output: OutputSelector
+    next_token: bool
+    approx: KfacApprox
+    layers: Sequence[str] | None
+
+
+def _parse_approx(value: str | KfacApprox) -> KfacApprox:
+    try:
+        return KfacApprox(value)
+    except ValueError:
+        raise Refusal(
+            "curvature_mode_invalid",
+            f"unknown kfac_approx {value!r}",
+            [f"use one of {[a.value for a in KfacApprox]}"],
+        ) from None
+
+
+def _directions(
+    family: Family,
+    scored: ScoredTargets,
+    mode: CurvatureMode,
+    samples: int,
+    gen: torch.Generator,
+) -> Tensor:
+    """``(K, *target_shape)`` directions: per example for class labels, placed per position for
+    token labels (:func:`stepscope.curvature.families.place_directions`)."""
+    rows = scored.logits.detach()
+    v = output_directions(family, rows, scored.labels, mode, samples, gen)
+    if not scored.sequence:
+        return v
+    exact_rows = mode is CurvatureMode.EXACT and family is not Family.EMPIRICAL_FISHER
+    return place_directions(v, scored.keep, per_position=exact_rows)
 
 
 def _analyze(
@@ -290,47 +367,44 @@ def _analyze(
     seed: int,
     eig_max: int,
     include_directional: bool,
+    targets: _Targets,
 ) -> dict[str, Any]:
     work = float64_copy(model).eval()
     for p in work.parameters():
         p.requires_grad_(True)
-    xd = x.detach().to(torch.float64)
-    layers = affine_layers(work)
+    xd = x.detach().to(torch.float64) if x.is_floating_point() else x.detach()
+    layers = affine_layers(work, targets.layers)
     names = dict(layers)
-    logits, captures = capture_forward(work, xd, layers)
-    if logits.ndim != 2 or logits.shape[0] != x.shape[0]:
-        raise Refusal(
-            "curvature_model_unsupported",
-            f"the model output has shape {tuple(logits.shape)}; expected (n, C) logits",
-            ["wrap the model so it returns (n, C) logits"],
-        )
-    n, c = logits.shape
-    if int(y.min()) < 0 or int(y.max()) >= c:
-        raise Refusal("curvature_input_invalid", f"labels outside [0, {c})", ["check y"])
-    labels = y.to(torch.int64)
-    flat = logits.detach()
+    raw, captures = capture_forward(work, xd, layers)
+    logits = select_logits(raw, targets.output, "curvature_model_unsupported")
+    scored = score_targets(
+        logits,
+        y.to(torch.int64),
+        next_token=targets.next_token,
+        code="curvature_model_unsupported",
+        label_code="curvature_input_invalid",
+    )
+    target = logits[:, :-1] if targets.next_token else logits  # what the directions apply to
+    n, c = x.shape[0], logits.shape[-1]
+    flat, labels = scored.logits.detach(), scored.labels
     gen = torch.Generator().manual_seed(seed)
     if mode is CurvatureMode.EXACT:
         # one pass per output unit gives every layer's Jacobian; each family is a mix of it
         jac = backprop_factors(
-            logits,
-            captures,
-            output_directions(Family.JACOBIAN_GRAM, flat, labels, mode, samples, gen),
+            target, captures, _directions(Family.JACOBIAN_GRAM, scored, mode, samples, gen)
         )
-        mix = {
-            Family.EMPIRICAL_FISHER: ce_logit_gradient(flat, labels).unsqueeze(0),
-            Family.CE_GGN: ce_hessian_sqrt(flat).permute(1, 0, 2),
-        }
         per_family = {Family.JACOBIAN_GRAM: jac}
-        for fam, v in mix.items():
+        for fam in (Family.EMPIRICAL_FISHER, Family.CE_GGN):
+            v = _directions(fam, scored, mode, samples, gen)
+            v = v.reshape(v.shape[0], n, -1)  # (K, n, outputs): outputs index jac's directions
             per_family[fam] = [torch.einsum("knc,cnpd->knpd", v, j) for j in jac]
-        passes = c
+        passes = jac[0].shape[0] if jac else 0
     else:
         per_family = {}
         passes = 0
         for fam in Family:
-            v = output_directions(fam, flat, labels, mode, samples, gen)
-            per_family[fam] = backprop_factors(logits, captures, v)
+            v = _directions(fam, scored, mode, samples, gen)
+            per_family[fam] = backprop_factors(target, captures, v)
             passes += v.shape[0]
     layers_out: dict[str, Any] = {}
     directional: dict[str, Any] = {}
@@ -343,16 +417,18 @@ def _analyze(
         )
         return sp
 
+    approx = targets.approx
     for j, cap in enumerate(captures):
         a = cap.inputs  # (n, P, D)
-        positions = a.shape[1]
-        a_sp = spectrum(a.reshape(-1, a.shape[-1]), f"{cap.name}/activation", n * positions)
+        a_rows, a_norm, _ = kfac_factor_rows(a, per_family[Family.EMPIRICAL_FISHER][j], approx)
+        a_sp = spectrum(a_rows, f"{cap.name}/activation", a_norm)
         entry: dict[str, Any] = {"activation_factor": a_sp}
+        has_bias = names[cap.name].bias is not None
         for fam in Family:
             rows = per_family[fam][j].detach()
             label = f"{cap.name}/{fam.value}/backprop"
-            b_sp = spectrum(rows.reshape(-1, rows.shape[-1]), label, n)
-            entry[fam.value] = block_metrics(a, rows, names[cap.name].bias is not None, a_sp, b_sp)
+            b_sp = spectrum(kfac_factor_rows(a, rows, approx)[2], label, n)
+            entry[fam.value] = block_metrics(a, rows, has_bias, a_sp, b_sp, approx)
         layers_out[cap.name] = entry
         if include_directional:
             directional[cap.name] = layer_directional(
@@ -363,17 +439,26 @@ def _analyze(
     largest = max(eigenproblems, key=lambda e: e["dimension"])
     predictions = flat.argmax(1)
     log_probs = torch.log_softmax(flat, 1)
+    m = flat.shape[0]
     metadata = {
         "analysis_dtype": "float64",
         "model_mode_during_analysis": "eval",
         "num_classes": c,
-        "probe_cross_entropy_mean": float(-log_probs[torch.arange(n), labels].mean()),
+        "targets": "tokens" if scored.sequence else "classes",
+        "next_token": targets.next_token,
+        "scored_targets": m,
+        "probe_cross_entropy_mean": float(-log_probs[torch.arange(m), labels].mean()),
         "probe_accuracy_fraction": float((predictions == labels).double().mean()),
         "estimators": {f.value: ESTIMATOR_LABELS[mode][f] for f in Family},
         "backward_passes": passes,
         "layer_shapes": {cap.name: _layer_shape(cap) for cap in captures},
-        "kfac_convention": "Linear: Bbar (x) Abar; Conv2d: KFAC-expand (Grosse & Martens 2016), "
-        "Abar averaged over examples and output positions, Bbar summed over positions",
+        "kfac_approx": approx.value,
+        "kfac_convention": "Bbar (x) Abar; with positions (Conv2d output positions, sequence "
+        "positions of Linear/Conv1D): expand = Abar averaged over examples and positions, Bbar "
+        "summed over positions; reduce = Abar of the position-mean inputs, Bbar of the "
+        "position-summed backprops (Eschenhagen et al. 2023); identical for one position",
+        "sequence_convention": "one example = one sequence, loss summed over scored positions; "
+        "families over scored outputs only; output_space over scored targets",
         "eig_max_dimension": eig_max,
         "largest_eigenproblem_dimension": largest["dimension"],
         "largest_eigenproblem": largest["factor"],

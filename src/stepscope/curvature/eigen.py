@@ -58,6 +58,7 @@ from stepscope.curvature.products import (
     probe_operator,
 )
 from stepscope.errors import Refusal
+from stepscope.probe.outputs import OutputSelector
 
 CRITERION = "converged iff ||M v - theta v||_2 <= tol * max_j |theta_j| (explicit residual)"
 
@@ -138,6 +139,8 @@ def top_eigenvalues(
     seed: int = DEFAULT_SEED,
     dtype: torch.dtype | None = None,
     require_converged: bool = False,
+    output: OutputSelector = None,
+    next_token: bool = False,
 ) -> TopEigenvalues:
     """The ``k`` leading eigenvalues of the Hessian, GGN or empirical Fisher on a probe batch.
 
@@ -169,6 +172,9 @@ def top_eigenvalues(
         ``None`` (model's) or ``torch.float64`` (float64 copy).
     require_converged
         Refuse ``curvature_not_converged`` instead of returning unconverged values.
+    output, next_token
+        Logit selector for dict / ``ModelOutput`` models and the causal-LM shift for ``(n, T)``
+        token labels (:mod:`stepscope.probe.outputs`; a sequence's loss sums its tokens).
 
     Returns
     -------
@@ -183,7 +189,7 @@ def top_eigenvalues(
         )
     if not (tol > 0):
         raise Refusal("curvature_input_invalid", f"tol must be > 0; got {tol!r}.")
-    with probe_operator(model, x, y, parsed_kind, loss, dtype) as op:
+    with probe_operator(model, x, y, parsed_kind, loss, dtype, output, next_token) as op:
         if k > op.dim:
             raise Refusal(
                 "curvature_input_invalid",

@@ -48,6 +48,7 @@ from stepscope.curvature.products import (
     probe_operator,
 )
 from stepscope.errors import Refusal
+from stepscope.probe.outputs import OutputSelector
 
 
 class TraceMethod(str, Enum):
@@ -112,6 +113,8 @@ def trace(
     samples: int = 100,
     seed: int = DEFAULT_SEED,
     dtype: torch.dtype | None = None,
+    output: OutputSelector = None,
+    next_token: bool = False,
 ) -> TraceEstimate:
     """Estimate :math:`\\operatorname{tr}(M)` for the Hessian, GGN or empirical Fisher.
 
@@ -136,6 +139,9 @@ def trace(
         Seed of the private generator (the global RNG is not consumed).
     dtype
         ``None`` (model's) or ``torch.float64`` (float64 copy).
+    output, next_token
+        Logit selector for dict / ``ModelOutput`` models and the causal-LM shift for ``(n, T)``
+        token labels (:mod:`stepscope.probe.outputs`; a sequence's loss sums its tokens).
 
     Returns
     -------
@@ -150,7 +156,7 @@ def trace(
             f"{parsed_method.value} needs samples >= {minimum}; got {samples!r}.",
             [f"pass samples >= {minimum}"],
         )
-    with probe_operator(model, x, y, parsed_kind, loss, dtype) as op:
+    with probe_operator(model, x, y, parsed_kind, loss, dtype, output, next_token) as op:
         gen = torch.Generator().manual_seed(seed)
         if parsed_method is TraceMethod.HUTCHINSON:
             estimate, se = _hutchinson(op, samples, gen)

@@ -1,18 +1,24 @@
 """Per-layer activation and backprop factors, and their spectra without forming big matrices.
 
 For an affine layer with inputs :math:`a_{ip} \\in \\mathbb{R}^{D}` at positions ``p`` (one
-position for ``nn.Linear``; the unfolded receptive fields at each output position of an
+position for ``nn.Linear`` on ``(n, D)``; every sequence position of a ``nn.Linear`` / HF
+``Conv1D`` on ``(n, T, D)``; the unfolded receptive fields at each output position of an
 ``nn.Conv2d``) and outputs :math:`z_{ip} = W a_{ip} + b`, a family's backprop rows are
 :math:`B_{ikp} = J_{z_{ip}}^\\top v_{ik}` (the derivative of :math:`v_{ik}^\\top f_i` with
-respect to :math:`z_{ip}`). The normalised KFAC factors (KFAC-expand for Conv2d, Grosse & Martens
-2016; the same as curvlinops' ``kfac_approx="expand"``) are
+respect to :math:`z_{ip}`). The normalised KFAC factors come in the two conventions of
+Eschenhagen et al. (NeurIPS 2023), the same as curvlinops' ``kfac_approx``:
 
 .. math::
 
-    \\bar A = \\frac{1}{nP} \\sum_{i,p} a_{ip} a_{ip}^\\top, \\qquad
-    \\bar B = \\frac{1}{n} \\sum_{i,k,p} B_{ikp} B_{ikp}^\\top,
+    \\text{expand:}\\quad \\bar A = \\frac{1}{nP} \\sum_{i,p} a_{ip} a_{ip}^\\top, \\quad
+    \\bar B = \\frac{1}{n} \\sum_{i,k,p} B_{ikp} B_{ikp}^\\top;
+    \\qquad
+    \\text{reduce:}\\quad \\bar A = \\frac1n \\sum_i \\hat a_i \\hat a_i^\\top,\\
+    \\hat a_i = \\frac1P \\sum_p a_{ip}, \\quad
+    \\bar B = \\frac1n \\sum_{i,k} \\hat B_{ik} \\hat B_{ik}^\\top,\\ \\hat B_{ik} = \\sum_p B_{ikp},
 
-and KFAC is :math:`\\bar B \\otimes \\bar A` in row-major ``vec(W[out, in])`` order.
+(identical when ``P = 1``), and KFAC is :math:`\\bar B \\otimes \\bar A` in row-major
+``vec(W[out, in])`` order (HF ``Conv1D`` stores ``W^T``; its block is the same matrix).
 
 Spectra are computed from the smaller of the two Gram forms (``X^T X / n`` is ``d x d`` and
 ``X X^T / n`` is ``rows x rows``; their non-zero eigenvalues coincide), so the eigenproblem
@@ -34,12 +40,14 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from enum import Enum
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from stepscope.errors import Refusal
+from stepscope.probe.sequence import is_hf_conv1d
 
 #: convolutions other than Conv2d (whose KFAC-expand factors are implemented) refuse
 _UNSUPPORTED_AFFINE = (
@@ -49,10 +57,18 @@ _UNSUPPORTED_AFFINE = (
     nn.ConvTranspose2d,
     nn.ConvTranspose3d,
 )
-AffineLayer = nn.Linear | nn.Conv2d
+#: ``nn.Linear``, HF ``Conv1D`` (duck-typed) or ``nn.Conv2d``
+AffineLayer = nn.Module
 APPROX_TOP_K = 32
 APPROX_METHOD = "block_subspace_iteration_top_k"
 EXACT_METHOD = "dense_symmetric_eigensolver"
+
+
+class KfacApprox(str, Enum):
+    """How KFAC treats the positions (weight-sharing dimension) of one example."""
+
+    EXPAND = "expand"  #: positions are extra examples (Abar averages a a^T over them)
+    REDUCE = "reduce"  #: positions are averaged (inputs) / summed (backprops) first
 
 
 @dataclass
@@ -61,7 +77,7 @@ class LayerCapture:
 
     name: str
     module: AffineLayer
-    inputs: Tensor  #: ``(n, P, D)`` layer inputs ``a_ip`` (P positions; 1 for Linear)
+    inputs: Tensor  #: ``(n, P, D)`` layer inputs ``a_ip`` (P positions; 1 for Linear on (n, D))
     outputs: Tensor  #: layer output (graph node to differentiate at)
 
 
@@ -76,33 +92,80 @@ def _check_conv(name: str, module: nn.Conv2d) -> None:
         )
 
 
-def affine_layers(model: nn.Module) -> list[tuple[str, AffineLayer]]:
-    """The model's ``nn.Linear`` and ``nn.Conv2d`` layers by qualified name (refuses the rest)."""
+def out_features(module: AffineLayer) -> int:
+    """Output width ``d_out`` (HF ``Conv1D`` stores ``weight (d_in, d_out)``)."""
+    return int(module.nf) if is_hf_conv1d(module) else int(module.weight.shape[0])
+
+
+def affine_layers(
+    model: nn.Module, names: Sequence[str] | None = None
+) -> list[tuple[str, AffineLayer]]:
+    """The model's ``nn.Linear``, HF ``Conv1D`` and ``nn.Conv2d`` layers by qualified name.
+
+    ``names`` restricts the analysis to those layers (each must be one of the three types).
+
+    Raises
+    ------
+    Refusal
+        ``curvature_model_unsupported`` for other convolutions or no layer;
+        ``curvature_weight_shared`` when an analysed layer's parameter is also held by another
+        module (a tied embedding / LM head), naming both.
+    """
     layers: list[tuple[str, AffineLayer]] = []
+    wanted = None if names is None else set(names)
     for name, module in model.named_modules():
+        if wanted is not None and name not in wanted:
+            continue
         if isinstance(module, _UNSUPPORTED_AFFINE):
             raise Refusal(
                 "curvature_model_unsupported",
-                f"layer {name!r} is a {type(module).__name__}; only Linear and Conv2d layers have "
-                "per-example factors here",
-                ["analyse the Linear/Conv2d part of the model"],
+                f"layer {name!r} is a {type(module).__name__}; only Linear, HF Conv1D and Conv2d "
+                "layers have per-example factors here",
+                ["analyse the Linear/Conv1D/Conv2d part of the model (layers=[...])"],
             )
         if isinstance(module, nn.Conv2d):
             _check_conv(name, module)
             layers.append((name, module))
-        elif isinstance(module, nn.Linear):
+        elif isinstance(module, nn.Linear) or is_hf_conv1d(module):
             layers.append((name, module))
-    if not layers:
+        elif wanted is not None:
+            raise Refusal(
+                "curvature_model_unsupported",
+                f"layer {name!r} is a {type(module).__name__}, not Linear, HF Conv1D or Conv2d",
+                ["name Linear, Conv1D or Conv2d modules in layers=[...]"],
+            )
+    missing = sorted((wanted or set()) - {n for n, _ in layers})
+    if missing or not layers:
         raise Refusal(
             "curvature_model_unsupported",
-            "the model has no nn.Linear or nn.Conv2d layer to analyse",
-            ["pass a model with at least one nn.Linear layer"],
+            f"no such layers {missing}"
+            if missing
+            else "the model has no nn.Linear, HF Conv1D or nn.Conv2d layer to analyse",
+            ["pass a model with at least one nn.Linear layer", "check the names in layers=[...]"],
         )
+    _refuse_shared(model, layers)
     return layers
 
 
+def _refuse_shared(model: nn.Module, layers: Sequence[tuple[str, AffineLayer]]) -> None:
+    mine = {id(p): name for name, m in layers for p in m.parameters(recurse=False)}
+    for name, module in model.named_modules(remove_duplicate=False):
+        for p in module.parameters(recurse=False):
+            owner = mine.get(id(p))
+            if owner is not None and module is not dict(layers)[owner]:
+                raise Refusal(
+                    "curvature_weight_shared",
+                    f"layer {owner!r} shares a parameter with module {name!r} (tied weights); "
+                    "its curvature block would miss the other use",
+                    [
+                        "untie the weights (e.g. tie_word_embeddings=False)",
+                        f"or leave {owner!r} out via layers=[...]",
+                    ],
+                )
+
+
 def _patches(name: str, module: AffineLayer, a: Tensor, n: int) -> Tensor:
-    """Layer input as ``(n, P, D)``: rows for Linear, unfolded receptive fields for Conv2d."""
+    """Layer input as ``(n, P, D)``: positions for Linear/Conv1D, receptive fields for Conv2d."""
     if isinstance(module, nn.Conv2d):
         if a.ndim != 4 or a.shape[0] != n:
             raise Refusal(
@@ -114,23 +177,25 @@ def _patches(name: str, module: AffineLayer, a: Tensor, n: int) -> Tensor:
             a, module.kernel_size, module.dilation, module.padding, module.stride
         )  # (n, C_in * kh * kw, P), ordered like weight.reshape(C_out, -1)
         return cols.transpose(1, 2)
-    if a.ndim != 2 or a.shape[0] != n:
+    if a.ndim < 2 or a.shape[0] != n:
         raise Refusal(
             "curvature_model_unsupported",
-            f"layer {name!r} received input of shape {tuple(a.shape)}; only (n, d_in) inputs "
-            "(one position per example) are supported for Linear layers",
-            ["flatten sequence/spatial dimensions before the Linear layer"],
+            f"layer {name!r} received input of shape {tuple(a.shape)}; expected (n, ..., d_in) "
+            f"with the batch of {n} first",
+            ["keep the batch dimension first"],
         )
-    return a.unsqueeze(1)
+    return a.reshape(n, -1, a.shape[-1])
 
 
 def capture_forward(
     model: nn.Module, x: Tensor, layers: Sequence[tuple[str, AffineLayer]]
-) -> tuple[Tensor, list[LayerCapture]]:
+) -> tuple[Any, list[LayerCapture]]:
     """Run ``model(x)`` recording each layer's input and output; hooks are removed in ``finally``.
 
-    The forward hook returns a clone of the output so that an in-place activation downstream
-    (``ReLU(inplace=True)``) cannot overwrite the tensor we differentiate at.
+    Returns the model's raw output (select the logits with
+    :func:`stepscope.probe.outputs.select_logits`). The forward hook returns a clone of the
+    output so that an in-place activation downstream (``ReLU(inplace=True)``) cannot overwrite
+    the tensor we differentiate at.
     """
     records: dict[str, list[tuple[Tensor, Tensor]]] = {name: [] for name, _ in layers}
 
@@ -143,7 +208,7 @@ def capture_forward(
 
     handles = [m.register_forward_hook(make_hook(name)) for name, m in layers]
     try:
-        logits = model(x)
+        out = model(x)
     finally:
         for h in handles:
             h.remove()
@@ -151,16 +216,33 @@ def capture_forward(
     n = x.shape[0]
     for name, module in layers:
         calls = records[name]
-        if len(calls) != 1:
+        if len(calls) > 1:
+            raise Refusal(
+                "curvature_weight_shared",
+                f"layer {name!r} ran {len(calls)} times in one forward pass; its curvature block "
+                "would need every call (weight sharing)",
+                ["analyse a model without module reuse", f"or leave {name!r} out via layers=[...]"],
+            )
+        if not calls:
             raise Refusal(
                 "curvature_model_unsupported",
-                f"layer {name!r} ran {len(calls)} times in one forward pass; per-example factors "
-                "need each analysed layer applied exactly once",
-                ["analyse a model without weight sharing or unused layers"],
+                f"layer {name!r} ran 0 times in one forward pass",
+                ["remove unused layers from the analysed model", "or name layers=[...]"],
             )
         a, z = calls[0]
         captures.append(LayerCapture(name, module, _patches(name, module, a.detach(), n), z))
-    return logits, captures
+    return out, captures
+
+
+def kfac_factor_rows(
+    inputs: Tensor, backprop: Tensor, approx: KfacApprox
+) -> tuple[Tensor, int, Tensor]:
+    """``(A rows, A normaliser, B rows)`` with :math:`\\bar A = A^\\top A / norm`, :math:`\\bar B =
+    B^\\top B / n`, for ``inputs (n, P, D)`` and ``backprop (K, n, P, d_out)``."""
+    n, positions, d = inputs.shape
+    if approx is KfacApprox.REDUCE:
+        return inputs.mean(1), n, backprop.sum(2).reshape(-1, backprop.shape[-1])
+    return inputs.reshape(-1, d), n * positions, backprop.reshape(-1, backprop.shape[-1])
 
 
 def backprop_factors(
@@ -171,17 +253,17 @@ def backprop_factors(
     Parameters
     ----------
     logits
-        ``(n, C)`` logits still attached to the graph.
+        ``(n, C)`` (or ``(n, T, C)``) logits still attached to the graph.
     captures
         From :func:`capture_forward`.
     directions
-        ``(K, n, C)`` per-example output directions.
+        ``(K, *logits.shape)`` per-example output directions.
 
     Returns
     -------
     list of Tensor
         Per layer, ``(K, n, P, d_out)`` rows :math:`B_{ikp} = J_{z_{ip}}^\\top v_{ik}` (``P``
-        output positions of a Conv2d, 1 for Linear).
+        output positions of a Conv2d or sequence positions of a Linear / Conv1D).
     """
     outputs = [c.outputs for c in captures]
     per_direction = []
@@ -198,12 +280,12 @@ def backprop_factors(
                 )
         per_direction.append(grads)
     out = []
-    for j in range(len(captures)):
+    for j, cap in enumerate(captures):
         b = torch.stack([d[j] for d in per_direction])
-        if b.ndim == 5:  # Conv2d: (K, n, C_out, H', W') -> (K, n, P, C_out)
+        if isinstance(cap.module, nn.Conv2d):  # (K, n, C_out, H', W') -> (K, n, P, C_out)
             b = b.flatten(3).transpose(2, 3)
-        else:
-            b = b.unsqueeze(2)
+        else:  # (K, n, ..., d_out) -> (K, n, P, d_out)
+            b = b.reshape(b.shape[0], b.shape[1], -1, b.shape[-1])
         out.append(b)
     return out
 

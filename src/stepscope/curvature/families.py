@@ -40,6 +40,7 @@ from enum import Enum
 import torch
 from torch import Tensor
 
+from stepscope.curvature.factors import KfacApprox, kfac_factor_rows
 from stepscope.errors import Refusal
 
 
@@ -200,6 +201,34 @@ ESTIMATOR_LABELS: dict[CurvatureMode, dict[Family, str]] = {
 }
 
 
+def place_directions(directions: Tensor, keep: Tensor, per_position: bool) -> Tensor:
+    """Token-target directions: per-row directions ``(K, m, C)`` placed at the scored positions.
+
+    One example's output is its ``(T, C)`` logits and its loss the sum over scored positions, so
+    its CE Hessian is block diagonal over positions. ``per_position=False`` (the empirical-Fisher
+    gradient, sampled combinations with independent signs per position) gives ``(K, n, T, C)``;
+    ``per_position=True`` (exact modes: every output direction of every position) gives
+    ``(T * K, n, T, C)`` with direction ``(t, k)`` non-zero only at position ``t``.
+
+    Parameters
+    ----------
+    directions
+        ``(K, m, C)``: one block per scored row, rows in ``keep.nonzero()`` order.
+    keep
+        ``(n, T)`` bool mask of scored positions.
+    """
+    k, _, c = directions.shape
+    n, t = keep.shape
+    if not per_position:
+        out = directions.new_zeros(k, n, t, c)
+        out[:, keep] = directions
+        return out
+    out = directions.new_zeros(t, k, n, t, c)
+    rows, cols = keep.nonzero(as_tuple=True)
+    out[cols, :, rows, cols, :] = directions.permute(1, 0, 2)
+    return out.reshape(t * k, n, t, c)
+
+
 def _diag_summary(diag: Tensor) -> dict[str, float]:
     return {
         "diag_max": float(diag.max()),
@@ -215,6 +244,7 @@ def block_metrics(
     has_bias: bool,
     activation_spectrum: dict,
     backprop_spectrum: dict,
+    approx: KfacApprox = KfacApprox.EXPAND,
 ) -> dict:
     """Diagonal and KFAC summaries of one family's weight (and bias) block.
 
@@ -223,7 +253,8 @@ def block_metrics(
     diagonal is :math:`D = \\frac1n\\sum_{i,k} g_{ik}^{\\odot 2}` (for Linear
     :math:`D_{oj} = \\frac{1}{n}\\sum_{i,k} B_{iko}^2 a_{ij}^2`), and KFAC is
     :math:`\\bar B \\otimes \\bar A` with :math:`\\bar A = \\frac{1}{nP}\\sum_{i,p} a_{ip}a_{ip}^\\top`,
-    :math:`\\bar B = \\frac1n\\sum_{i,k,p} B_{ikp}B_{ikp}^\\top` (KFAC-expand for Conv2d):
+    :math:`\\bar B = \\frac1n\\sum_{i,k,p} B_{ikp}B_{ikp}^\\top` (KFAC-expand; ``approx=reduce``
+    uses the reduce factors of :mod:`stepscope.curvature.factors`):
 
     - ``weight``/``bias``: ``diag_max`` = max D, ``frobenius`` = ‖D‖₂ (of the diagonal),
       ``trace`` = Σ D, ``average`` = mean D (bias: :math:`\\frac1n\\sum_{ik} (\\sum_p B_{ikp})^2`).
@@ -241,7 +272,9 @@ def block_metrics(
     has_bias
         Whether the layer has a bias (else ``bias`` is ``None``).
     activation_spectrum, backprop_spectrum
-        From :func:`stepscope.curvature.factors.factor_spectrum`.
+        From :func:`stepscope.curvature.factors.factor_spectrum`, of the ``approx`` factors.
+    approx
+        The KFAC convention of the factors (``expand`` or ``reduce``).
     """
     n, positions = inputs.shape[0], inputs.shape[1]
     if positions == 1:
@@ -254,8 +287,9 @@ def block_metrics(
             diag_w += (g * g).sum(dim=0)
         diag_w /= n
     bias_diag = (backprop.sum(dim=2) ** 2).sum(dim=(0, 1)) / n
-    b_diag = (backprop * backprop).sum(dim=(0, 1, 2)) / n
-    a_diag = (inputs * inputs).sum(dim=(0, 1)) / (n * positions)
+    a_rows, a_norm, b_rows = kfac_factor_rows(inputs, backprop, approx)
+    b_diag = (b_rows * b_rows).sum(dim=0) / n
+    a_diag = (a_rows * a_rows).sum(dim=0) / a_norm
     kfac_diag = torch.outer(b_diag, a_diag)
     mean_abs = diag_w.abs().mean()
     a_sp, b_sp = activation_spectrum, backprop_spectrum

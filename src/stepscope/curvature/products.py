@@ -52,6 +52,7 @@ from torch.func import functional_call
 
 from stepscope._purity import float64_copy, preserved_state
 from stepscope.errors import Refusal
+from stepscope.probe.outputs import OutputSelector, score_targets, select_logits
 
 #: Seed of the private generators behind random directions and probes (never the global RNG).
 DEFAULT_SEED = 20260909
@@ -112,17 +113,31 @@ class CurvatureOperator:
         A classifier returning logits of shape ``(n, C)``. Used as is (no copy, no mode change);
         prefer :func:`probe_operator`, which guards state and sets ``eval()``.
     x, y
-        The fixed probe batch: inputs with ``x.shape[0] == n`` and integer labels of shape ``(n,)``.
+        The fixed probe batch: inputs with ``x.shape[0] == n`` and integer labels of shape ``(n,)``
+        or token labels ``(n, T)`` (``-100`` not scored; one example's loss sums its tokens).
     loss
-        Only ``"cross_entropy"`` (mean reduction).
+        Only ``"cross_entropy"`` (mean over examples).
+    output, next_token
+        Logit selector and causal-LM shift (:mod:`stepscope.probe.outputs`).
     """
 
     kind: CurvatureKind
 
     def __init__(
-        self, model: torch.nn.Module, x: Tensor, y: Tensor, loss: str = "cross_entropy"
+        self,
+        model: torch.nn.Module,
+        x: Tensor,
+        y: Tensor,
+        loss: str = "cross_entropy",
+        output: OutputSelector = None,
+        next_token: bool = False,
     ) -> None:
         self.loss = parse_enum(LossKind, loss, "loss")
+        self.output = output
+        self.next_token = bool(next_token)
+        self._keep: Tensor | None = None
+        self._owner: Tensor | None = None
+        self._labels: Tensor | None = None
         named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
         if not named:
             raise Refusal(
@@ -164,40 +179,49 @@ class CurvatureOperator:
 
     # -- shared machinery ------------------------------------------------------------------------
     def logits(self, params: dict[str, Tensor] | None = None) -> Tensor:
-        """Logits of the probe batch, checked to be ``(n, C)`` with labels in range."""
-        out = functional_call(self.model, params or self.params, (self.x,))
-        if not isinstance(out, Tensor) or out.dim() != 2 or out.shape[0] != self.x.shape[0]:
-            shape = tuple(out.shape) if isinstance(out, Tensor) else type(out).__name__
+        """Scored logit rows ``(m, C)`` of the probe batch (``m = n`` for class labels)."""
+        raw = functional_call(self.model, params or self.params, (self.x,))
+        out = select_logits(raw, self.output, "curvature_model_unsupported")
+        if self._labels_checked:  # the scored positions are fixed: no host sync per product
+            if self._keep is None:
+                return out
+            return (out[:, :-1] if self.next_token else out)[self._keep]
+        scored = score_targets(
+            out,
+            self.y,
+            next_token=self.next_token,
+            code="curvature_model_unsupported",
+            label_code="curvature_input_invalid",
+        )
+        self._keep, self._owner, self._labels = scored.keep, scored.owner, scored.labels
+        out = scored.logits
+        self._labels_checked = True  # once, at setup, not per product (one host sync)
+        if not out.requires_grad:
             raise Refusal(
                 "curvature_model_unsupported",
-                f"the model output must be logits of shape (n, C); got {shape}.",
-                ["wrap the model so that it returns one (n, C) logit tensor"],
+                "no trainable parameter influences the model output.",
+                ["enable requires_grad on the parameters the output depends on"],
             )
-        if not self._labels_checked:  # once, at setup, not per product (one host sync)
-            self._labels_checked = True
-            if not out.requires_grad:
-                raise Refusal(
-                    "curvature_model_unsupported",
-                    "no trainable parameter influences the model output.",
-                    ["enable requires_grad on the parameters the output depends on"],
-                )
-            if not bool(torch.isfinite(out).all()):
-                raise Refusal(
-                    "curvature_input_invalid",
-                    "the model produces non-finite logits on the probe batch.",
-                    ["check the checkpoint and the probe inputs for nan/inf"],
-                )
-            if int(self.y.max()) >= out.shape[1]:
-                raise Refusal(
-                    "curvature_input_invalid",
-                    f"a label is >= the number of classes {out.shape[1]}.",
-                    ["pass labels in [0, C)"],
-                )
+        if not bool(torch.isfinite(out).all()):
+            raise Refusal(
+                "curvature_input_invalid",
+                "the model produces non-finite logits on the probe batch.",
+                ["check the checkpoint and the probe inputs for nan/inf"],
+            )
         return out
 
     def mean_loss(self, params: dict[str, Tensor] | None = None) -> Tensor:
-        """The mean cross-entropy of the probe batch (the loss whose curvature is measured)."""
-        return F.cross_entropy(self.logits(params), self.y, reduction="mean")
+        """The mean over examples of each example's cross-entropy (summed over its tokens)."""
+        rows = self.logits(params)
+        return F.cross_entropy(rows, self._labels, reduction="sum") / self.x.shape[0]
+
+    def example_losses(self, params: dict[str, Tensor] | None = None) -> Tensor:
+        """``(n,)`` per-example losses (a sequence's loss sums its scored tokens)."""
+        rows = self.logits(params)
+        per_row = F.cross_entropy(rows, self._labels, reduction="none")
+        if self._keep is None:
+            return per_row
+        return per_row.new_zeros(self.x.shape[0]).index_add(0, self._owner, per_row)
 
     def mean_gradient(self) -> list[Tensor]:
         """:math:`\\nabla_\\theta L` on the probe batch (one backward; counted in ``gradients_used``)."""
@@ -356,7 +380,7 @@ class GGNOperator(_OutputCurvatureOperator):
     def _weight(self, jv: Tensor) -> Tensor:
         # (diag(p) - p p^T) u = p * (u - <p, u>): no 1 - p cancellation at high confidence.
         p = self._probs
-        return p * (jv - (p * jv).sum(dim=1, keepdim=True)) / jv.shape[0]
+        return p * (jv - (p * jv).sum(dim=1, keepdim=True)) / self.x.shape[0]
 
 
 class EmpiricalFisherOperator(_OutputCurvatureOperator):
@@ -365,10 +389,10 @@ class EmpiricalFisherOperator(_OutputCurvatureOperator):
     kind = CurvatureKind.EMPIRICAL_FISHER
 
     def _outputs(self, params: dict[str, Tensor]) -> Tensor:
-        return F.cross_entropy(self.logits(params), self.y, reduction="none")
+        return self.example_losses(params)
 
     def _weight(self, jv: Tensor) -> Tensor:
-        return jv / jv.shape[0]
+        return jv / self.x.shape[0]
 
 
 _OPERATORS: dict[CurvatureKind, type[CurvatureOperator]] = {
@@ -384,9 +408,12 @@ def make_operator(
     y: Tensor,
     kind: CurvatureKind | str = "hessian",
     loss: LossKind | str = "cross_entropy",
+    output: OutputSelector = None,
+    next_token: bool = False,
 ) -> CurvatureOperator:
     """The operator for ``kind`` on ``model`` as it is (no state guard; see :func:`probe_operator`)."""
-    return _OPERATORS[parse_enum(CurvatureKind, kind, "curvature kind")](model, x, y, loss)  # type: ignore[index]
+    operator = _OPERATORS[parse_enum(CurvatureKind, kind, "curvature kind")]  # type: ignore[index]
+    return operator(model, x, y, loss, output=output, next_token=next_token)
 
 
 @contextmanager
@@ -397,6 +424,8 @@ def probe_operator(
     kind: CurvatureKind | str = "hessian",
     loss: LossKind | str = "cross_entropy",
     dtype: torch.dtype | None = None,
+    output: OutputSelector = None,
+    next_token: bool = False,
 ) -> Iterator[CurvatureOperator]:
     """An operator in ``eval()`` mode inside :func:`~stepscope._purity.preserved_state`.
 
@@ -409,7 +438,7 @@ def probe_operator(
     with preserved_state(model):
         target = _model_in_dtype(model, dtype)
         target.eval()
-        yield make_operator(target, x, y, kind, loss)
+        yield make_operator(target, x, y, kind, loss, output, next_token)
 
 
 def _model_in_dtype(model: torch.nn.Module, dtype: torch.dtype | None) -> torch.nn.Module:
@@ -432,12 +461,16 @@ def _validate_batch(
         raise Refusal("curvature_input_invalid", "x and y must be tensors.")
     if x.dim() == 0 or x.shape[0] == 0:
         raise Refusal("curvature_input_invalid", "x must hold a non-empty batch (n, ...).")
-    if y.dim() != 1 or y.shape[0] != x.shape[0] or y.dtype not in (torch.int64, torch.int32):
+    if (
+        y.dim() not in (1, 2)
+        or y.shape[0] != x.shape[0]
+        or y.dtype not in (torch.int64, torch.int32)
+    ):
         raise Refusal(
             "curvature_input_invalid",
-            f"y must be integer class labels of shape ({x.shape[0]},); "
-            f"got {y.dtype} {tuple(y.shape)}.",
-            ["pass y as a LongTensor of class indices, one per example"],
+            f"y must be integer class labels of shape ({x.shape[0]},) or token labels "
+            f"({x.shape[0]}, T); got {y.dtype} {tuple(y.shape)}.",
+            ["pass y as a LongTensor of class indices, one per example (or per token)"],
         )
     if x.device != device or y.device != device:
         raise Refusal(
@@ -445,7 +478,7 @@ def _validate_batch(
             f"x is on {x.device}, y on {y.device}, the parameters on {device}.",
             ["move the probe batch to the model's device"],
         )
-    if int(y.min()) < 0:
+    if y.dim() == 1 and int(y.min()) < 0:
         raise Refusal("curvature_input_invalid", "labels must be >= 0.")
     if x.is_floating_point() and x.dtype != dtype:
         x = x.to(dtype)  # the measurement dtype is the parameters' (float64 on request)

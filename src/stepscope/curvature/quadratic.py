@@ -48,6 +48,7 @@ from stepscope.curvature.products import (
     probe_operator,
 )
 from stepscope.errors import Refusal
+from stepscope.probe.outputs import OutputSelector
 
 
 class Direction(str, Enum):
@@ -126,6 +127,8 @@ def directional(
     dtype: torch.dtype | None = None,
     update: Sequence[Tensor] | None = None,
     seed: int = DEFAULT_SEED,
+    output: OutputSelector = None,
+    next_token: bool = False,
 ) -> DirectionalCurvature:
     """The Rayleigh quotient of the Hessian, GGN or empirical Fisher along a defined direction.
 
@@ -158,6 +161,9 @@ def directional(
         minus before the step), required for ``direction="last_update"``.
     seed
         Seed for ``direction="random"``; the global RNG is not consumed.
+    output, next_token
+        Logit selector for dict / ``ModelOutput`` models and the causal-LM shift for ``(n, T)``
+        token labels (:mod:`stepscope.probe.outputs`; a sequence's loss sums its tokens).
 
     Returns
     -------
@@ -189,7 +195,7 @@ def directional(
                 "or use direction='mean_gradient' / 'random'",
             ],
         )
-    with probe_operator(model, x, y, parsed_kind, loss, dtype) as op:
+    with probe_operator(model, x, y, parsed_kind, loss, dtype, output, next_token) as op:
         if how is Direction.MEAN_GRADIENT:
             v = op.flatten(op.mean_gradient())
         elif how is Direction.RANDOM:

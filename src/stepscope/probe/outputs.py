@@ -110,13 +110,15 @@ def score_targets(
     next_token: bool = False,
     ignore_index: int = IGNORE_INDEX,
     code: str = "probe_output_invalid",
+    label_code: str | None = None,
 ) -> ScoredTargets:
     """Align ``(n, C)`` / ``(n, T, C)`` logits with ``(n,)`` / ``(n, T)`` labels.
 
     Raises
     ------
     Refusal
-        ``code`` for shapes that do not align, non-floating logits or labels outside ``[0, C)``.
+        ``code`` for shapes that do not align or non-floating logits; ``label_code`` (default
+        ``code``) for labels outside ``[0, C)``.
     """
     n = labels.shape[0] if labels.dim() else 0
     ok = logits.is_floating_point() and logits.dim() >= 2 and logits.shape[0] == n
@@ -140,7 +142,7 @@ def score_targets(
     classes = int(logits.shape[-1])
     if lab.numel() and (int(lab.min()) < 0 or int(lab.max()) >= classes):
         raise Refusal(
-            code,
+            label_code or code,
             f"labels fall outside [0, {classes}) (ignore_index={ignore_index} excepted)",
             ["check the label range", "mark unscored positions with ignore_index"],
         )

@@ -1,0 +1,8 @@
+"""Share the transformer test kit (models and float64 oracles) of ``tests/probe``."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent.parent / "probe"))
