@@ -291,13 +291,14 @@ def run_probe_forward(
 def _zero_counts(inp: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
     """Exact zeros and entries of a float input (token ids count as no entries) and backprop."""
     floating = inp.is_floating_point()
-    zeros = (inp == 0).sum() if floating else grad.new_zeros((), dtype=torch.int64)
     entries = inp.numel() if floating else 0
+    # count_nonzero: one pass, no boolean temporary
+    zeros = entries - torch.count_nonzero(inp) if floating else grad.new_zeros((), dtype=torch.long)
     return torch.stack(
         [
             zeros,
             torch.tensor(entries, device=grad.device),
-            (grad == 0).sum(),
+            grad.numel() - torch.count_nonzero(grad),
             torch.tensor(grad.numel(), device=grad.device),
         ]
     )

@@ -62,6 +62,12 @@ class BlockTensors:
     bias_sum: torch.Tensor | None = None
 
 
+def choose_method(n: int, d: int, o: int, positions: int) -> str:
+    """``"outer"`` when materialising ``B_i A_i^T`` costs fewer flops than the Gram identity
+    (``n o d L`` vs ``n L^2 (d + o)``), else ``"gram"``."""
+    return "outer" if o * d <= positions * (d + o) else "gram"
+
+
 def per_example_sq_norms(a: torch.Tensor, b: torch.Tensor, method: str = "auto") -> torch.Tensor:
     """Exact ``||B_i A_i^T||_F^2`` for each example.
 
@@ -78,12 +84,14 @@ def per_example_sq_norms(a: torch.Tensor, b: torch.Tensor, method: str = "auto")
     _, d, positions = a.shape
     o = b.shape[1]
     if method == "auto":
-        method = "outer" if o * d <= positions * (d + o) else "gram"  # flops n*o*d*L vs n*L^2*(d+o)
+        method = choose_method(a.shape[0], d, o, positions)
     if method == "outer":  # in chunks of examples: at most OUTER_CHUNK_ELEMENTS per product
         step = max(1, OUTER_CHUNK_ELEMENTS // max(1, o * d))
         return torch.cat(
             [
-                torch.bmm(b[i : i + step], a[i : i + step].transpose(1, 2)).square().sum((1, 2))
+                torch.linalg.vector_norm(
+                    torch.bmm(b[i : i + step], a[i : i + step].transpose(1, 2)), dim=(1, 2)
+                ).square()
                 for i in range(0, a.shape[0], step)
             ]
         )
@@ -178,7 +186,8 @@ def gradient_moments(sq_norms: np.ndarray, mean_grad_sq_norm: float) -> Gradient
     if denominator > DIVERSITY_DENOMINATOR_RTOL * numerator and denominator > 0.0:
         diversity, validity["diversity_valid"] = numerator / denominator, 1
     norms = np.sqrt(np.maximum(sq, 0.0))
-    quantiles = {k: float(np.quantile(norms, q)) for k, q in QUANTILES.items()}
+    values = np.quantile(norms, list(QUANTILES.values()))  # one sort for all five
+    quantiles = {k: float(v) for k, v in zip(QUANTILES, values)}
     return GradientMoments(
         fisher_trace=fisher,
         mean_grad_sq_norm=msq,

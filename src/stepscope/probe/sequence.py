@@ -42,7 +42,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from stepscope.errors import Refusal
-from stepscope.probe.moments import per_example_sq_norms
+from stepscope.probe.moments import OUTER_CHUNK_ELEMENTS, choose_method, per_example_sq_norms
 
 #: kind label per supported module type (the record's ``kind``)
 KINDS: dict[type, str] = {
@@ -140,15 +140,11 @@ def _unfold(module: nn.Conv1d | nn.Conv2d, x: Tensor) -> Tensor:
 
 
 def _normalized(module: nn.LayerNorm | nn.RMSNorm, x: Tensor) -> Tensor:
-    """``xhat`` as the module computes it before its elementwise affine."""
-    dims = tuple(range(-len(module.normalized_shape), 0))
-    eps = module.eps
+    """``xhat`` as the module computes it before its elementwise affine (the same fused kernel)."""
+    shape = tuple(module.normalized_shape)
     if isinstance(module, nn.LayerNorm):
-        mean = x.mean(dims, keepdim=True)
-        var = x.var(dims, unbiased=False, keepdim=True)
-        return (x - mean) * torch.rsqrt(var + eps)
-    eps = torch.finfo(x.dtype).eps if eps is None else eps
-    return x * torch.rsqrt(x.square().mean(dims, keepdim=True) + eps)
+        return F.layer_norm(x, shape, None, None, module.eps)
+    return F.rms_norm(x, shape, None, module.eps)
 
 
 def module_use(module: nn.Module, part: str, inp: Tensor, grad: Tensor) -> Use:
@@ -241,8 +237,16 @@ def _sum(u: Use, rows: int) -> Tensor:
 def parameter_sq_norms_and_sum(uses: list[Use], shape: torch.Size) -> tuple[Tensor, Tensor]:
     """``(||g_i||^2 for each example, sum_i g_i flattened)`` of a parameter over all its uses."""
     rows = shape[0]
-    sq = _self(uses[0], rows)
-    total = _sum(uses[0], rows)
+    u = uses[0]
+    if len(uses) == 1 and u.dense is None and not u.indexed and u.left.shape[1] > 1:
+        n, positions, o = u.left.shape
+        d = u.right.shape[-1]
+        if choose_method(n, d, o, positions) == "outer" and n * o * d <= OUTER_CHUNK_ELEMENTS:
+            # the per-example gradients are materialised anyway: their sum is the mean gradient
+            g = torch.bmm(u.left.transpose(1, 2), u.right)
+            return torch.linalg.vector_norm(g, dim=(1, 2)).square(), g.sum(0).reshape(-1)
+    sq = _self(u, rows)
+    total = _sum(u, rows)
     for j, u in enumerate(uses[1:], start=1):
         sq = sq + _self(u, rows)
         for v in uses[:j]:
