@@ -233,3 +233,25 @@ def test_bounded_confusion_writes_rows_linear_in_the_probe_not_the_class_count()
     assert 1 <= len(counts) <= 16 and len(rows) < 500
     assert sum(rows[k] for k in counts) == 16
     assert sum(v for k, v in rows.items() if "/per_class_errors/" in k) == 16 - rec.model.n_correct
+
+
+def test_measuring_a_transformer_mid_training_leaves_the_run_bitwise_unchanged():
+    def train(observe: bool) -> tuple[list[torch.Tensor], torch.Tensor]:
+        model = make_transformer("gpt").train()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        x, y = make_transformer_data("gpt", n=12)
+        probe = DenseProbe(x, y, size=4, output="logits", next_token=True)
+        torch.manual_seed(5)
+        for step in range(3):
+            opt.zero_grad()
+            logits = model(x)["logits"][:, :-1]
+            loss = nn.functional.cross_entropy(logits.reshape(-1, 23), y[:, 1:].reshape(-1))
+            loss.backward()
+            if observe:
+                probe.measure(model, step=step, examples_seen=12 * step, epoch=0)
+            opt.step()
+        return [p.detach().clone() for p in model.parameters()], torch.get_rng_state()
+
+    observed, rng_a = train(True)
+    plain, rng_b = train(False)
+    assert all(torch.equal(a, b) for a, b in zip(observed, plain)) and torch.equal(rng_a, rng_b)

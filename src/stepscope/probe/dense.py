@@ -241,7 +241,8 @@ class DenseProbe:
         Parameters
         ----------
         model
-            A classifier returning ``(n, classes)`` logits, float32 (or float64) parameters.
+            A classifier returning ``(n, classes)`` logits or a language model returning
+            ``(n, T, classes)`` (selected with ``output=``), float32 (or float64) parameters.
         step, examples_seen, epoch
             The training clocks this measurement belongs to.
         active
