@@ -19,15 +19,6 @@ import stepscope as ss
 curvlinops = pytest.importorskip("curvlinops")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _single_thread():
-    """Tiny tensors on a shared 2-core box run ~10x faster without intra-op thread contention."""
-    prev = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(prev)
-
-
 @pytest.fixture(scope="module")
 def setup():
     torch.manual_seed(11)

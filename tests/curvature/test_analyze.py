@@ -16,15 +16,6 @@ import stepscope as ss
 from stepscope._purity import snapshot_rng
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _single_thread():
-    """Tiny tensors on a shared 2-core box run ~10x faster without intra-op thread contention."""
-    prev = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(prev)
-
-
 def model_and_data(seed: int = 0, n: int = 6):
     torch.manual_seed(seed)
     model = nn.Sequential(nn.Linear(4, 5), nn.Tanh(), nn.Dropout(0.5), nn.Linear(5, 3))

@@ -13,15 +13,6 @@ import stepscope as ss
 from stepscope.curvature.factors import APPROX_METHOD, EXACT_METHOD, factor_spectrum
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _single_thread():
-    """Tiny tensors on a shared 2-core box run ~10x faster without intra-op thread contention."""
-    prev = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(prev)
-
-
 def dense_eigs(rows: torch.Tensor, n: int) -> torch.Tensor:
     return torch.linalg.eigvalsh(rows.T @ rows / n).flip(0)
 

@@ -24,16 +24,6 @@ from stepscope.curvature.families import (
     softmax_and_complement,
 )
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _single_thread():
-    """Tiny tensors on a shared 2-core box run ~10x faster without intra-op thread contention."""
-    prev = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(prev)
-
-
 CASES = [
     {
         "id": "tanh_mlp_bias_mix",

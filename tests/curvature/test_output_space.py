@@ -14,15 +14,6 @@ from torch.func import grad, hessian
 from stepscope.curvature.output_space import output_space_mismatch
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _single_thread():
-    """Tiny tensors on a shared 2-core box run ~10x faster without intra-op thread contention."""
-    prev = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(prev)
-
-
 def ce_sum(z: torch.Tensor, yi: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(z.unsqueeze(0), yi.unsqueeze(0), reduction="sum")
 

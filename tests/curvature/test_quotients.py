@@ -15,15 +15,6 @@ import stepscope as ss
 from stepscope.curvature.quotients import directional_metrics, gradient_moments
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _single_thread():
-    """Tiny tensors on a shared 2-core box run ~10x faster without intra-op thread contention."""
-    prev = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(prev)
-
-
 def ce_sum(z: torch.Tensor, yi: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(z.unsqueeze(0), yi.unsqueeze(0), reduction="sum")
 

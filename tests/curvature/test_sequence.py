@@ -30,14 +30,6 @@ CASES = [
 ]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _single_thread():
-    prev = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(prev)
-
-
 def _data(kind: str, n: int = 4):
     x, y = make_transformer_data(kind, n=n)
     _, output, next_token = TARGETS[kind]

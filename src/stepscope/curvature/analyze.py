@@ -80,6 +80,7 @@ from stepscope.curvature.families import (
     place_directions,
 )
 from stepscope.curvature.output_space import DEFAULT_SUPPORT_RTOL, output_space_mismatch
+from stepscope.curvature.products import parse_enum
 from stepscope.curvature.quotients import layer_directional
 from stepscope.errors import Refusal
 from stepscope.probe.outputs import OutputSelector, ScoredTargets, score_targets, select_logits
@@ -240,7 +241,7 @@ def analyze_curvature(
     """
     start = time.perf_counter()
     mode_enum = parse_mode(mode)
-    approx = _parse_approx(kfac_approx)
+    approx = parse_enum(KfacApprox, kfac_approx, "kfac_approx")
     _validate(x, y, mode_enum, samples, eig_max_dimension)
     supplied_dtype = next((p.dtype for p in model.parameters()), None)
     prev_precision = torch.get_float32_matmul_precision()
@@ -328,17 +329,6 @@ class _Targets:
     next_token: bool
     approx: KfacApprox
     layers: Sequence[str] | None
-
-
-def _parse_approx(value: str | KfacApprox) -> KfacApprox:
-    try:
-        return KfacApprox(value)
-    except ValueError:
-        raise Refusal(
-            "curvature_mode_invalid",
-            f"unknown kfac_approx {value!r}",
-            [f"use one of {[a.value for a in KfacApprox]}"],
-        ) from None
 
 
 def _directions(
