@@ -137,3 +137,50 @@ def test_conv2d_kfac_expand_factors_match_curvlinops(family, fisher_type):
     assert k["trace"] == pytest.approx(op.trace().item(), rel=1e-9)
     assert k["frobenius"] == pytest.approx(op.norm().item(), rel=1e-9)
     assert k["top_eigenvalue"] == pytest.approx(torch.linalg.eigvalsh(op).max().item(), rel=1e-9)
+
+
+class _SequencePool(nn.Module):
+    """Linear on (n, T, d) inputs (positions = weight-sharing dimension), mean-pooled head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(5, 6), nn.Linear(6, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(torch.tanh(self.a(x)).mean(1))
+
+
+@pytest.mark.parametrize("approx", ["expand", "reduce"])
+@pytest.mark.parametrize(
+    "family, fisher_type", [("empirical_fisher", "empirical"), ("ce_ggn", "type-2")]
+)
+def test_sequence_kfac_conventions_match_curvlinops(approx, family, fisher_type):
+    torch.manual_seed(0)
+    model = _SequencePool().double()
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(8, 4, 5, generator=g, dtype=torch.float64)
+    y = torch.randint(0, 3, (8,), generator=g)
+    out = ss.analyze_curvature(model, x, y, kfac_approx=approx, include_directional=False)
+    ref = copy.deepcopy(model)
+    kfac = curvlinops.KFACLinearOperator(
+        ref,
+        nn.CrossEntropyLoss(),
+        [ref.a.weight],
+        [(x, y)],
+        fisher_type=fisher_type,
+        kfac_approx=approx,
+        check_deterministic=False,
+    )
+    if hasattr(kfac, "compute_kronecker_factors"):
+        kfac.compute_kronecker_factors()
+    state = kfac.state_dict()
+    (a,) = state["input_covariances"].values()
+    (b,) = state["gradient_covariances"].values()
+    ours = out["layers"]["a"]
+    assert out["metadata"]["layer_shapes"]["a"]["positions"] == 4
+    got_a = torch.tensor(ours["activation_factor"]["eigenvalues"], dtype=torch.float64)
+    got_b = torch.tensor(ours[family]["backprop_factor"]["eigenvalues"], dtype=torch.float64)
+    a_eigs, b_eigs = torch.linalg.eigvalsh(a).flip(0), torch.linalg.eigvalsh(b).flip(0)
+    torch.testing.assert_close(got_a, a_eigs[: len(got_a)], rtol=1e-10, atol=1e-13)
+    torch.testing.assert_close(got_b, b_eigs[: len(got_b)], rtol=1e-10, atol=1e-13)
+    assert ours[family]["kfac"]["trace"] == pytest.approx(float(a.trace() * b.trace()), rel=1e-10)
