@@ -172,6 +172,8 @@ def test_dict_output_needs_a_selector_and_token_inputs_are_accepted():
     meta = out["metadata"]
     assert meta["targets"] == "tokens" and meta["scored_targets"] == int((y[:, 1:] != -100).sum())
     assert meta["layer_shapes"]["lm_head"]["positions"] == x.shape[1]
+    assert meta["unanalysed_parameter_modules"]["wte"] == "Embedding"
+    assert meta["unanalysed_parameter_modules"]["block.ln_1"] == "LayerNorm"
 
 
 @pytest.mark.parametrize("kind", ["hessian", "ggn", "empirical_fisher"])

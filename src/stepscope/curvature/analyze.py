@@ -442,6 +442,12 @@ def _analyze(
         "estimators": {f.value: ESTIMATOR_LABELS[mode][f] for f in Family},
         "backward_passes": passes,
         "layer_shapes": {cap.name: _layer_shape(cap) for cap in captures},
+        # parameters outside the analysed layers (embeddings, norms, ...): not in any block
+        "unanalysed_parameter_modules": {
+            name: type(module).__name__
+            for name, module in work.named_modules()
+            if name not in names and any(True for _ in module.parameters(recurse=False))
+        },
         "kfac_approx": approx.value,
         "kfac_convention": "Bbar (x) Abar; with positions (Conv2d output positions, sequence "
         "positions of Linear/Conv1D): expand = Abar averaged over examples and positions, Bbar "
