@@ -23,6 +23,7 @@ Example
 
 from __future__ import annotations
 
+import fnmatch
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -31,19 +32,25 @@ from typing import Any
 import torch
 
 from stepscope.collect.autocadence import AutoCadence
+from stepscope.collect.capture import in_backward, module_output, reducible
 from stepscope.collect.plan import Plan, build_plan
 from stepscope.collect.scaler import grad_scale_status
 from stepscope.collect.settings import ALL_STREAMS, Cadence, WatchSettings, resolve_cadence
 from stepscope.collect.sites import (
     ACTIVATION_STREAMS,
+    NO_TENSOR,
+    NOT_RUN,
+    ROOT_SITE,
     Row,
     build_rows,
     output_signature,
     param_signature,
+    update_indices,
 )
 from stepscope.collect.staging import Staging, to_host  # noqa: F401  (tests patch it here)
 from stepscope.collect.stepstate import StepState, StepTransaction, assemble_batches, step_truth
 from stepscope.collect.store import open_store
+from stepscope.collect.surgery import Change, find_changes
 from stepscope.collect.updates import UpdateSampler, assign_update_indices
 from stepscope.collect.warmup import WarmupMeter
 from stepscope.errors import Refusal
@@ -145,8 +152,18 @@ class HistoryCollector(UserLog):
         for r in self.rows:
             if r.stream in ACTIVATION_STREAMS:
                 self._act_rows.setdefault(id(r.module), {})[r.stream] = r
+        self._bound = {name or ROOT_SITE: module for name, module in self.modules}
+        self._keys = {
+            site: next(
+                (k for g, k in self.settings.output_keys.items() if fnmatch.fnmatchcase(site, g)),
+                None,
+            )
+            for site in self._bound
+        }
+        self._root_depth, self._root_grad, self._suppressed = 0, True, 0
         self._stagings: dict[torch.device, Staging] = {}
         self._handles: list[Any] = []
+        self._act_handles: dict[int, Any] = {}
         self._opt_handles: dict[int, list[Any]] = {}
         self._pending = PendingStep()  # user scalars and branch masks of the current step
         self._timer = time.perf_counter
@@ -167,8 +184,11 @@ class HistoryCollector(UserLog):
         self._register_param_sites()
         try:
             for _name, module in self.modules:
-                if id(module) in self._act_rows:
-                    self._handles.append(module.register_forward_hook(self._forward_hook))
+                self._hook_module(module)
+            self._handles += [
+                model.register_forward_pre_hook(self._root_enter),
+                model.register_forward_hook(self._root_exit, always_call=True),
+            ]
             if optimizer is not None:
                 self._attach_optimizer(optimizer)
         except BaseException:
@@ -216,52 +236,150 @@ class HistoryCollector(UserLog):
         if state is None or not state.spine_due[row.stream]:
             return
         t0 = time.perf_counter()
-        # detached: no graph is built (the C kernel and the torch path only read the tensor)
-        self._staging(tensor.device).write(row.index, tensor.detach(), state.hist_due[row.stream])
+        try:  # telemetry never raises into the training step
+            x, note = reducible(tensor)  # detached: no graph is built
+            if x is None:
+                state.unsupported[row.index] = note
+            else:
+                self._staging(x.device).write(row.index, x, state.hist_due[row.stream])
+                if note is not None:
+                    state.row_notes[row.index] = note
+        except Exception as e:  # recorded as capture_failed with its type
+            state.failed[row.index] = type(e).__name__
         state.charge(row.stream, time.perf_counter() - t0)
 
-    def _recording(self) -> bool:
-        # A forward belongs to the training step when the model trains, or, inside an explicit
-        # transaction, when it builds a graph. An eval-mode no_grad forward (an evaluation, the
-        # dense probe) is never folded into the step's activation rows.
-        if self._state is None:
+    def _training_forward(self) -> bool:
+        """Whether a forward that runs now belongs to the step's activation rows.
+
+        Training forwards do; evaluations (``no_grad`` or ``inference_mode`` at the model's
+        call, in any module mode), the recompute of activation checkpointing (it runs inside
+        backward) and forwards under :meth:`_unobserved` do not. The grad mode is read where the
+        model itself was called, so a reentrant checkpoint's ``no_grad`` forward still counts.
+        """
+        if self._state is None or self._suppressed or in_backward():
             return False
-        return self.model.training or (self._txn_open and torch.is_grad_enabled())
+        if torch.is_inference_mode_enabled():
+            return False
+        grad = self._root_grad if self._root_depth else torch.is_grad_enabled()
+        return grad and (self.model.training or self._txn_open)
+
+    @contextmanager
+    def _unobserved(self) -> Iterator[None]:
+        """Forwards inside are not the step's (probes); hooks still see them, rows do not."""
+        self._suppressed += 1
+        try:
+            yield
+        finally:
+            self._suppressed -= 1
 
     # ------------------------------------------------------------------ hooks
+    def _hook_module(self, module: torch.nn.Module) -> None:
+        if id(module) in self._act_rows:
+            self._act_handles[id(module)] = module.register_forward_hook(self._forward_hook)
+
+    def _root_enter(self, _module: torch.nn.Module, _inputs: Any) -> None:
+        self._root_depth += 1
+        if self._root_depth == 1:
+            self._root_grad = torch.is_grad_enabled() and not torch.is_inference_mode_enabled()
+            if self._state is not None and not self._state.structure_checked:
+                self._check_structure()
+
+    def _root_exit(self, *_args: Any) -> None:
+        self._root_depth = max(0, self._root_depth - 1)
+
     def _forward_hook(self, module: torch.nn.Module, _inputs: Any, output: Any) -> None:
-        if not self._recording():
+        if not self._training_forward():
             return
         rows = self._act_rows[id(module)]
-        due = self._state.spine_due
-        if not any(due[r.stream] for r in rows.values()) and all(
+        state = self._state
+        if not any(state.spine_due[r.stream] for r in rows.values()) and all(
             r.signature is not None for r in rows.values()
         ):
             return  # nothing due and already discovered: drift is checked on observed steps
-        t = (
-            output
-            if isinstance(output, torch.Tensor)
-            else next((o for o in output if isinstance(o, torch.Tensor)), None)
-            if isinstance(output, (tuple, list))
-            else None
-        )
+        any_row = next(iter(rows.values()))
+        t, reason = module_output(output, self._keys.get(any_row.site))
+        self._bind(rows.values(), NO_TENSOR if t is None else output_signature(t))
         if t is None:
+            for r in rows.values():
+                state.unsupported[r.index] = reason
             return
-        sig = output_signature(t)
-        for row in rows.values():
-            if row.signature != sig:  # discovery, or topology drift: a new series, never re-bound
-                row.signature = sig
-                row.site_id = self.catalog.register_site(
-                    row.site, row.module_type, sig, step=self._state.step
-                )
         row = rows.get("activation")
         if row is not None:
             self._reduce(row, t)
         grow = rows.get("activation_grad")
-        if grow is not None and t.requires_grad and self._state.spine_due["activation_grad"]:
+        if grow is not None and t.requires_grad and state.spine_due["activation_grad"]:
             t.register_hook(lambda g, grow=grow: self._reduce(grow, g))
         for r in rows.values():
             r.numel = t.numel()
+
+    def _bind(self, rows: Any, sig: str) -> None:
+        """Register rows under ``sig``: discovery, or a structural change (a new series)."""
+        for row in rows:
+            if row.signature == sig:
+                continue
+            if row.signature == NOT_RUN and row.site_id is not None:
+                self.catalog.end_site(row.site_id, self._state.step, "first_run")
+            row.signature = sig
+            row.site_id = self.catalog.register_site(
+                row.site, row.module_type, sig, step=self._state.step
+            )
+
+    def _check_structure(self) -> None:
+        """Model surgery: end the series of replaced or removed modules and parameters."""
+        state = self._state
+        state.structure_checked = True
+        params = [r for r in self.rows if r.param is not None]
+        for change in find_changes(self.model, self._bound, params):
+            self._apply(change, state.step)
+
+    def _apply(self, change: Change, step: int) -> None:
+        new = change.replacement
+        if change.reason.startswith("module"):
+            old = self._bound.pop(change.name)
+            handle = self._act_handles.pop(id(old), None)
+            if handle is not None:
+                handle.remove()
+            rows = [r for r in self.rows if r.module is old]
+            acts = self._act_rows.pop(id(old), {})
+            if new is not None:
+                self._bound[change.name] = new
+                if acts:
+                    self._act_rows[id(new)] = acts
+                    self._hook_module(new)
+            for r in rows:
+                self._end(r, step, change.reason)
+                r.module = new
+                if r.param is not None:
+                    nparam = None if new is None else new._parameters.get(r.attr)
+                    self._rebind_param(r, nparam, step)
+                elif new is not None:
+                    r.module_type, r.signature = type(new).__name__, None
+            return
+        for r in self.rows:
+            if r.param is not None and r.site == change.name:
+                self._end(r, step, change.reason)
+                self._rebind_param(r, new, step)
+
+    def _end(self, row: Row, step: int, reason: str) -> None:
+        if row.site_id is not None and self.sites[row.site_id].ended_step is None:
+            self.catalog.end_site(row.site_id, step, reason)
+        row.site_id = None
+
+    def _rebind_param(self, row: Row, param: torch.nn.Parameter | None, step: int) -> None:
+        row.param = param
+        if param is None:  # gone: the row retires (no new series)
+            self._by_stream[row.stream] = [r for r in self._by_stream[row.stream] if r is not row]
+            return
+        row.numel, row.signature = param.numel(), param_signature(param)
+        row.module_type = type(row.module).__name__
+        row.site_id = self.catalog.register_site(
+            row.site, row.module_type, row.signature, step=step
+        )
+        if row.stream == "update":
+            s = self.settings
+            row.update_index = update_indices(
+                row.site, param.numel(), s.update_sample_size, s.update_seed, param.device
+            )
 
     def _attach_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
         if id(optimizer) in self._opt_handles:
@@ -343,6 +461,8 @@ class HistoryCollector(UserLog):
         if self._state is None:
             self._begin_step()
         state = self._state
+        if not state.structure_checked:
+            self._check_structure()
         state.explicit, state.examples, state.epoch = True, examples, epoch
         self._txn_open, self._scaler = True, scaler
         self.clock.begin(state.step)  # the training clock times the transaction body
@@ -364,6 +484,11 @@ class HistoryCollector(UserLog):
         self.clock.end(state.step)
         in_window = state.telemetry_s - state.window_from
         t0 = time.perf_counter()
+        if not state.structure_checked:
+            self._check_structure()
+        for rows in self._act_rows.values():  # never ran so far: recorded site_absent
+            if any(r.site_id is None and state.spine_due[r.stream] for r in rows.values()):
+                self._bind([r for r in rows.values() if r.site_id is None], NOT_RUN)
         hist_step = any(state.hist_due.values())
         any_due = any(state.spine_due.values())  # nothing due: no copy at all this step
         host = {dev: st.to_host(hist_step) for dev, st in self._stagings.items()} if any_due else {}
@@ -455,13 +580,13 @@ class HistoryCollector(UserLog):
             return
         self._closed = True
         try:
-            for h in self._handles:
+            for h in [*self._handles, *self._act_handles.values()]:
                 h.remove()
             for hs in self._opt_handles.values():
                 for h in hs:
                     h.remove()
         finally:
-            self._handles, self._opt_handles = [], {}
+            self._handles, self._opt_handles, self._act_handles = [], {}, {}
             self._state = None
             self._pending.clear()
             self._updates.clear()
@@ -483,7 +608,7 @@ class HistoryCollector(UserLog):
     def __del__(self) -> None:  # pragma: no cover - best effort at interpreter shutdown
         try:
             if not self._closed:
-                for h in self._handles:
+                for h in [*self._handles, *self._act_handles.values()]:
                     h.remove()
         except Exception:
             pass
