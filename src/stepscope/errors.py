@@ -55,6 +55,7 @@ CODES: dict[str, str] = {
     "stream_unknown": "a stream name is not one of the known streams",
     "cadence_invalid": "a cadence is not a positive integer or a step predicate",
     "settings_invalid": "a WatchSettings field has an invalid value",
+    "optimizer_unsupported": "an optimizer is not a hookable torch optimizer nor wraps one",
     # events
     "event_invalid": "an observer event is missing a required field",
     "check_failed": "a check configured to raise found a violation",
