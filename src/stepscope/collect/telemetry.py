@@ -22,7 +22,7 @@ Example
 ...         with c.telemetry():
 ...             _ = model(torch.randn(100, 4))  # a probe forward: not folded into the step
 >>> int(c.last_batches[0].spines[0, 0])  # the activation row counts the 8x2 training output
-16.0
+16
 """
 
 from __future__ import annotations
