@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import fnmatch
 import time
-from collections.abc import Iterator
+import warnings
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -33,8 +34,9 @@ import torch
 
 from stepscope.collect.autocadence import AutoCadence
 from stepscope.collect.capture import in_backward, module_output, reducible
+from stepscope.collect.optimizers import OptimizerWatch, unwrap_optimizer
 from stepscope.collect.plan import Plan, build_plan
-from stepscope.collect.scaler import grad_scale_status
+from stepscope.collect.scaler import grad_scale_status, scale_in_force, update_marker
 from stepscope.collect.settings import ALL_STREAMS, Cadence, WatchSettings, resolve_cadence
 from stepscope.collect.sites import (
     ACTIVATION_STREAMS,
@@ -51,6 +53,7 @@ from stepscope.collect.staging import Staging, to_host  # noqa: F401  (tests pat
 from stepscope.collect.stepstate import StepState, StepTransaction, assemble_batches, step_truth
 from stepscope.collect.store import open_store
 from stepscope.collect.surgery import Change, find_changes
+from stepscope.collect.telemetry import TelemetryWindow
 from stepscope.collect.updates import UpdateSampler, assign_update_indices
 from stepscope.collect.warmup import WarmupMeter
 from stepscope.errors import Refusal
@@ -102,12 +105,20 @@ class HistoryCollector(UserLog):
     optimizer
         Implicit spelling: the optimizer's step hooks end each step (unscale/clip status is then
         ``unknown``). The explicit ``with collector.step(optimizer)`` transaction is authoritative.
+        Wrappers exposing ``.optimizer`` (accelerate, the HF ``Trainer``) are unwrapped.
+    scaler
+        Implicit spelling with a ``torch.amp.GradScaler``: pass it so that an iteration whose
+        step the scaler skipped (inf/NaN gradients) ends at its ``scaler.update()`` as its own
+        step with ``applied=no``, and so that the recorded scale is the one in force.
 
     Raises
     ------
     Refusal
         ``selection_empty`` at construction when ``sites`` matches nothing (before any forward),
-        ``stream_unknown``, ``cadence_invalid``, ``settings_invalid``.
+        ``stream_unknown``, ``cadence_invalid``, ``settings_invalid``, ``optimizer_unsupported``,
+        ``step_transaction_required`` (``resume`` with the implicit ``optimizer=`` spelling),
+        ``resume_fingerprint_mismatch`` / ``resume_descriptor_mismatch`` (see
+        :class:`WatchSettings` ``resume``).
     """
 
     def __init__(
@@ -118,6 +129,7 @@ class HistoryCollector(UserLog):
         cadence: Any = None,
         settings: WatchSettings | None = None,
         optimizer: torch.optim.Optimizer | None = None,
+        scaler: Any = None,
     ) -> None:
         streams = list(dict.fromkeys(streams))
         unknown = [s for s in streams if s not in ALL_STREAMS]
@@ -129,6 +141,14 @@ class HistoryCollector(UserLog):
             )
         self.model = model
         self.settings = settings or WatchSettings()
+        if self.settings.resume and optimizer is not None:
+            raise Refusal(
+                "step_transaction_required",
+                "a resumed run records only explicit steps (its step and examples_seen "
+                "continue from the artifact); the implicit optimizer= spelling cannot resume.",
+                ["drop optimizer= and wrap each step in `with collector.step(optimizer, "
+                 "examples=n):`"],
+            )
         self.streams = streams
         self.auto: AutoCadence | None = None
         if cadence == "auto" or isinstance(cadence, AutoCadence):
@@ -160,11 +180,15 @@ class HistoryCollector(UserLog):
             )
             for site in self._bound
         }
-        self._root_depth, self._root_grad, self._suppressed = 0, True, 0
+        self._root_depth, self._root_grad = 0, True
         self._stagings: dict[torch.device, Staging] = {}
         self._handles: list[Any] = []
         self._act_handles: dict[int, Any] = {}
-        self._opt_handles: dict[int, list[Any]] = {}
+        self._watches: dict[int, OptimizerWatch] = {}
+        self._explicit_only = self.settings.resume  # bare optimizer steps are not steps
+        self._stray_step: int | None = None  # a bare optimizer step after explicit ones
+        self._implicit_scaler = scaler
+        self._telemetry = TelemetryWindow(self._charge)
         self._pending = PendingStep()  # user scalars and branch masks of the current step
         self._timer = time.perf_counter
         self._updates = UpdateSampler()
@@ -172,12 +196,13 @@ class HistoryCollector(UserLog):
         self._state: StepState | None = None
         self._txn_open = False
         self._scaler: Any = None
-        self._examples_seen = 0
+        self._examples_seen: int | None = 0
         self.last_block: StepBlockRecord | None = None
         self.telemetry_seconds = 0.0
         store = open_store(model, self.settings, streams, self.cadences, self.auto)
         self.run, self.ring, self.catalog = store.run, store.ring, store.catalog
         self.writer, self.path, self._next_step = store.writer, store.path, store.next_step
+        self._examples_seen = store.examples_seen
         self.clock = StepClock(self.run.device)
         self._rows: Any = ArtifactRows(self.writer) if self.writer is not None else MemoryRows()
         write_summary(self.path, self.clock.summary(closed=False))
@@ -191,6 +216,8 @@ class HistoryCollector(UserLog):
             ]
             if optimizer is not None:
                 self._attach_optimizer(optimizer)
+                if scaler is not None:  # implicit + GradScaler: iterations end at update()
+                    self._handles.append(model.register_forward_pre_hook(self._iteration_hook))
         except BaseException:
             self.close()
             raise
@@ -233,7 +260,7 @@ class HistoryCollector(UserLog):
 
     def _reduce(self, row: Row, tensor: torch.Tensor) -> None:
         state = self._state
-        if state is None or not state.spine_due[row.stream]:
+        if state is None or not state.spine_due[row.stream] or self._telemetry.open:
             return
         t0 = time.perf_counter()
         try:  # telemetry never raises into the training step
@@ -253,24 +280,15 @@ class HistoryCollector(UserLog):
 
         Training forwards do; evaluations (``no_grad`` or ``inference_mode`` at the model's
         call, in any module mode), the recompute of activation checkpointing (it runs inside
-        backward) and forwards under :meth:`_unobserved` do not. The grad mode is read where the
+        backward) and forwards inside :meth:`telemetry` (probes) do not. The grad mode is read where the
         model itself was called, so a reentrant checkpoint's ``no_grad`` forward still counts.
         """
-        if self._state is None or self._suppressed or in_backward():
+        if self._state is None or self._telemetry.open or in_backward():
             return False
         if torch.is_inference_mode_enabled():
             return False
         grad = self._root_grad if self._root_depth else torch.is_grad_enabled()
         return grad and (self.model.training or self._txn_open)
-
-    @contextmanager
-    def _unobserved(self) -> Iterator[None]:
-        """Forwards inside are not the step's (probes); hooks still see them, rows do not."""
-        self._suppressed += 1
-        try:
-            yield
-        finally:
-            self._suppressed -= 1
 
     # ------------------------------------------------------------------ hooks
     def _hook_module(self, module: torch.nn.Module) -> None:
@@ -381,45 +399,124 @@ class HistoryCollector(UserLog):
                 row.site, param.numel(), s.update_sample_size, s.update_seed, param.device
             )
 
-    def _attach_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
-        if id(optimizer) in self._opt_handles:
-            return
-        pre = optimizer.register_step_pre_hook(lambda opt, a, k: self._pre_step(opt))
-        post = optimizer.register_step_post_hook(lambda opt, a, k: self._post_step(opt))
-        self._opt_handles[id(optimizer)] = [pre, post]
+    def _attach_optimizer(self, optimizer: Any) -> OptimizerWatch:
+        opt = unwrap_optimizer(optimizer)
+        watch = self._watches.get(id(opt))
+        if watch is None:
+            watch = OptimizerWatch(opt, self.rows, self._pre_step, self._post_step)
+            self._watches[id(opt)] = watch
+        return watch
 
-    def _take_gradients(self, phase_scale: str) -> None:
+    def _take_gradients(self, rows: Sequence[Row], phase_scale: str) -> None:
         state = self._state
-        if state is None or state.grads_taken or "gradient" not in self.streams:
+        if state is None or "gradient" not in self.streams:
             return
-        state.grads_taken = True
-        state.scale_grad = phase_scale
-        for row in self._by_stream["gradient"]:
-            if row.param.grad is not None:
+        for row in rows:
+            if row.index not in state.grad_rows and row.param.grad is not None:
+                if not state.grads_taken:  # the first read of the step states the scaling
+                    state.grads_taken, state.scale_grad = True, phase_scale
+                state.grad_rows.add(row.index)
                 self._reduce(row, row.param.grad)
 
-    def _pre_step(self, optimizer: torch.optim.Optimizer) -> None:
+    def _closure_gradient(self, row: Row, grad: torch.Tensor) -> None:
+        """A closure's backward accumulated ``grad``: it replaces what the row held."""
         state = self._state
-        if state is None:
+        if state is None or not state.spine_due["gradient"] or self._telemetry.open:
             return
-        self._take_gradients(grad_scale_status(self._scaler, self._txn_open))
+        self._staging(grad.device).reset_row(row.index)
+        state.grad_rows.add(row.index)
+        state.row_notes[row.index] = "gradient_after_closure_backward"
+        self._reduce(row, grad)
+
+    def _outside_transaction(self) -> bool:
+        """A bare ``optimizer.step()`` where only explicit steps count (never silently implicit)."""
+        return self._explicit_only and not self._txn_open
+
+    def _pre_step(self, watch: OptimizerWatch, closure: Callable[[], Any] | None) -> None:
+        state = self._state
+        if state is None or self._telemetry.open or self._outside_transaction():
+            return
+        status = grad_scale_status(self._scaler, self._txn_open)
+        if closure is not None and "gradient" in self.streams and state.spine_due["gradient"]:
+            if not state.grads_taken:
+                state.grads_taken, state.scale_grad = True, status
+            # the backward runs inside step(): rows not reached by it stay absent, never stale
+            state.grad_rows.update(r.index for r in watch.owned("gradient"))
+            watch.arm_gradient_hooks(self._closure_gradient)
+        else:
+            self._take_gradients(watch.owned("gradient"), status)
         if "update" in self.streams and state.spine_due["update"]:
             t0 = time.perf_counter()
-            self._updates.snapshot(self._by_stream["update"])
+            self._updates.snapshot(watch.owned("update"))
             state.charge("update", time.perf_counter() - t0)
 
-    def _post_step(self, optimizer: torch.optim.Optimizer) -> None:
+    def _post_step(self, watch: OptimizerWatch) -> None:
+        watch.disarm_gradient_hooks()
         state = self._state
-        if state is None:
+        if state is None or self._telemetry.open:
+            return
+        if self._outside_transaction():
+            self._discard_stray_step(watch)
             return
         state.stepped = True
-        for row, delta in self._updates.deltas(self._by_stream.get("update", [])):
+        for row, delta in self._updates.deltas(watch.owned("update")):
             self._reduce(row, delta)
-        with torch.no_grad():
-            for row in self._by_stream.get("parameter", []):
-                self._reduce(row, row.param)
+        self._take_parameters(watch.owned("parameter"))
         if not self._txn_open:  # implicit spelling: the optimizer step ends the step
+            self._take_parameters(self._by_stream.get("parameter", []))  # frozen ones too
             self._finish_step(StepProvenance.IMPLICIT)
+
+    def _take_parameters(self, rows: Sequence[Row]) -> None:
+        state = self._state
+        with torch.no_grad():
+            for row in rows:
+                if row.index not in state.param_rows:
+                    state.param_rows.add(row.index)
+                    self._reduce(row, row.param)
+
+    def _discard_stray_step(self, watch: OptimizerWatch) -> None:
+        """Drop what a bare optimizer step's iteration staged; the next step() refuses."""
+        step = self._state.step
+        self._stray_step = step
+        warnings.warn(
+            f"stepscope: {type(watch.optimizer).__name__}.step() ran outside `with "
+            f"collector.step(...)` at step {step}; it is not recorded, and the next "
+            "collector.step() refuses step_transaction_required.",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        self._updates.clear()
+        self._state = None
+        self._begin_step()
+
+    def _iteration_hook(self, _module: torch.nn.Module, _inputs: Any) -> None:
+        """Implicit spelling with a scaler: a training forward after ``scaler.update()``.
+
+        An iteration whose optimizer step the scaler skipped never fires the step hooks; its
+        ``update()`` is seen here, at the next iteration's first forward, and ends it as its
+        own step with ``applied=no``.
+        """
+        state = self._state
+        if state is None or self._txn_open or not self._recording():
+            return
+        scaler = self._implicit_scaler
+        marker = update_marker(scaler)
+        if state.scaler_marker is not None and marker is not state.scaler_marker:
+            state.skipped = True
+            self._finish_step(StepProvenance.IMPLICIT)
+            state = self._state
+        if state.scaler_marker is None:
+            state.scaler_marker = marker
+            state.scale_in_force = scale_in_force(scaler)
+
+    def telemetry(self) -> Any:
+        """A context manager for work done *for* telemetry outside the hooks (a dense probe).
+
+        Its seconds count in the step's ``clock/telemetry_seconds``, never in its training
+        seconds, and the forwards, backwards and optimizer steps run inside it never reach the
+        step's rows. See :mod:`stepscope.collect.telemetry`.
+        """
+        return self._telemetry()
 
     # ------------------------------------------------------------------ step lifecycle
     def _begin_step(self) -> None:
@@ -446,24 +543,43 @@ class HistoryCollector(UserLog):
     ) -> Iterator[StepTransaction]:
         """The explicit, authoritative step transaction.
 
-        Put one optimizer step (forward, backward, ``optimizer.step()``) inside. ``examples`` is
-        the number of examples this step consumed (accumulated into ``examples_seen``);
-        ``epoch`` is your own epoch count (never derived). An exception escaping the block
-        closes the collector (hooks removed, committed data kept) and propagates.
+        Put one optimizer step (forward, backward, ``optimizer.step()`` or
+        ``optimizer.step(closure)``, or ``scaler.step(optimizer); scaler.update()``) inside.
+        ``optimizer`` may be a sequence (several optimizers: each owns the rows of its own
+        parameters) or a wrapper exposing ``.optimizer``. ``examples`` is the number of examples
+        this step consumed (accumulated into ``examples_seen``); ``epoch`` is your own epoch
+        count (never derived). An exception escaping the block closes the collector (hooks
+        removed, committed data kept) and propagates.
+
+        Once a transaction was used (or the collector resumes), only transactions are steps: a
+        bare ``optimizer.step()`` outside one is not recorded, is warned about, and the next
+        ``step()`` refuses ``step_transaction_required``.
         """
         self._check_open()
         if self._txn_open:
             raise Refusal(
                 "step_transaction_nested", "a step transaction is already open", ["close it first"]
             )
+        if self._stray_step is not None:
+            stray, self._stray_step = self._stray_step, None
+            raise Refusal(
+                "step_transaction_required",
+                f"an optimizer step ran outside `with collector.step(...)` at step {stray}; it "
+                "was not recorded (this collector records explicit steps only).",
+                ["run every optimizer step inside `with collector.step(optimizer):`"],
+            )
+        self._explicit_only = True
         if optimizer is not None:
-            self._attach_optimizer(optimizer)
+            opts = optimizer if isinstance(optimizer, (list, tuple)) else [optimizer]
+            for opt in opts:
+                self._attach_optimizer(opt)
         if self._state is None:
             self._begin_step()
         state = self._state
         if not state.structure_checked:
             self._check_structure()
         state.explicit, state.examples, state.epoch = True, examples, epoch
+        state.scale_in_force = scale_in_force(scaler)  # before update() changes it
         self._txn_open, self._scaler = True, scaler
         self.clock.begin(state.step)  # the training clock times the transaction body
         state.window_from = state.telemetry_s
@@ -474,10 +590,15 @@ class HistoryCollector(UserLog):
             self.close()
             raise
         self._txn_open = False
-        if not state.grads_taken:  # no optimizer step happened: take gradients as left
-            self._take_gradients(grad_scale_status(scaler, True))
-        self._finish_step(StepProvenance.EXPLICIT, optimizer_known=bool(self._opt_handles))
-        self._scaler = None
+        for watch in self._watches.values():
+            watch.disarm_gradient_hooks()  # a closure step that raised inside the optimizer
+        # rows of parameters no optimizer stepped: gradients as left, values at the step's end
+        self._take_gradients(self._by_stream.get("gradient", []), grad_scale_status(scaler, True))
+        self._take_parameters(self._by_stream.get("parameter", []))
+        try:
+            self._finish_step(StepProvenance.EXPLICIT, optimizer_known=bool(self._watches))
+        finally:
+            self._scaler = None
 
     def _finish_step(self, provenance: StepProvenance, optimizer_known: bool = True) -> None:
         state = self._state
@@ -505,7 +626,8 @@ class HistoryCollector(UserLog):
             self.settings.update_sample_size,
         )
         batches = withhold_inactive(batches, self.sites, inactive)
-        self._examples_seen += state.examples or 0
+        if self._examples_seen is not None:  # None: unknown since a resume (never restarted at 0)
+            self._examples_seen += state.examples or 0
         block = StepBlockRecord(
             optimizer_step=state.step,
             examples_seen=self._examples_seen if state.examples is not None else None,
@@ -537,15 +659,21 @@ class HistoryCollector(UserLog):
         for name, at, value in drained.dated:
             self._rows.write_scalar(name, at, value)
         write_clock_rows(self._rows, [r for r in clock_rows if r.step != state.step])  # CUDA
-        stream = self.settings.event_stream
-        if stream is not None and stream.active:  # no enabled subscriber: skip the conversion
-            stream.publish(events_from_step(block, batches, self.sites, self.descriptor, scalars))
         self.telemetry_seconds += telemetry_now
         self.last_block, self.last_batches = block, batches
         self._next_step = state.step + 1
         self._state = None
         self._begin_step()
-        self._state.telemetry_s += time.perf_counter() - t_split  # write, publish, next begin
+        # publish last, once the step is written and the next one begun: a check that raises
+        # (action="raise") leaves the collector ready for the next step
+        stream = self.settings.event_stream
+        try:
+            if stream is not None and stream.active:  # no enabled subscriber: skip conversion
+                stream.publish(
+                    events_from_step(block, batches, self.sites, self.descriptor, scalars)
+                )
+        finally:
+            self._state.telemetry_s += time.perf_counter() - t_split  # write, publish, begin
 
     # ------------------------------------------------------------------ run log (UserLog)
     def _charge(self, seconds: float) -> None:
@@ -578,15 +706,26 @@ class HistoryCollector(UserLog):
         """Remove every hook and close the history (idempotent). Pending partial steps are dropped."""
         if self._closed:
             return
+        try:  # implicit + scaler: the last iteration's skipped step is still a step
+            state = self._state
+            if (
+                self._implicit_scaler is not None
+                and state is not None
+                and state.scaler_marker is not None
+                and update_marker(self._implicit_scaler) is not state.scaler_marker
+            ):
+                state.skipped = True
+                self._finish_step(StepProvenance.IMPLICIT)
+        except Exception:  # closing must not fail for telemetry reasons; hooks still go
+            pass
         self._closed = True
         try:
             for h in [*self._handles, *self._act_handles.values()]:
                 h.remove()
-            for hs in self._opt_handles.values():
-                for h in hs:
-                    h.remove()
+            for watch in self._watches.values():
+                watch.remove()
         finally:
-            self._handles, self._opt_handles, self._act_handles = [], {}, {}
+            self._handles, self._watches, self._act_handles = [], {}, {}
             self._state = None
             self._pending.clear()
             self._updates.clear()

@@ -15,10 +15,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from stepscope.collect.scaler import loss_scale, scale_grad_of
+from stepscope.collect.scaler import as_scale, scale_grad_of
 from stepscope.collect.sites import Row
 from stepscope.history import ObservationBatch, Presence, StepProvenance, StepTruth, Tristate
 from stepscope.history.batch import code_of
+from stepscope.history.vocab import UPDATE_SAMPLED
 from stepscope.stats import SPINE_WIDTH
 
 OBSERVED, ABSENT = code_of(Presence.OBSERVED), code_of(Presence.SITE_ABSENT)
@@ -55,6 +56,11 @@ class StepState:
     row_notes: dict[int, str] = field(default_factory=dict)  # row index -> extra disclosure
     failed: dict[int, str] = field(default_factory=dict)  # row index -> exception type
     structure_checked: bool = False  # model surgery looked for this step
+    grad_rows: set[int] = field(default_factory=set)  # gradient rows read this step
+    param_rows: set[int] = field(default_factory=set)  # parameter rows read this step
+    skipped: bool = False  # an iteration ended (scaler.update) without an optimizer step
+    scale_in_force: Any = None  # loss scale of this iteration (tensor or float; None: none)
+    scaler_marker: Any = None  # the scaler's update marker when the iteration began
 
     def charge(self, stream: str | None, seconds: float) -> None:
         """Count ``seconds`` of telemetry work (for ``stream``, when it is one stream's)."""
@@ -90,14 +96,15 @@ def step_truth(
     state: StepState, scaler: Any, provenance: StepProvenance, optimizer_known: bool
 ) -> StepTruth:
     """The optimizer facts of a finished step (``unknown`` wherever they were not seen)."""
-    applied = (
-        Tristate.of(state.stepped)
-        if (optimizer_known and provenance is StepProvenance.EXPLICIT)
-        else (Tristate.YES if state.stepped else Tristate.UNKNOWN)
-    )
+    if state.skipped and not state.stepped:
+        applied = Tristate.NO  # the scaler ended the iteration without an optimizer step
+    elif optimizer_known and provenance is StepProvenance.EXPLICIT:
+        applied = Tristate.of(state.stepped)
+    else:
+        applied = Tristate.YES if state.stepped else Tristate.UNKNOWN
     return StepTruth(
         applied=applied,
-        scale=loss_scale(scaler),
+        scale=as_scale(state.scale_in_force) if scaler is not None else None,
         unscaled=Tristate.of(state.scale_grad == "unscaled")
         if state.scale_grad != "unknown"
         else Tristate.UNKNOWN,
@@ -154,17 +161,19 @@ def assemble_batches(
             if error is not None:  # a partial row is not a fact: drop what was written
                 presence[j], spines[j] = FAILED, np.nan
                 notes.append((f"capture_failed:{error}",))
-            elif reason is not None and presence[j] != OBSERVED:
+                continue
+            if reason is not None and presence[j] != OBSERVED:
                 presence[j] = UNSUPPORTED
                 notes.append((f"unsupported:{reason}",))
-            else:
-                note = state.row_notes.get(r.index)
-                notes.append((note,) if note is not None and presence[j] == OBSERVED else ())
+                continue
+            note: tuple[str, ...] = ()
+            if presence[j] == OBSERVED:
+                extra = state.row_notes.get(r.index)
+                note = () if extra is None else (extra,)
+                if r.update_index is not None:  # a sample of the parameter: an estimate
+                    note = (*note, f"{UPDATE_SAMPLED}:{len(r.update_index)}")
+            notes.append(note)
         disclosures: tuple[str, ...] = ()
-        if stream == "update":
-            sampled = [r for r in rows if r.update_index is not None]
-            if sampled:
-                disclosures = (f"update_sampled:{update_sample_size}",)
         out.append(
             ObservationBatch(
                 stream,

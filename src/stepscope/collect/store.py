@@ -7,12 +7,13 @@ writer, ring and site catalog that the collector writes through.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from stepscope.collect.resume import artifact_run_id, resumed_examples_seen
 from stepscope.collect.settings import Cadence, WatchSettings
 from stepscope.collect.sites import SiteCatalog
 from stepscope.history import ArtifactWriter, RunRecord, StepRing, model_fingerprint
@@ -28,6 +29,7 @@ class Store:
     writer: ArtifactWriter | None
     path: Path | None
     next_step: int  # 0, or the step after the last committed one when resuming
+    examples_seen: int | None = 0  # examples consumed before next_step (None: unknown)
 
 
 def open_store(
@@ -65,16 +67,20 @@ def open_store(
         return Store(run, ring, SiteCatalog(), None, None, 0)
     path = Path(s.output_dir) / (f"rank{rank:03d}" if world > 1 else "")
     ring = StepRing(s.ram_capacity, "refuse", disk_backed=True)
+    if s.resume and s.run_id is None:
+        run = replace(run, run_id=artifact_run_id(path))  # continue the artifact's run
     writer = ArtifactWriter(
         path,
-        None if s.resume else run,
+        run,
         resume=s.resume,
+        resume_at_step=s.resume_step,
         commit_steps=s.commit_steps,
         commit_seconds=s.commit_seconds,
         durable=s.durable,
         ring=ring,
     )
-    next_step = 0
-    if s.resume and writer.committed_step is not None:
-        next_step = writer.committed_step + 1
-    return Store(run, ring, writer, writer, path, next_step)
+    if not s.resume:
+        return Store(run, ring, writer, writer, path, 0)
+    step = int(writer.run.resumed_at_step or 0)
+    seen = resumed_examples_seen(step, writer.resumed_after, s.resume_examples_seen)
+    return Store(writer.run, ring, writer, writer, path, step, seen)
