@@ -23,7 +23,6 @@ Example
 
 from __future__ import annotations
 
-import fnmatch
 import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -32,27 +31,22 @@ from typing import Any
 
 import torch
 
+from stepscope.collect.activations import ActivationSites
 from stepscope.collect.autocadence import AutoCadence
-from stepscope.collect.capture import in_backward, module_output, reducible
+from stepscope.collect.capture import reducible
 from stepscope.collect.optimizers import OptimizerWatch, unwrap_optimizer
 from stepscope.collect.plan import Plan, build_plan
 from stepscope.collect.scaler import grad_scale_status, scale_in_force, update_marker
 from stepscope.collect.settings import ALL_STREAMS, Cadence, WatchSettings, resolve_cadence
 from stepscope.collect.sites import (
-    ACTIVATION_STREAMS,
-    NO_TENSOR,
-    NOT_RUN,
-    ROOT_SITE,
     Row,
     build_rows,
-    output_signature,
     param_signature,
-    update_indices,
 )
 from stepscope.collect.staging import Staging, to_host  # noqa: F401  (tests patch it here)
 from stepscope.collect.stepstate import StepState, StepTransaction, assemble_batches, step_truth
 from stepscope.collect.store import open_store
-from stepscope.collect.surgery import Change, find_changes
+from stepscope.collect.surgery import StructureWatch
 from stepscope.collect.telemetry import TelemetryWindow
 from stepscope.collect.updates import UpdateSampler, assign_update_indices
 from stepscope.collect.warmup import WarmupMeter
@@ -168,22 +162,11 @@ class HistoryCollector(UserLog):
         self._by_stream: dict[str, list[Row]] = {
             s: [r for r in self.rows if r.stream == s] for s in streams
         }
-        self._act_rows: dict[int, dict[str, Row]] = {}
-        for r in self.rows:
-            if r.stream in ACTIVATION_STREAMS:
-                self._act_rows.setdefault(id(r.module), {})[r.stream] = r
-        self._bound = {name or ROOT_SITE: module for name, module in self.modules}
-        self._keys = {
-            site: next(
-                (k for g, k in self.settings.output_keys.items() if fnmatch.fnmatchcase(site, g)),
-                None,
-            )
-            for site in self._bound
-        }
-        self._root_depth, self._root_grad = 0, True
+        self._sites = ActivationSites(
+            self, model, self.modules, self.rows, self.settings.output_keys
+        )
         self._stagings: dict[torch.device, Staging] = {}
         self._handles: list[Any] = []
-        self._act_handles: dict[int, Any] = {}
         self._watches: dict[int, OptimizerWatch] = {}
         self._explicit_only = self.settings.resume  # bare optimizer steps are not steps
         self._stray_step: int | None = None  # a bare optimizer step after explicit ones
@@ -207,13 +190,17 @@ class HistoryCollector(UserLog):
         self._rows: Any = ArtifactRows(self.writer) if self.writer is not None else MemoryRows()
         write_summary(self.path, self.clock.summary(closed=False))
         self._register_param_sites()
+        self._structure = StructureWatch(
+            model,
+            self.rows,
+            self._sites,
+            self.catalog,
+            self._by_stream,
+            self.settings.update_sample_size,
+            self.settings.update_seed,
+        )
         try:
-            for _name, module in self.modules:
-                self._hook_module(module)
-            self._handles += [
-                model.register_forward_pre_hook(self._root_enter),
-                model.register_forward_hook(self._root_exit, always_call=True),
-            ]
+            self._sites.attach()
             if optimizer is not None:
                 self._attach_optimizer(optimizer)
                 if scaler is not None:  # implicit + GradScaler: iterations end at update()
@@ -275,129 +262,18 @@ class HistoryCollector(UserLog):
             state.failed[row.index] = type(e).__name__
         state.charge(row.stream, time.perf_counter() - t0)
 
-    def _training_forward(self) -> bool:
-        """Whether a forward that runs now belongs to the step's activation rows.
-
-        Training forwards do; evaluations (``no_grad`` or ``inference_mode`` at the model's
-        call, in any module mode), the recompute of activation checkpointing (it runs inside
-        backward) and forwards inside :meth:`telemetry` (probes) do not. The grad mode is read where the
-        model itself was called, so a reentrant checkpoint's ``no_grad`` forward still counts.
-        """
-        if self._state is None or self._telemetry.open or in_backward():
-            return False
-        if torch.is_inference_mode_enabled():
-            return False
-        grad = self._root_grad if self._root_depth else torch.is_grad_enabled()
-        return grad and (self.model.training or self._txn_open)
-
-    # ------------------------------------------------------------------ hooks
-    def _hook_module(self, module: torch.nn.Module) -> None:
-        if id(module) in self._act_rows:
-            self._act_handles[id(module)] = module.register_forward_hook(self._forward_hook)
-
-    def _root_enter(self, _module: torch.nn.Module, _inputs: Any) -> None:
-        self._root_depth += 1
-        if self._root_depth == 1:
-            self._root_grad = torch.is_grad_enabled() and not torch.is_inference_mode_enabled()
-            if self._state is not None and not self._state.structure_checked:
-                self._check_structure()
-
-    def _root_exit(self, *_args: Any) -> None:
-        self._root_depth = max(0, self._root_depth - 1)
-
-    def _forward_hook(self, module: torch.nn.Module, _inputs: Any, output: Any) -> None:
-        if not self._training_forward():
-            return
-        rows = self._act_rows[id(module)]
-        state = self._state
-        if not any(state.spine_due[r.stream] for r in rows.values()) and all(
-            r.signature is not None for r in rows.values()
-        ):
-            return  # nothing due and already discovered: drift is checked on observed steps
-        any_row = next(iter(rows.values()))
-        t, reason = module_output(output, self._keys.get(any_row.site))
-        self._bind(rows.values(), NO_TENSOR if t is None else output_signature(t))
-        if t is None:
-            for r in rows.values():
-                state.unsupported[r.index] = reason
-            return
-        row = rows.get("activation")
-        if row is not None:
-            self._reduce(row, t)
-        grow = rows.get("activation_grad")
-        if grow is not None and t.requires_grad and state.spine_due["activation_grad"]:
-            t.register_hook(lambda g, grow=grow: self._reduce(grow, g))
-        for r in rows.values():
-            r.numel = t.numel()
-
-    def _bind(self, rows: Any, sig: str) -> None:
-        """Register rows under ``sig``: discovery, or a structural change (a new series)."""
-        for row in rows:
-            if row.signature == sig:
-                continue
-            if row.signature == NOT_RUN and row.site_id is not None:
-                self.catalog.end_site(row.site_id, self._state.step, "first_run")
-            row.signature = sig
-            row.site_id = self.catalog.register_site(
-                row.site, row.module_type, sig, step=self._state.step
-            )
+    def _forward_may_count(self) -> bool:
+        """The collector's half of the training-forward rule (see :mod:`.activations`)."""
+        return (
+            self._state is not None
+            and not self._telemetry.open
+            and (self.model.training or self._txn_open)
+        )
 
     def _check_structure(self) -> None:
         """Model surgery: end the series of replaced or removed modules and parameters."""
-        state = self._state
-        state.structure_checked = True
-        params = [r for r in self.rows if r.param is not None]
-        for change in find_changes(self.model, self._bound, params):
-            self._apply(change, state.step)
-
-    def _apply(self, change: Change, step: int) -> None:
-        new = change.replacement
-        if change.reason.startswith("module"):
-            old = self._bound.pop(change.name)
-            handle = self._act_handles.pop(id(old), None)
-            if handle is not None:
-                handle.remove()
-            rows = [r for r in self.rows if r.module is old]
-            acts = self._act_rows.pop(id(old), {})
-            if new is not None:
-                self._bound[change.name] = new
-                if acts:
-                    self._act_rows[id(new)] = acts
-                    self._hook_module(new)
-            for r in rows:
-                self._end(r, step, change.reason)
-                r.module = new
-                if r.param is not None:
-                    nparam = None if new is None else new._parameters.get(r.attr)
-                    self._rebind_param(r, nparam, step)
-                elif new is not None:
-                    r.module_type, r.signature = type(new).__name__, None
-            return
-        for r in self.rows:
-            if r.param is not None and r.site == change.name:
-                self._end(r, step, change.reason)
-                self._rebind_param(r, new, step)
-
-    def _end(self, row: Row, step: int, reason: str) -> None:
-        if row.site_id is not None and self.sites[row.site_id].ended_step is None:
-            self.catalog.end_site(row.site_id, step, reason)
-        row.site_id = None
-
-    def _rebind_param(self, row: Row, param: torch.nn.Parameter | None, step: int) -> None:
-        row.param = param
-        if param is None:  # gone: the row retires (no new series)
-            self._by_stream[row.stream] = [r for r in self._by_stream[row.stream] if r is not row]
-            return
-        row.numel, row.signature = param.numel(), param_signature(param)
-        row.module_type = type(row.module).__name__
-        row.site_id = self.catalog.register_site(
-            row.site, row.module_type, row.signature, step=step
-        )
-        if row.stream == "update":
-            s = self.settings
-            row.update_index = update_indices(
-                row.site, param.numel(), s.update_sample_size, s.update_seed, param.device
-            )
+        self._state.structure_checked = True
+        self._structure.check(self._state.step)
 
     def _attach_optimizer(self, optimizer: Any) -> OptimizerWatch:
         opt = unwrap_optimizer(optimizer)
@@ -497,7 +373,7 @@ class HistoryCollector(UserLog):
         own step with ``applied=no``.
         """
         state = self._state
-        if state is None or self._txn_open or not self._recording():
+        if state is None or self._txn_open or not self._sites.training_forward():
             return
         scaler = self._implicit_scaler
         marker = update_marker(scaler)
@@ -607,9 +483,7 @@ class HistoryCollector(UserLog):
         t0 = time.perf_counter()
         if not state.structure_checked:
             self._check_structure()
-        for rows in self._act_rows.values():  # never ran so far: recorded site_absent
-            if any(r.site_id is None and state.spine_due[r.stream] for r in rows.values()):
-                self._bind([r for r in rows.values() if r.site_id is None], NOT_RUN)
+        self._sites.register_not_run(state)  # never ran so far: recorded site_absent
         hist_step = any(state.hist_due.values())
         any_due = any(state.spine_due.values())  # nothing due: no copy at all this step
         host = {dev: st.to_host(hist_step) for dev, st in self._stagings.items()} if any_due else {}
@@ -720,12 +594,13 @@ class HistoryCollector(UserLog):
             pass
         self._closed = True
         try:
-            for h in [*self._handles, *self._act_handles.values()]:
+            self._sites.remove()
+            for h in self._handles:
                 h.remove()
             for watch in self._watches.values():
                 watch.remove()
         finally:
-            self._handles, self._watches, self._act_handles = [], {}, {}
+            self._handles, self._watches = [], {}
             self._state = None
             self._pending.clear()
             self._updates.clear()
@@ -747,7 +622,8 @@ class HistoryCollector(UserLog):
     def __del__(self) -> None:  # pragma: no cover - best effort at interpreter shutdown
         try:
             if not self._closed:
-                for h in [*self._handles, *self._act_handles.values()]:
+                self._sites.remove()
+                for h in self._handles:
                     h.remove()
         except Exception:
             pass
