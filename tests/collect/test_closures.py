@@ -36,7 +36,7 @@ def _closure_loop(model, opt, batches, loss_fn, collector, explicit=True, snapsh
     """A hand-written closure loop; ``snapshots[step][name]`` = grad sum of squares after each
     backward of the step (the last one stays)."""
     names = _named_params(model)
-    for step, (x, y) in enumerate(batches):
+    for x, y in batches:
         consumed: dict[str, float] = {}
 
         def closure(x=x, y=y, consumed=consumed):
