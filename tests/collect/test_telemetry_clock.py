@@ -7,7 +7,7 @@ import time
 import numpy as np
 import pytest
 import torch
-from models import HookOracle, Numbers, ResNetish, close, spine_numbers  # noqa: F401
+from models import HookOracle, Numbers, ResNetish, close, spine_numbers
 
 import stepscope as ss
 from stepscope.stats import SPINE_FIELDS
