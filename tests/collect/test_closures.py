@@ -95,7 +95,9 @@ def _assert_consumed(path, model, snapshots, note=True):
     if note:
         obs = ss.open_history(path).observations(stream="gradient")
         observed = [r for r in obs if r.presence.value == "observed"]
-        assert observed and all("gradient_after_closure_backward" in r.disclosures for r in observed)
+        assert observed and all(
+            "gradient_after_closure_backward" in r.disclosures for r in observed
+        )
         assert {r.phase.value for r in observed} == {"pre_step"}
 
 

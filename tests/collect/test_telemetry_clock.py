@@ -19,7 +19,9 @@ def _per_step(h, name):
     s = h.scalars(name)
     cumulative = dict(zip(s.steps.tolist(), s.values.tolist()))
     steps = sorted(cumulative)
-    return {k: cumulative[k] - (cumulative[steps[i - 1]] if i else 0.0) for i, k in enumerate(steps)}
+    return {
+        k: cumulative[k] - (cumulative[steps[i - 1]] if i else 0.0) for i, k in enumerate(steps)
+    }
 
 
 def _recorded(h, site, stream, step) -> Numbers:
@@ -47,7 +49,10 @@ def test_probe_inside_the_transaction_is_telemetry_time_and_not_in_the_rows(tmp_
     g = torch.Generator().manual_seed(1)
     s = ss.WatchSettings(output_dir=str(tmp_path / "r"), durable=False, commit_steps=1)
     with ss.HistoryCollector(
-        model, sites=sites, streams=("activation", "gradient", "activation_grad"), cadence=1,
+        model,
+        sites=sites,
+        streams=("activation", "gradient", "activation_grad"),
+        cadence=1,
         settings=s,
     ) as c:
         for step in range(4):
@@ -116,4 +121,3 @@ def test_telemetry_window_closes_on_an_exception():
         assert not c._telemetry.open
         model(torch.randn(2, 3, 8, 8))
         assert c._staging(torch.device("cpu")).fired.sum() == 1  # recording again
-

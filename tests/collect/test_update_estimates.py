@@ -75,7 +75,9 @@ def test_update_rows_say_estimated_per_row_and_events_carry_it(tmp_path):
         sampled = named[name].numel() > SAMPLE
         assert (f"update_sampled:{SAMPLE}" in r.disclosures) is sampled, name
     # other streams never say estimated
-    assert not any(e.estimated for e in events if e.stream is not None and e.stream.value != "update")
+    assert not any(
+        e.estimated for e in events if e.stream is not None and e.stream.value != "update"
+    )
 
 
 def test_update_ratio_of_a_sampled_weight_estimates_the_whole_tensors_ratio(tmp_path):

@@ -9,15 +9,20 @@ to the history (disk-first artifact or RAM ring) and published on the event stre
 
 Example
 -------
->>> import torch, stepscope as ss
+Record to disk (crash-safe, readable while training runs, no step limit); without
+``output_dir`` a RAM ring holds 256 steps and then refuses ``ring_capacity_exhausted``:
+
+>>> import tempfile, torch, stepscope as ss
 >>> model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
 >>> opt = torch.optim.SGD(model.parameters(), lr=0.1)
->>> with ss.HistoryCollector(model, sites="Linear") as c:
+>>> run_dir = tempfile.mkdtemp()  # e.g. "runs/exp1"
+>>> settings = ss.WatchSettings(output_dir=run_dir)
+>>> with ss.HistoryCollector(model, sites="Linear", settings=settings) as c:
 ...     for _ in range(3):
 ...         with c.step(opt, examples=16):
 ...             loss = model(torch.randn(16, 4)).pow(2).mean()
 ...             opt.zero_grad(); loss.backward(); opt.step()
->>> [b.step_lo for b in c.ring.blocks()]
+>>> ss.open_history(run_dir).steps.tolist()
 [0, 1, 2]
 """
 
