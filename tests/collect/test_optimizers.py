@@ -77,6 +77,15 @@ def test_gradscaler_skip_explicit_one_step_per_iteration_scale_in_force(tmp_path
     assert [b.truth.applied.value for b in blocks] == ["yes" if ch else "no" for _, ch in truth]
     assert [b.truth.scale for b in blocks] == [s for s, _ in truth]
     assert len({s for s, _ in truth}) == 2  # the scale really moved (growth and backoff)
+    # a skipped step's gradients were unscaled by scaler.step() (and hold the injected inf)
+    h = ss.open_history(tmp_path / "run")
+    cells = h.observations("conv1.weight", "gradient")
+    assert [r.scale_grad.value for r in cells] == ["unscaled"] * 6
+    posinf = {}
+    for phase in ("pre_step", "backward"):  # read before a step, or after a skipped one
+        ser = h.series("conv1.weight", "gradient", "posinf", phase=phase)
+        posinf.update(zip(ser.steps.tolist(), ser.values.tolist()))
+    assert posinf == {i: (1.0 if i in SKIPS else 0.0) for i in range(6)}
 
 
 def test_gradscaler_skip_implicit_one_step_per_iteration(tmp_path):

@@ -474,6 +474,7 @@ class HistoryCollector(UserLog):
         state = self._state
         state.explicit, state.examples, state.epoch = True, examples, epoch
         state.scale_in_force = scale_in_force(scaler)  # before update() changes it
+        state.scaler_marker = None if scaler is None else update_marker(scaler)
         self._txn_open, self._scaler = True, scaler
         self.clock.begin(state.step)  # the training clock times the transaction body
         state.window_from = state.telemetry_s
@@ -487,7 +488,10 @@ class HistoryCollector(UserLog):
         for watch in self._watches.values():
             watch.disarm_gradient_hooks()  # a closure step that raised inside the optimizer
         # rows of parameters no optimizer stepped: gradients as left, values at the step's end
-        self._take_gradients(self._by_stream.get("gradient", []), grad_scale_status(scaler, True))
+        status = grad_scale_status(scaler, True)
+        if scaler is not None and update_marker(scaler) is not state.scaler_marker:
+            status = "unscaled"  # scaler.step() unscaled them; update() has reset its stages
+        self._take_gradients(self._by_stream.get("gradient", []), status)
         self._take_parameters(self._by_stream.get("parameter", []))
         try:
             self._finish_step(StepProvenance.EXPLICIT, optimizer_known=bool(self._watches))
