@@ -36,21 +36,22 @@ from typing import Any
 
 import torch
 
+from stepscope.collect.activations import ActivationSites
 from stepscope.collect.autocadence import AutoCadence
+from stepscope.collect.capture import reducible
 from stepscope.collect.optimizers import OptimizerWatch, unwrap_optimizer
 from stepscope.collect.plan import Plan, build_plan
 from stepscope.collect.scaler import grad_scale_status, scale_in_force, update_marker
 from stepscope.collect.settings import ALL_STREAMS, Cadence, WatchSettings, resolve_cadence
 from stepscope.collect.sites import (
-    ACTIVATION_STREAMS,
     Row,
     build_rows,
-    output_signature,
     param_signature,
 )
 from stepscope.collect.staging import Staging, to_host  # noqa: F401  (tests patch it here)
 from stepscope.collect.stepstate import StepState, StepTransaction, assemble_batches, step_truth
 from stepscope.collect.store import open_store
+from stepscope.collect.surgery import StructureWatch
 from stepscope.collect.telemetry import TelemetryWindow
 from stepscope.collect.updates import UpdateSampler, assign_update_indices
 from stepscope.collect.warmup import WarmupMeter
@@ -166,10 +167,9 @@ class HistoryCollector(UserLog):
         self._by_stream: dict[str, list[Row]] = {
             s: [r for r in self.rows if r.stream == s] for s in streams
         }
-        self._act_rows: dict[int, dict[str, Row]] = {}
-        for r in self.rows:
-            if r.stream in ACTIVATION_STREAMS:
-                self._act_rows.setdefault(id(r.module), {})[r.stream] = r
+        self._sites = ActivationSites(
+            self, model, self.modules, self.rows, self.settings.output_keys
+        )
         self._stagings: dict[torch.device, Staging] = {}
         self._handles: list[Any] = []
         self._watches: dict[int, OptimizerWatch] = {}
@@ -195,10 +195,17 @@ class HistoryCollector(UserLog):
         self._rows: Any = ArtifactRows(self.writer) if self.writer is not None else MemoryRows()
         write_summary(self.path, self.clock.summary(closed=False))
         self._register_param_sites()
+        self._structure = StructureWatch(
+            model,
+            self.rows,
+            self._sites,
+            self.catalog,
+            self._by_stream,
+            self.settings.update_sample_size,
+            self.settings.update_seed,
+        )
         try:
-            for _name, module in self.modules:
-                if id(module) in self._act_rows:
-                    self._handles.append(module.register_forward_hook(self._forward_hook))
+            self._sites.attach()
             if optimizer is not None:
                 self._attach_optimizer(optimizer)
                 if scaler is not None:  # implicit + GradScaler: iterations end at update()
@@ -248,52 +255,30 @@ class HistoryCollector(UserLog):
         if state is None or not state.spine_due[row.stream] or self._telemetry.open:
             return
         t0 = time.perf_counter()
-        # detached: no graph is built (the C kernel and the torch path only read the tensor)
-        self._staging(tensor.device).write(row.index, tensor.detach(), state.hist_due[row.stream])
+        try:  # telemetry never raises into the training step
+            x, note = reducible(tensor)  # detached: no graph is built
+            if x is None:
+                state.unsupported[row.index] = note
+            else:
+                self._staging(x.device).write(row.index, x, state.hist_due[row.stream])
+                if note is not None:
+                    state.row_notes[row.index] = note
+        except Exception as e:  # recorded as capture_failed with its type
+            state.failed[row.index] = type(e).__name__
         state.charge(row.stream, time.perf_counter() - t0)
 
-    def _recording(self) -> bool:
-        # A forward belongs to the training step when the model trains, or, inside an explicit
-        # transaction, when it builds a graph. An eval-mode no_grad forward (an evaluation, the
-        # dense probe) is never folded into the step's activation rows.
-        if self._state is None or self._telemetry.open:
-            return False
-        return self.model.training or (self._txn_open and torch.is_grad_enabled())
-
-    # ------------------------------------------------------------------ hooks
-    def _forward_hook(self, module: torch.nn.Module, _inputs: Any, output: Any) -> None:
-        if not self._recording():
-            return
-        rows = self._act_rows[id(module)]
-        due = self._state.spine_due
-        if not any(due[r.stream] for r in rows.values()) and all(
-            r.signature is not None for r in rows.values()
-        ):
-            return  # nothing due and already discovered: drift is checked on observed steps
-        t = (
-            output
-            if isinstance(output, torch.Tensor)
-            else next((o for o in output if isinstance(o, torch.Tensor)), None)
-            if isinstance(output, (tuple, list))
-            else None
+    def _forward_may_count(self) -> bool:
+        """The collector's half of the training-forward rule (see :mod:`.activations`)."""
+        return (
+            self._state is not None
+            and not self._telemetry.open
+            and (self.model.training or self._txn_open)
         )
-        if t is None:
-            return
-        sig = output_signature(t)
-        for row in rows.values():
-            if row.signature != sig:  # discovery, or topology drift: a new series, never re-bound
-                row.signature = sig
-                row.site_id = self.catalog.register_site(
-                    row.site, row.module_type, sig, step=self._state.step
-                )
-        row = rows.get("activation")
-        if row is not None:
-            self._reduce(row, t)
-        grow = rows.get("activation_grad")
-        if grow is not None and t.requires_grad and self._state.spine_due["activation_grad"]:
-            t.register_hook(lambda g, grow=grow: self._reduce(grow, g))
-        for r in rows.values():
-            r.numel = t.numel()
+
+    def _check_structure(self) -> None:
+        """Model surgery: end the series of replaced or removed modules and parameters."""
+        self._state.structure_checked = True
+        self._structure.check(self._state.step)
 
     def _attach_optimizer(self, optimizer: Any) -> OptimizerWatch:
         opt = unwrap_optimizer(optimizer)
@@ -393,7 +378,7 @@ class HistoryCollector(UserLog):
         own step with ``applied=no``.
         """
         state = self._state
-        if state is None or self._txn_open or not self._recording():
+        if state is None or self._txn_open or not self._sites.training_forward():
             return
         scaler = self._implicit_scaler
         marker = update_marker(scaler)
@@ -472,6 +457,8 @@ class HistoryCollector(UserLog):
         if self._state is None:
             self._begin_step()
         state = self._state
+        if not state.structure_checked:
+            self._check_structure()
         state.explicit, state.examples, state.epoch = True, examples, epoch
         state.scale_in_force = scale_in_force(scaler)  # before update() changes it
         state.scaler_marker = None if scaler is None else update_marker(scaler)
@@ -503,6 +490,9 @@ class HistoryCollector(UserLog):
         self.clock.end(state.step)
         in_window = state.telemetry_s - state.window_from
         t0 = time.perf_counter()
+        if not state.structure_checked:
+            self._check_structure()
+        self._sites.register_not_run(state)  # never ran so far: recorded site_absent
         hist_step = any(state.hist_due.values())
         any_due = any(state.spine_due.values())  # nothing due: no copy at all this step
         host = {dev: st.to_host(hist_step) for dev, st in self._stagings.items()} if any_due else {}
@@ -613,6 +603,7 @@ class HistoryCollector(UserLog):
             pass
         self._closed = True
         try:
+            self._sites.remove()
             for h in self._handles:
                 h.remove()
             for watch in self._watches.values():
@@ -640,6 +631,7 @@ class HistoryCollector(UserLog):
     def __del__(self) -> None:  # pragma: no cover - best effort at interpreter shutdown
         try:
             if not self._closed:
+                self._sites.remove()
                 for h in self._handles:
                     h.remove()
         except Exception:
