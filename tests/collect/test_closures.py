@@ -214,16 +214,25 @@ def test_an_accelerate_style_wrapper_is_unwrapped(tmp_path):
 def test_real_accelerate_optimizer_is_unwrapped(tmp_path):
     accelerate = pytest.importorskip("accelerate")
     torch.manual_seed(0)
-    model = ResNetish()
-    inner = torch.optim.SGD(model.parameters(), lr=0.1)
-    opt = accelerate.optimizer.AcceleratedOptimizer(inner, device_placement=False)
-    with ss.HistoryCollector(model, cadence=1, settings=_settings(tmp_path)) as c:
-        for x, y in _images(2):
-            with c.step(opt, examples=len(x)):
-                opt.zero_grad()
-                _ce(model(x), y).backward()
-                opt.step()
-    assert len(ss.open_history(tmp_path / "run").steps) == 2
+    acc = accelerate.Accelerator(cpu=True)
+    base = ResNetish()
+    model, opt = acc.prepare(base, torch.optim.SGD(base.parameters(), lr=0.1))
+    assert isinstance(opt, accelerate.optimizer.AcceleratedOptimizer)
+    want = []
+    try:
+        with ss.HistoryCollector(model, cadence=1, settings=_settings(tmp_path)) as c:
+            for x, y in _images(3):
+                with c.step(opt, examples=len(x)):
+                    opt.zero_grad()
+                    acc.backward(_ce(model(x), y))
+                    want.append(float(base.fc.weight.grad.double().pow(2).sum()))
+                    opt.step()
+    finally:
+        accelerate.state.AcceleratorState._reset_state(reset_partial_state=True)
+    rec = _recorded(tmp_path / "run", "fc.weight")
+    np.testing.assert_allclose([rec[i] for i in range(3)], want, rtol=1e-9)
+    blocks = ss.open_history(tmp_path / "run").step_blocks()
+    assert [b.truth.applied.value for b in blocks] == ["yes"] * 3
 
 
 def test_an_object_that_wraps_no_optimizer_is_refused(tmp_path):
