@@ -201,3 +201,59 @@ def test_implicit_steps_are_not_affected_by_the_bare_step_rule(tmp_path):
                 opt.step()
     blocks = ss.open_history(tmp_path / "run").step_blocks()
     assert [b.provenance.value for b in blocks] == ["implicit"] * 3
+
+
+def _amp_run(tmp_path, observe: str | None):
+    torch.manual_seed(0)
+    model = TinyGPT()
+    head = [model.ln_f.weight, model.ln_f.bias]
+    body = [p for p in model.parameters() if all(p is not q for q in head)]
+    opts = [torch.optim.AdamW(body, lr=1e-3), torch.optim.SGD(head, lr=0.1, momentum=0.9)]
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=2)
+    c = None
+    if observe == "implicit":
+        c = ss.HistoryCollector(
+            model, cadence=1, settings=_settings(tmp_path, "i"), optimizer=opts[0], scaler=scaler
+        )
+    elif observe == "explicit":
+        c = ss.HistoryCollector(model, cadence=1, settings=_settings(tmp_path, "e"))
+    losses = []
+    for i, (x, y) in enumerate(_tokens(5)):
+        ctx = c.step(opts, scaler=scaler, examples=3) if observe == "explicit" else None
+        if ctx is not None:
+            ctx.__enter__()
+        for o in opts:
+            o.zero_grad()
+        loss = _ce(model(x), y)
+        scaler.scale(loss).backward()
+        if i == 2:
+            model.wte.weight.grad.view(-1)[0] = float("inf")
+        for o in opts:
+            scaler.step(o)
+        scaler.update()
+        losses.append(loss.detach())
+        if ctx is not None:
+            ctx.__exit__(None, None, None)
+    if c is not None:
+        c.close()
+    return (
+        torch.stack(losses),
+        model.state_dict(),
+        [o.state_dict()["state"] for o in opts],
+        scaler.state_dict(),
+    )
+
+
+def test_scaler_and_two_optimizer_observation_is_bitwise_pure(tmp_path):
+    base = _amp_run(tmp_path, None)
+    for observe in ("implicit", "explicit"):
+        losses, state, opt_states, scaler_state = _amp_run(tmp_path, observe)
+        assert torch.equal(losses, base[0]), observe
+        for k in state:
+            assert torch.equal(state[k], base[1][k]), (observe, k)
+        for got, want in zip(opt_states, base[2]):
+            for i in want:
+                for k, v in want[i].items():
+                    same = torch.equal(got[i][k], v) if torch.is_tensor(v) else got[i][k] == v
+                    assert same, (observe, i, k)
+        assert scaler_state == base[3]
