@@ -247,3 +247,58 @@ def test_an_object_that_wraps_no_optimizer_is_refused(tmp_path):
             with c.step(NotAnOptimizer()):
                 pass
         assert err.value.code == "optimizer_unsupported"
+
+
+class LightningLike:
+    """Lightning's ``LightningOptimizer``: the torch optimizer lives in ``._optimizer``."""
+
+    def __init__(self, optimizer):
+        self._optimizer = optimizer
+
+    def step(self, closure=None):
+        return self._optimizer.step(closure=closure)
+
+    def zero_grad(self):
+        self._optimizer.zero_grad()
+
+
+def test_lightning_style_accumulation_with_the_last_backward_inside_step(tmp_path):
+    """Automatic optimization with accumulate_grad_batches=3: the first two micro-batches run
+    their closure (forward + backward) directly, the last one inside ``optimizer.step(closure)``;
+    the transaction spans the window. The recorded gradient is the accumulated one consumed."""
+    torch.manual_seed(0)
+    model = TinyGPT()
+    opt = LightningLike(torch.optim.AdamW(model.parameters(), lr=1e-3))
+    data = _tokens(12)
+    named = _named_params(model)
+    consumed: list[dict[str, float]] = []
+    with ss.HistoryCollector(model, cadence=1, settings=_settings(tmp_path)) as c:
+        for window in range(4):
+            micro = data[3 * window : 3 * window + 3]
+            with c.step(opt, examples=sum(len(x) for x, _ in micro)):
+                for k, (x, y) in enumerate(micro):
+
+                    def closure(x=x, y=y):
+                        loss = _ce(model(x), y) / 3
+                        loss.backward()
+                        return loss
+
+                    if k < 2:
+                        closure()
+                    else:
+                        seen = {}
+
+                        def last(closure=closure, seen=seen):
+                            loss = closure()
+                            for n, p in named:
+                                seen[n] = float(p.grad.double().pow(2).sum())
+                            return loss
+
+                        opt.step(closure=last)
+                        opt.zero_grad()
+                        consumed.append(seen)
+    _assert_consumed(tmp_path / "run", model, consumed)
+    h = ss.open_history(tmp_path / "run")
+    assert h.series("ln_f", "activation", "total").values.tolist() == [
+        float(sum(3 * x.shape[1] * 32 for x, _ in data[3 * w : 3 * w + 3])) for w in range(4)
+    ]

@@ -125,3 +125,12 @@ def test_resume_settings_are_validated():
     assert err.value.code == "settings_invalid"
     with pytest.raises(ss.Refusal):
         ss.WatchSettings(output_dir="x", resume=True, resume_step=-1)
+
+
+def test_an_evaluation_right_after_resume_is_at_the_resumed_coordinate(tmp_path):
+    model = ResNetish()
+    _train(model, tmp_path / "r", 3)
+    s = ss.WatchSettings(output_dir=str(tmp_path / "r"), resume=True, durable=False)
+    with ss.HistoryCollector(model, settings=s) as c:
+        rec = c.log_eval("val", {"loss": 1.0})
+    assert (rec.optimizer_step, rec.examples_seen) == (3, 12)

@@ -568,7 +568,9 @@ class HistoryCollector(UserLog):
         last = self.last_block
         if last is None and self._next_step == 0:  # nothing consumed yet: a true zero
             return step, 0
-        return step, None if last is None else last.examples_seen
+        if last is None:  # resumed, no step yet: what the artifact had consumed (None: unknown)
+            return step, self._examples_seen
+        return step, last.examples_seen
 
     @property
     def _log_sink(self) -> Any:
