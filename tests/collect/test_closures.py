@@ -14,12 +14,9 @@ import numpy as np
 import pytest
 import torch
 from models import LSTMTagger, ResNetish, TinyGPT
+from stepkit import ce, disk_settings, images, tokens
 
 import stepscope as ss
-
-
-def _settings(tmp_path, name="run"):
-    return ss.WatchSettings(output_dir=str(tmp_path / name), durable=False, commit_steps=1)
 
 
 def _recorded(path, site: str, field: str = "sum_squares"):
@@ -56,30 +53,6 @@ def _closure_loop(model, opt, batches, loss_fn, collector, explicit=True, snapsh
         snapshots.append(consumed)
 
 
-def _ce(out, y):
-    return torch.nn.functional.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1))
-
-
-def _tokens(n, vocab=40, seed=3):
-    g = torch.Generator().manual_seed(seed)
-    lengths = (5, 9, 7, 12, 6, 10, 8)
-    return [
-        (
-            torch.randint(0, vocab, (3, lengths[i % len(lengths)]), generator=g),
-            torch.randint(0, vocab, (3, lengths[i % len(lengths)]), generator=g),
-        )
-        for i in range(n)
-    ]
-
-
-def _images(n, seed=4):
-    g = torch.Generator().manual_seed(seed)
-    return [
-        (torch.randn(4, 3, 8, 8, generator=g), torch.randint(0, 5, (4,), generator=g))
-        for _ in range(n)
-    ]
-
-
 def _assert_consumed(path, model, snapshots, note=True):
     recorded_sites = {site.name for site in ss.open_history(path).sites}
     names = [n for n, _ in _named_params(model) if n in recorded_sites]
@@ -107,8 +80,8 @@ def test_lbfgs_records_the_gradient_of_the_steps_last_closure_evaluation(tmp_pat
     model = ResNetish()
     opt = torch.optim.LBFGS(model.parameters(), lr=0.1, max_iter=max_iter, history_size=4)
     snapshots: list[dict[str, float]] = []
-    with ss.HistoryCollector(model, cadence=1, settings=_settings(tmp_path)) as c:
-        _closure_loop(model, opt, _images(6), _ce, c, snapshots=snapshots)
+    with ss.HistoryCollector(model, cadence=1, settings=disk_settings(tmp_path)) as c:
+        _closure_loop(model, opt, images(6), ce, c, snapshots=snapshots)
     _assert_consumed(tmp_path / "run", model, snapshots)
 
 
@@ -119,11 +92,11 @@ def test_hand_written_closure_loop_on_a_gpt_decoder(tmp_path, explicit):
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     snapshots: list[dict[str, float]] = []
     if explicit:
-        c = ss.HistoryCollector(model, cadence=1, settings=_settings(tmp_path))
+        c = ss.HistoryCollector(model, cadence=1, settings=disk_settings(tmp_path))
     else:
-        c = ss.HistoryCollector(model, cadence=1, settings=_settings(tmp_path), optimizer=opt)
+        c = ss.HistoryCollector(model, cadence=1, settings=disk_settings(tmp_path), optimizer=opt)
     with c:
-        _closure_loop(model, opt, _tokens(6), _ce, c, explicit=explicit, snapshots=snapshots)
+        _closure_loop(model, opt, tokens(6), ce, c, explicit=explicit, snapshots=snapshots)
     assert len(ss.open_history(tmp_path / "run").steps) == 6
     _assert_consumed(tmp_path / "run", model, snapshots)
 
@@ -135,9 +108,9 @@ def test_closure_gradients_are_not_stale_at_step_zero(tmp_path):
     model = LSTMTagger()
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
     snapshots: list[dict[str, float]] = []
-    with ss.HistoryCollector(model, cadence=1, settings=_settings(tmp_path)) as c:
+    with ss.HistoryCollector(model, cadence=1, settings=disk_settings(tmp_path)) as c:
         _closure_loop(
-            model, opt, _tokens(4, vocab=30), lambda o, y: _ce(o, y % 4), c, snapshots=snapshots
+            model, opt, tokens(4, vocab=30), lambda o, y: ce(o, y % 4), c, snapshots=snapshots
         )
     rec = _recorded(tmp_path / "run", "emb.weight")
     assert 0 in rec and not math.isnan(rec[0])
@@ -151,8 +124,8 @@ def test_closure_observation_is_pure(tmp_path):
         opt = torch.optim.LBFGS(model.parameters(), lr=0.1, max_iter=2)
         snaps: list = []
         if observe:
-            with ss.HistoryCollector(model, cadence=1, settings=_settings(tmp_path)) as c:
-                _closure_loop(model, opt, _images(3), _ce, c, snapshots=snaps)
+            with ss.HistoryCollector(model, cadence=1, settings=disk_settings(tmp_path)) as c:
+                _closure_loop(model, opt, images(3), ce, c, snapshots=snaps)
         else:
 
             class Null:
@@ -161,7 +134,7 @@ def test_closure_observation_is_pure(tmp_path):
 
                     return contextlib.nullcontext()
 
-            _closure_loop(model, opt, _images(3), _ce, Null(), snapshots=snaps)
+            _closure_loop(model, opt, images(3), ce, Null(), snapshots=snaps)
         return model.state_dict(), opt.state_dict()["state"]
 
     (a, sa), (b, sb) = run(True), run(False)
@@ -197,11 +170,11 @@ def test_an_accelerate_style_wrapper_is_unwrapped(tmp_path):
     opt = AcceleratedLike(torch.optim.AdamW(model.parameters(), lr=1e-3))
     g = torch.Generator().manual_seed(5)
     want = []
-    with ss.HistoryCollector(model, cadence=1, settings=_settings(tmp_path)) as c:
-        for x, y in _images(4):
+    with ss.HistoryCollector(model, cadence=1, settings=disk_settings(tmp_path)) as c:
+        for x, y in images(4):
             with c.step(opt, examples=len(x)):
                 opt.zero_grad()
-                _ce(model(x), y).backward()
+                ce(model(x), y).backward()
                 want.append(float(model.fc.weight.grad.double().pow(2).sum()))
                 opt.step()
     del g
@@ -220,11 +193,11 @@ def test_real_accelerate_optimizer_is_unwrapped(tmp_path):
     assert isinstance(opt, accelerate.optimizer.AcceleratedOptimizer)
     want = []
     try:
-        with ss.HistoryCollector(model, cadence=1, settings=_settings(tmp_path)) as c:
-            for x, y in _images(3):
+        with ss.HistoryCollector(model, cadence=1, settings=disk_settings(tmp_path)) as c:
+            for x, y in images(3):
                 with c.step(opt, examples=len(x)):
                     opt.zero_grad()
-                    acc.backward(_ce(model(x), y))
+                    acc.backward(ce(model(x), y))
                     want.append(float(base.fc.weight.grad.double().pow(2).sum()))
                     opt.step()
     finally:
@@ -242,7 +215,7 @@ def test_an_object_that_wraps_no_optimizer_is_refused(tmp_path):
         def step(self):
             pass
 
-    with ss.HistoryCollector(model, cadence=1, settings=_settings(tmp_path)) as c:
+    with ss.HistoryCollector(model, cadence=1, settings=disk_settings(tmp_path)) as c:
         with pytest.raises(ss.Refusal) as err:
             with c.step(NotAnOptimizer()):
                 pass
@@ -269,17 +242,17 @@ def test_lightning_style_accumulation_with_the_last_backward_inside_step(tmp_pat
     torch.manual_seed(0)
     model = TinyGPT()
     opt = LightningLike(torch.optim.AdamW(model.parameters(), lr=1e-3))
-    data = _tokens(12)
+    data = tokens(12)
     named = _named_params(model)
     consumed: list[dict[str, float]] = []
-    with ss.HistoryCollector(model, cadence=1, settings=_settings(tmp_path)) as c:
+    with ss.HistoryCollector(model, cadence=1, settings=disk_settings(tmp_path)) as c:
         for window in range(4):
             micro = data[3 * window : 3 * window + 3]
             with c.step(opt, examples=sum(len(x) for x, _ in micro)):
                 for k, (x, y) in enumerate(micro):
 
                     def closure(x=x, y=y):
-                        loss = _ce(model(x), y) / 3
+                        loss = ce(model(x), y) / 3
                         loss.backward()
                         return loss
 

@@ -13,36 +13,9 @@ import warnings
 import pytest
 import torch
 from models import ResNetish, TinyGPT
+from stepkit import ce, disk_settings, images, tokens
 
 import stepscope as ss
-
-
-def _settings(tmp_path, name="run"):
-    return ss.WatchSettings(output_dir=str(tmp_path / name), durable=False, commit_steps=1)
-
-
-def _ce(out, y):
-    return torch.nn.functional.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1))
-
-
-def _images(n, seed=4):
-    g = torch.Generator().manual_seed(seed)
-    return [
-        (torch.randn(4, 3, 8, 8, generator=g), torch.randint(0, 5, (4,), generator=g))
-        for _ in range(n)
-    ]
-
-
-def _tokens(n, vocab=40, seed=3):
-    g = torch.Generator().manual_seed(seed)
-    lengths = (5, 9, 7, 12, 6, 10, 8)
-    return [
-        (
-            torch.randint(0, vocab, (3, lengths[i % len(lengths)]), generator=g),
-            torch.randint(0, vocab, (3, lengths[i % len(lengths)]), generator=g),
-        )
-        for i in range(n)
-    ]
 
 
 def _scaled_iteration(model, opt, scaler, x, y, poison: bool):
@@ -50,7 +23,7 @@ def _scaled_iteration(model, opt, scaler, x, y, poison: bool):
     in_force = scaler.get_scale()
     before = [p.detach().clone() for p in model.parameters()]
     opt.zero_grad()
-    scaler.scale(_ce(model(x), y)).backward()
+    scaler.scale(ce(model(x), y)).backward()
     if poison:  # an overflow: GradScaler must skip optimizer.step()
         next(model.parameters()).grad.view(-1)[0] = float("inf")
     scaler.step(opt)
@@ -68,8 +41,8 @@ def test_gradscaler_skip_explicit_one_step_per_iteration_scale_in_force(tmp_path
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=2)
     truth = []
-    with ss.HistoryCollector(model, cadence=1, settings=_settings(tmp_path)) as c:
-        for i, (x, y) in enumerate(_images(6)):
+    with ss.HistoryCollector(model, cadence=1, settings=disk_settings(tmp_path)) as c:
+        for i, (x, y) in enumerate(images(6)):
             with c.step(opt, scaler=scaler, examples=len(x)):
                 truth.append(_scaled_iteration(model, opt, scaler, x, y, i in SKIPS))
     blocks = ss.open_history(tmp_path / "run").step_blocks()
@@ -95,10 +68,10 @@ def test_gradscaler_skip_implicit_one_step_per_iteration(tmp_path):
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=2)
     truth = []
     c = ss.HistoryCollector(
-        model, cadence=1, settings=_settings(tmp_path), optimizer=opt, scaler=scaler
+        model, cadence=1, settings=disk_settings(tmp_path), optimizer=opt, scaler=scaler
     )
     with c:
-        for i, (x, y) in enumerate(_tokens(6)):
+        for i, (x, y) in enumerate(tokens(6)):
             truth.append(_scaled_iteration(model, opt, scaler, x, y, i in SKIPS))
     h = ss.open_history(tmp_path / "run")
     blocks = h.step_blocks()
@@ -106,7 +79,7 @@ def test_gradscaler_skip_implicit_one_step_per_iteration(tmp_path):
     assert [b.truth.applied.value for b in blocks] == ["yes" if ch else "no" for _, ch in truth]
     assert [b.truth.scale for b in blocks] == [s for s, _ in truth]
     # each step's activation rows hold exactly one iteration's forward: 3 x length x vocab logits
-    lengths = [x.shape[1] for x, _ in _tokens(6)]
+    lengths = [x.shape[1] for x, _ in tokens(6)]
     totals = h.series("lm_head", "activation", "total")
     assert totals.values.tolist() == [3 * t * 40 for t in lengths]
     # a skipped step records no update; an applied one does
@@ -125,15 +98,15 @@ def test_two_optimizers_each_own_their_parameters_updates(tmp_path, spelling):
     opt_head = torch.optim.SGD(head, lr=0.1, momentum=0.9)
     named = dict(model.named_parameters())
     want: dict[tuple[str, int], float] = {}
-    with ss.HistoryCollector(model, cadence=1, settings=_settings(tmp_path)) as c:
-        for step, (x, y) in enumerate(_tokens(6)):
+    with ss.HistoryCollector(model, cadence=1, settings=disk_settings(tmp_path)) as c:
+        for step, (x, y) in enumerate(tokens(6)):
             declared = (
                 [opt_body, opt_head] if spelling == "list" else [opt_body, opt_head][step % 2]
             )  # one_per_transaction: both hooks are attached from step 1 on
             with c.step(declared, examples=len(x)):
                 opt_body.zero_grad()
                 opt_head.zero_grad()
-                _ce(model(x), y).backward()
+                ce(model(x), y).backward()
                 before = {n: p.detach().clone() for n, p in named.items()}
                 opt_body.step()
                 opt_head.step()
@@ -158,16 +131,16 @@ def test_a_bare_optimizer_step_after_explicit_steps_is_refused_not_recorded(tmp_
     torch.manual_seed(0)
     model = ResNetish()
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    data = _images(4)
-    with ss.HistoryCollector(model, cadence=1, settings=_settings(tmp_path)) as c:
+    data = images(4)
+    with ss.HistoryCollector(model, cadence=1, settings=disk_settings(tmp_path)) as c:
         x, y = data[0]
         with c.step(opt, examples=4):
             opt.zero_grad()
-            _ce(model(x), y).backward()
+            ce(model(x), y).backward()
             opt.step()
         x, y = data[1]
         opt.zero_grad()
-        _ce(model(x), y).backward()
+        ce(model(x), y).backward()
         with pytest.warns(RuntimeWarning, match="outside"):
             opt.step()  # bare: not a step of this collector
         with pytest.raises(ss.Refusal) as err:
@@ -177,7 +150,7 @@ def test_a_bare_optimizer_step_after_explicit_steps_is_refused_not_recorded(tmp_
         for x, y in data[2:]:  # the collector stays usable
             with c.step(opt, examples=4):
                 opt.zero_grad()
-                _ce(model(x), y).backward()
+                ce(model(x), y).backward()
                 opt.step()
     blocks = ss.open_history(tmp_path / "run").step_blocks()
     assert [(b.optimizer_step, b.provenance.value) for b in blocks] == [
@@ -194,10 +167,10 @@ def test_implicit_steps_are_not_affected_by_the_bare_step_rule(tmp_path):
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        with ss.HistoryCollector(model, settings=_settings(tmp_path), optimizer=opt):
-            for x, y in _images(3):
+        with ss.HistoryCollector(model, settings=disk_settings(tmp_path), optimizer=opt):
+            for x, y in images(3):
                 opt.zero_grad()
-                _ce(model(x), y).backward()
+                ce(model(x), y).backward()
                 opt.step()
     blocks = ss.open_history(tmp_path / "run").step_blocks()
     assert [b.provenance.value for b in blocks] == ["implicit"] * 3
@@ -213,18 +186,22 @@ def _amp_run(tmp_path, observe: str | None):
     c = None
     if observe == "implicit":
         c = ss.HistoryCollector(
-            model, cadence=1, settings=_settings(tmp_path, "i"), optimizer=opts[0], scaler=scaler
+            model,
+            cadence=1,
+            settings=disk_settings(tmp_path, "i"),
+            optimizer=opts[0],
+            scaler=scaler,
         )
     elif observe == "explicit":
-        c = ss.HistoryCollector(model, cadence=1, settings=_settings(tmp_path, "e"))
+        c = ss.HistoryCollector(model, cadence=1, settings=disk_settings(tmp_path, "e"))
     losses = []
-    for i, (x, y) in enumerate(_tokens(5)):
+    for i, (x, y) in enumerate(tokens(5)):
         ctx = c.step(opts, scaler=scaler, examples=3) if observe == "explicit" else None
         if ctx is not None:
             ctx.__enter__()
         for o in opts:
             o.zero_grad()
-        loss = _ce(model(x), y)
+        loss = ce(model(x), y)
         scaler.scale(loss).backward()
         if i == 2:
             model.wte.weight.grad.view(-1)[0] = float("inf")
