@@ -77,6 +77,12 @@ DEFAULT_STREAMS: tuple[str, ...] = ("activation", "gradient", "parameter", "upda
 __all__ = ["DEFAULT_STREAMS", "HistoryCollector", "StepState", "StepTransaction"]
 
 
+def unwrap_compiled(model: torch.nn.Module) -> torch.nn.Module:
+    """The module inside ``torch.compile(model)`` (the model itself when not compiled)."""
+    inner = getattr(model, "_orig_mod", None)
+    return inner if isinstance(inner, torch.nn.Module) else model
+
+
 def _leaf_modules(name: str, module: torch.nn.Module) -> bool:
     return next(module.children(), None) is None  # a bare module is its own (root) leaf
 
@@ -155,7 +161,8 @@ class HistoryCollector(UserLog):
             cadence = dict.fromkeys(streams, self.auto.warmup_cadence())
         self.cadences: dict[str, Cadence] = resolve_cadence(cadence, streams)
         self._meter = None if self.auto is None else WarmupMeter(self.auto, streams)
-        self.modules = select_modules(model, sites if sites is not None else _leaf_modules)
+        watched = unwrap_compiled(model)  # torch.compile(model): sites keep their own names
+        self.modules = select_modules(watched, sites if sites is not None else _leaf_modules)
         self.rows: list[Row] = build_rows(self.modules, streams)
         if not self.rows:
             raise Refusal(
@@ -187,7 +194,7 @@ class HistoryCollector(UserLog):
         self._examples_seen: int | None = 0
         self.last_block: StepBlockRecord | None = None
         self.telemetry_seconds = 0.0
-        store = open_store(model, self.settings, streams, self.cadences, self.auto)
+        store = open_store(watched, self.settings, streams, self.cadences, self.auto)
         self.run, self.ring, self.catalog = store.run, store.ring, store.catalog
         self.writer, self.path, self._next_step = store.writer, store.path, store.next_step
         self._examples_seen = store.examples_seen
@@ -196,7 +203,7 @@ class HistoryCollector(UserLog):
         write_summary(self.path, self.clock.summary(closed=False))
         self._register_param_sites()
         self._structure = StructureWatch(
-            model,
+            watched,
             self.rows,
             self._sites,
             self.catalog,
@@ -278,7 +285,9 @@ class HistoryCollector(UserLog):
     def _check_structure(self) -> None:
         """Model surgery: end the series of replaced or removed modules and parameters."""
         self._state.structure_checked = True
-        self._structure.check(self._state.step)
+        if self._structure.check(self._state.step):
+            for watch in self._watches.values():
+                watch.invalidate()
 
     def _attach_optimizer(self, optimizer: Any) -> OptimizerWatch:
         opt = unwrap_optimizer(optimizer)
