@@ -1,6 +1,6 @@
 """What a hook may reduce: the tensor inside a module's output, and whether it is reducible.
 
-Output rule (documented in ``docs/collector.md``)
+Output rule (documented in ``docs/sites.md``)
 -------------------------------------------------
 A module's activation is the **first tensor found depth-first** in its output: a tensor is
 itself; a ``dict``/``Mapping`` (``ModelOutput``, ``OrderedDict``) is searched in insertion order
