@@ -262,7 +262,7 @@ class HistoryCollector(UserLog):
         if state is None or not state.spine_due[row.stream] or self._telemetry.open:
             return
         t0 = time.perf_counter()
-        try:  # telemetry never raises into the training step
+        try:
             x, note = reducible(tensor)  # detached: no graph is built
             if x is None:
                 state.unsupported[row.index] = note
@@ -270,8 +270,11 @@ class HistoryCollector(UserLog):
                 self._staging(x.device).write(row.index, x, state.hist_due[row.stream])
                 if note is not None:
                     state.row_notes[row.index] = note
-        except Exception as e:  # recorded as capture_failed with its type
-            state.failed[row.index] = type(e).__name__
+        except Exception as e:  # telemetry never raises into the training step
+            if isinstance(e, Refusal) and e.code == "stat_dtype_unsupported":  # no ordered stats
+                state.unsupported[row.index] = f"dtype:{str(tensor.dtype).replace('torch.', '')}"
+            else:
+                state.failed[row.index] = type(e).__name__
         state.charge(row.stream, time.perf_counter() - t0)
 
     def _forward_may_count(self) -> bool:
