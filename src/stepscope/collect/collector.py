@@ -428,7 +428,7 @@ class HistoryCollector(UserLog):
     @contextmanager
     def step(
         self,
-        optimizer: torch.optim.Optimizer | None = None,
+        optimizer: torch.optim.Optimizer | Sequence[torch.optim.Optimizer] | None = None,
         scaler: Any = None,
         examples: int | None = None,
         epoch: int | None = None,
