@@ -204,3 +204,16 @@ def test_hooks_during_cuda_graph_capture_record_unsupported(monkeypatch):
                 ("unsupported:cuda_graph_capture",),
             )
     assert not all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+
+
+def test_a_dtype_the_kernels_refuse_is_recorded_unsupported():
+    class ToUInt32(torch.nn.Module):
+        def forward(self, x):
+            return (x > 0).to(torch.uint32)
+
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), ToUInt32())
+    c = HistoryCollector(model, streams=("activation",), cadence=1)
+    with c.step():
+        model(torch.randn(3, 2))
+    c.close()
+    assert records(c)["1"] == (Presence.UNSUPPORTED, None, ("unsupported:dtype:uint32",))

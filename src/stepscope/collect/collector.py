@@ -195,6 +195,7 @@ class HistoryCollector(UserLog):
         self.last_block: StepBlockRecord | None = None
         self.telemetry_seconds = 0.0
         store = open_store(watched, self.settings, streams, self.cadences, self.auto)
+        self._store = store
         self.run, self.ring, self.catalog = store.run, store.ring, store.catalog
         self.writer, self.path, self._next_step = store.writer, store.path, store.next_step
         self._examples_seen = store.examples_seen
@@ -262,7 +263,7 @@ class HistoryCollector(UserLog):
         if state is None or not state.spine_due[row.stream] or self._telemetry.open:
             return
         t0 = time.perf_counter()
-        try:  # telemetry never raises into the training step
+        try:
             x, note = reducible(tensor)  # detached: no graph is built
             if x is None:
                 state.unsupported[row.index] = note
@@ -270,8 +271,11 @@ class HistoryCollector(UserLog):
                 self._staging(x.device).write(row.index, x, state.hist_due[row.stream])
                 if note is not None:
                     state.row_notes[row.index] = note
-        except Exception as e:  # recorded as capture_failed with its type
-            state.failed[row.index] = type(e).__name__
+        except Exception as e:  # telemetry never raises into the training step
+            if isinstance(e, Refusal) and e.code == "stat_dtype_unsupported":  # no ordered stats
+                state.unsupported[row.index] = f"dtype:{str(tensor.dtype).replace('torch.', '')}"
+            else:
+                state.failed[row.index] = type(e).__name__
         state.charge(row.stream, time.perf_counter() - t0)
 
     def _forward_may_count(self) -> bool:
@@ -545,14 +549,8 @@ class HistoryCollector(UserLog):
             if self._meter.cadences is not None:
                 self.cadences = self._meter.cadences
             scalars = {**scalars, **rows}
-        if self.writer is not None:
-            self.writer.write_step(block, batches, scalars=scalars)
-        else:
-            self.ring.push(block, batches)
-            self._rows.write_step(block, scalars=scalars)
-        for name, at, value in drained.dated:
-            self._rows.write_scalar(name, at, value)
-        write_clock_rows(self._rows, [r for r in clock_rows if r.step != state.step])  # CUDA
+        late = [r for r in clock_rows if r.step != state.step]  # CUDA: resolved late
+        self._store.write_step(self._rows, block, batches, scalars, drained.dated, late)
         self.telemetry_seconds += telemetry_now
         self.last_block, self.last_batches = block, batches
         self._next_step = state.step + 1
