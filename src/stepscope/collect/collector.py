@@ -330,7 +330,9 @@ class HistoryCollector(UserLog):
         state = self._state
         if state is None or self._telemetry.open or self._outside_transaction():
             return
-        status = grad_scale_status(self._scaler, self._txn_open)
+        # implicit spelling: known only when the scaler was given to the collector
+        scaler = self._scaler if self._txn_open else self._implicit_scaler
+        status = grad_scale_status(scaler, self._txn_open or scaler is not None)
         if closure is not None and "gradient" in self.streams and state.spine_due["gradient"]:
             if not state.grads_taken:
                 state.grads_taken, state.scale_grad = True, status
@@ -430,7 +432,7 @@ class HistoryCollector(UserLog):
     @contextmanager
     def step(
         self,
-        optimizer: torch.optim.Optimizer | None = None,
+        optimizer: torch.optim.Optimizer | Sequence[torch.optim.Optimizer] | None = None,
         scaler: Any = None,
         examples: int | None = None,
         epoch: int | None = None,
