@@ -7,6 +7,14 @@ Every reduction writes a fixed-width row into a preallocated staging buffer on t
 device; rows reach the host in one copy per buffer at the step boundary, and the step is written
 to the history (disk-first artifact or RAM ring) and published on the event stream.
 
+The class orchestrates; each job lives in its own module: which forwards count and which tensor
+(:mod:`.activations`, :mod:`.capture`), model surgery (:mod:`.surgery`), optimizer hooks and
+ownership (:mod:`.optimizers`), update sampling (:mod:`.updates`), loss-scaler facts
+(:mod:`.scaler`), step assembly (:mod:`.stepstate`), the destination (:mod:`.store`), auto
+cadence measurement (:mod:`.warmup`), the telemetry window (:mod:`.telemetry`) and the user
+log (:class:`stepscope.runlog.userlog.UserLog`, shared with ``RunLog``). What every row means:
+``docs/sites.md``.
+
 Example
 -------
 Record to disk (crash-safe, readable while training runs, no step limit); without
@@ -43,11 +51,7 @@ from stepscope.collect.optimizers import OptimizerWatch, unwrap_optimizer
 from stepscope.collect.plan import Plan, build_plan
 from stepscope.collect.scaler import grad_scale_status, scale_in_force, update_marker
 from stepscope.collect.settings import ALL_STREAMS, Cadence, WatchSettings, resolve_cadence
-from stepscope.collect.sites import (
-    Row,
-    build_rows,
-    param_signature,
-)
+from stepscope.collect.sites import Row, build_rows, param_signature
 from stepscope.collect.staging import Staging, to_host  # noqa: F401  (tests patch it here)
 from stepscope.collect.stepstate import StepState, StepTransaction, assemble_batches, step_truth
 from stepscope.collect.store import open_store
