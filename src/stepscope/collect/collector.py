@@ -573,7 +573,8 @@ class HistoryCollector(UserLog):
 
     # ------------------------------------------------------------------ run log (UserLog)
     def _charge(self, seconds: float) -> None:
-        if self._state is not None:
+        # inside a telemetry() window its own timer counts everything (no double charge)
+        if self._state is not None and not self._telemetry.open:
             self._state.telemetry_s += seconds
 
     def _eval_coordinate(self) -> tuple[int, int | None]:
