@@ -77,6 +77,7 @@ from stepscope.curvature.families import (
 )
 from stepscope.curvature.output_space import DEFAULT_SUPPORT_RTOL, output_space_mismatch
 from stepscope.curvature.quotients import layer_directional
+from stepscope.denominators import RULE
 from stepscope.errors import Refusal
 
 SCHEMA = "stepscope.curvature.v1"
@@ -97,6 +98,7 @@ LEGACY_NAMES: dict[str, str] = {
     "directional.*.gradient_moments.mean_gradient_sq_norm": "layer-{i}/enorms",
     "directional.*.gradient_moments.covariance_trace": "layer-{i}/norms_centered",
     "directional.*.gradient_moments.gradient_diversity": "diversity / n (Yin et al.)",
+    "directional.*.gradient_moments.gradient_diversity_legacy_scale": "layer-{i}/fisher/diversity",
     "directional.*.ce_ggn.mean_gradient_rayleigh_quotient": "hess_curv",
     "directional.*.jacobian_gram.mean_gradient_rayleigh_quotient": "jac_curv",
     "directional.*.{family}.per_example_rayleigh_quotient": "{hess,jac,sigma}_curv_grad, _max, _median",
@@ -382,6 +384,7 @@ def _analyze(
         "cross_entropy_numerics": "1 - p_k computed as the sum of the other probabilities "
         "(no subtraction) in CE gradients and square-root Hessian factors",
         "output_support_rtol": DEFAULT_SUPPORT_RTOL,
+        "negligible_denominator": RULE,
         "definitions": {
             "effective_rank": "Roy-Vetterli exp(entropy of lambda / sum lambda), eigenvalues "
             "clamped at 0; KFAC value = product over the two factors",
