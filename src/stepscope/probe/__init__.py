@@ -26,9 +26,12 @@ from stepscope.probe.recorder import (
 )
 from stepscope.probe.selection import ProbeSelection, probe_hash, select_probe
 from stepscope.probe.sink import (
+    probe_events,
+    probe_identity,
     probe_scalar_rows,
     read_probe_axes,
     read_probe_confusion,
+    read_probe_identity,
     write_probe_record,
 )
 from stepscope.probe.state import ParamSnapshot, StepUpdate
@@ -49,10 +52,13 @@ __all__ = [
     "choose_cadence",
     "choose_probe_size",
     "plan_cadence",
+    "probe_events",
     "probe_hash",
+    "probe_identity",
     "probe_scalar_rows",
     "read_probe_axes",
     "read_probe_confusion",
+    "read_probe_identity",
     "select_probe",
     "time_probe",
     "write_probe_record",
