@@ -45,7 +45,7 @@ from stepscope.history import (
     StepTruth,
 )
 from stepscope.runlog.clocks import ClockRow, StepClock
-from stepscope.runlog.evals import EvalRecord
+from stepscope.runlog.evals import EvalRecord, expand_confusion
 from stepscope.runlog.names import CLOCK_ELAPSED, CLOCK_TELEMETRY, CLOCK_TRAINING, eval_scalar
 from stepscope.runlog.pending import PendingStep, _host_or_tensor, _to_host_all
 from stepscope.runlog.sink import ArtifactRows, MemoryRows, write_summary
@@ -88,9 +88,13 @@ def make_eval(
     data_hash: str | None,
     endpoint: bool,
 ) -> EvalRecord:
-    """An :class:`EvalRecord` from host or device values (tensors: one transfer per device)."""
+    """An :class:`EvalRecord` from host or device values (tensors: one transfer per device).
+
+    A ``confusion`` matrix metric is expanded into its cells (:func:`expand_confusion`).
+    """
     if not isinstance(metrics, Mapping):
         raise Refusal("runlog_value_invalid", "metrics must be a mapping name -> value.", [])
+    metrics = expand_confusion(metrics)
     values = {k: _host_or_tensor(v, f"metric {k!r}") for k, v in metrics.items()}
     tensors = [k for k, v in values.items() if isinstance(v, torch.Tensor)]
     for k, v in zip(tensors, _to_host_all([values[k] for k in tensors])):  # type: ignore[misc]
