@@ -9,10 +9,12 @@ True
 
 from stepscope.probe.cadence import (
     CadenceDecision,
+    ProbeTimings,
     choose_cadence,
     choose_probe_size,
     plan_cadence,
     time_probe,
+    time_probe_parts,
 )
 from stepscope.probe.dense import DenseProbe
 from stepscope.probe.recorder import (
@@ -47,6 +49,7 @@ __all__ = [
     "ParamSnapshot",
     "ProbeRecord",
     "ProbeSelection",
+    "ProbeTimings",
     "StepAxes",
     "StepUpdate",
     "choose_cadence",
@@ -61,5 +64,6 @@ __all__ = [
     "read_probe_identity",
     "select_probe",
     "time_probe",
+    "time_probe_parts",
     "write_probe_record",
 ]
