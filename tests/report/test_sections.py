@@ -24,8 +24,11 @@ def trace(plot, label: str):
 
 
 def heatmap(report, title: str, run: int):
+    """The training-stream heatmap (not the dense probe's Plot 3) whose title names ``title``."""
     label = report["views"][run].label
-    (plot,) = plots_titled(report["sections"]["layers"], title)[run : run + 1]
+    sec = report["sections"]["layers"]
+    found = [p for p in plots_titled(sec, "training-") if f" {title} (" in p.title]
+    (plot,) = found[run : run + 1]
     assert plot.title.endswith(label)
     return plot
 
