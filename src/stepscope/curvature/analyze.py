@@ -83,7 +83,7 @@ from stepscope.errors import Refusal
 SCHEMA = "stepscope.curvature.v1"
 _LOG = logging.getLogger(__name__)
 
-#: canonical key -> the legacy name it replaces (LEGACY_METRICS.md)
+#: canonical key -> the legacy name it replaces (docs/LEGACY_METRICS.md)
 LEGACY_NAMES: dict[str, str] = {
     "layers.*.{family}.weight.diag_max": "layer-{i}/{hessian,jacobian,fisher}/diag_l2",
     "layers.*.{family}.weight.frobenius": "layer-{i}/{family}/diag_fro",
