@@ -70,6 +70,7 @@ class StudyConfig:
     data_source: str = "auto"
     report: bool = True
     quick: bool = False
+    overlay: str | None = "example"  # a JSON file, "example" (illustrative points) or None
 
     def effective(self) -> StudyConfig:
         if not self.quick:
@@ -476,5 +477,12 @@ def run_study(config: StudyConfig, stream: TextIO | None = None) -> StudyResult:
             print("report: the report module is not available in this version", file=stream)
         else:
             report = Path(cfg.out_dir) / "report.html"
-            render_report([str(r.path) for r in runs], str(report))
+            overlays: list[str] = []
+            if cfg.overlay == "example":
+                from stepscope.demo.overlay import write_example_overlay
+
+                overlays.append(str(write_example_overlay(cfg.out_dir)))
+            elif cfg.overlay:
+                overlays.append(cfg.overlay)
+            render_report([str(r.path) for r in runs], str(report), overlays=overlays)
     return StudyResult(cfg, runs, report, time.perf_counter() - t0)
