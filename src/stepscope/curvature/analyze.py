@@ -49,7 +49,6 @@ Example
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import time
 from typing import Any
@@ -79,6 +78,7 @@ from stepscope.curvature.output_space import DEFAULT_SUPPORT_RTOL, output_space_
 from stepscope.curvature.quotients import layer_directional
 from stepscope.denominators import RULE
 from stepscope.errors import Refusal
+from stepscope.probe.selection import probe_hash
 
 SCHEMA = "stepscope.curvature.v1"
 _LOG = logging.getLogger(__name__)
@@ -161,11 +161,10 @@ def _validate(x: Tensor, y: Tensor, mode: CurvatureMode, samples: int, eig_max: 
 
 
 def probe_sha256(x: Tensor, y: Tensor) -> str:
-    """sha256 of the raw bytes of ``x`` then ``y`` (as given, before any cast)."""
-    h = hashlib.sha256()
-    for t in (x, y):
-        h.update(t.detach().cpu().contiguous().numpy().tobytes())
-    return h.hexdigest()
+    """sha256 of the raw bytes of ``x`` then ``y`` (as given, before any cast): the same digest as
+    the dense probe's :func:`stepscope.probe.probe_hash`, so the recorder's probe identity and a
+    panel's probe can be compared."""
+    return probe_hash(x, y)
 
 
 def analyze_curvature(
