@@ -202,3 +202,21 @@ def test_evaluation_split_confusion_is_drawn_at_the_endpoints(tmp_path):
     assert [v for v in plot.data.values() if isinstance(v, np.ndarray) and v.shape == (3, 3)]
     matrix = next(v for v in plot.data.values() if isinstance(v, np.ndarray) and v.shape == (3, 3))
     np.testing.assert_array_equal(matrix, conf.numpy())
+
+
+def test_the_run_records_telemetry_accounting_is_shown(runs, tmp_path):
+    from stepscope.report.record import record_section
+
+    run = tmp_path / "run"
+    shutil.copytree(runs["seed0"], run)
+    accounting = {"probe_seconds": 0.25, "probe_serialization_seconds": 0.125}
+    (run / "telemetry.json").write_text(
+        json.dumps(accounting | {"overall_telemetry_fraction": 0.5})
+    )
+    sec = record_section([RunView.open(run)])
+    (table,) = [i for i in sec.items if isinstance(i, Table) and "telemetry.json" in i.title]
+    assert dict(map(tuple, table.rows)) == {
+        "probe_seconds": "0.25",
+        "probe_serialization_seconds": "0.125",
+        "overall_telemetry_fraction": "0.5",
+    }
