@@ -38,3 +38,22 @@ def test_probe_rows_are_published_to_the_collectors_trackers(tmp_path):
         assert (scalars[name].optimizer_step, scalars[name].examples_seen) == (1, len(y))
     missing = {e.name for e in events if e.kind.value == "unavailable"}
     assert "probe/3/fisher_trace" in missing and "probe/3/fisher_trace" not in scalars
+
+
+def test_a_ram_only_collector_keeps_the_probe_rows():
+    model = make_model("mlp")
+    x, y = make_data("mlp")
+    probe = DenseProbe(x, y, size=12)
+    with HistoryCollector(model, sites="*", streams=("activation",)) as col:
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        with col.step(opt, examples=len(y)):
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+        rec = probe.measure(model, step=1, examples_seen=len(y), epoch=0)
+        write_probe_record(col, rec)
+        with col.step(opt, examples=len(y)):
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+        view = col.run_view()
+        loss = view.scalar("probe/model/loss")
+    assert loss.steps.tolist() == [1] and loss.values[0] == pytest.approx(rec.model.loss)

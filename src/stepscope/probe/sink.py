@@ -142,16 +142,19 @@ def write_probe_record(target: Any, record: ProbeRecord, events: Any = None) -> 
     Refusal
         ``probe_identity_changed`` when the artifact already holds a different probe.
     """
-    writer = target
+    writer, collector = target, None
     if hasattr(target, "settings") and hasattr(target, "writer"):  # a collector
-        writer = target.writer
+        writer, collector = target.writer, target
         events = events if events is not None else target.settings.event_stream
     rows = probe_scalar_rows(record)
+    step = record.step.optimizer_step
     if writer is not None:
         _persist_identity(Path(writer.path), record)
-        step = record.step.optimizer_step
         for name, value in rows.items():
             writer.write_scalar(name, step, value)
+    elif collector is not None:  # a RAM-only collector keeps them as its user scalars
+        for name, value in rows.items():
+            collector.log(name, value, step=step)
     if events is not None and events.active:
         events.publish(probe_events(record))
     return len(rows)
