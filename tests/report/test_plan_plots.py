@@ -220,3 +220,35 @@ def test_the_run_records_telemetry_accounting_is_shown(runs, tmp_path):
         "probe_serialization_seconds": "0.125",
         "overall_telemetry_fraction": "0.5",
     }
+
+
+def test_probe_mean_is_drawn_only_over_runs_of_the_same_probe(tmp_path):
+    """Two seeds of one recipe probing the *same* examples get a mean; the per-run values are
+    the recorded ones and the mean is their plain average."""
+    torch.manual_seed(0)
+    x, y = torch.randn(40, 5), torch.randint(0, 3, (40,))
+    paths, losses = [], []
+    for seed in (0, 1):
+        torch.manual_seed(seed)
+        model = torch.nn.Sequential(torch.nn.Linear(5, 6), torch.nn.ReLU(), torch.nn.Linear(6, 3))
+        probe = ss.DenseProbe(x, y, size=16, seed=7)  # one probe for both seeds
+        path = tmp_path / f"seed{seed}"
+        settings = ss.WatchSettings(output_dir=str(path), extra={"seed": seed})
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        with ss.HistoryCollector(model, streams=("activation",), settings=settings) as c:
+            per_step = []
+            for step in range(3):
+                with c.step(opt, examples=40):
+                    torch.nn.functional.cross_entropy(model(x), y).backward()
+                    opt.step()
+                rec = probe.measure(model, step=step + 1, examples_seen=40, epoch=0)
+                ss.probe.write_probe_record(c, rec)
+                per_step.append(rec.model.loss)
+        paths.append(path)
+        losses.append(per_step)
+    views = [RunView.open(p) for p in paths]
+    sec = curves_section(views, [1, 3])
+    (ce,) = plots_titled(sec, "cross-entropy vs optimizer step")
+    (key,) = [k for k in ce.data if k.endswith(":probe · mean of 2 runs")]
+    np.testing.assert_allclose(ce.data[key][1], np.mean(losses, axis=0), rtol=1e-12)
+    assert not any(isinstance(n, Note) and "different examples" in n.text for n in sec.items)

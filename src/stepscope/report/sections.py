@@ -107,6 +107,7 @@ def curves_section(
         )
     has_clock = any(D.TRAIN_CLOCK in r.reader.scalar_names for r in runs)
     marks = [(float(e), f"endpoint {e}") for e in endpoints]
+    mixed: set[str] = set()
     for metric, col, unit in (("cross-entropy", 1, "nats/example"), ("accuracy", 2, "fraction")):
         for axis in ("optimizer step", "isolated training seconds"):
             if axis != "optimizer step" and not has_clock:
@@ -127,6 +128,11 @@ def curves_section(
                     if axis != "optimizer step":
                         x = D.scalar_on(r.reader, D.TRAIN_CLOCK, steps)
                     per_run.append((r.label, x, y))
+                if label == "probe" and not _same_probe(members):
+                    # never average probe curves of different examples (seed 004)
+                    traces += [Trace(f"{label}{group} · {n}", x, y) for n, x, y in per_run]
+                    mixed.add(f"probe{group}")
+                    continue
                 traces += seed_traces(label + group, per_run)
             if axis == "optimizer step":
                 traces += _overlay_traces(overlays, metric)
@@ -152,6 +158,13 @@ def curves_section(
                         ),
                     )
                 )
+    for what in sorted(mixed):
+        sec.items.append(
+            Note(
+                f"{what}: the runs probed different examples (probe.json sha256 differ), so no "
+                "mean or interval is drawn over them; use one probe across recipes and seeds."
+            )
+        )
     if not has_clock:
         sec.items.append(no_data("isolated training seconds", f"scalar rows {D.TRAIN_CLOCK}"))
     sec.items.append(_elapsed_plot(runs))
@@ -170,6 +183,15 @@ def curves_section(
                 )
             )
     return sec
+
+
+def _same_probe(members: list[RunView]) -> bool:
+    """Whether the runs' persisted probe identities agree (runs without ``probe.json`` — written
+    before identities were persisted — are not held against it)."""
+    from stepscope.probe.sink import read_probe_identity
+
+    found = {(read_probe_identity(r.path) or {}).get("sha256") for r in members} - {None}
+    return len(found) <= 1
 
 
 def _by_group(
