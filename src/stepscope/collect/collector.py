@@ -7,17 +7,30 @@ Every reduction writes a fixed-width row into a preallocated staging buffer on t
 device; rows reach the host in one copy per buffer at the step boundary, and the step is written
 to the history (disk-first artifact or RAM ring) and published on the event stream.
 
+The class orchestrates; each job lives in its own module: which forwards count and which tensor
+(:mod:`.activations`, :mod:`.capture`), model surgery (:mod:`.surgery`), optimizer hooks and
+ownership (:mod:`.optimizers`), update sampling (:mod:`.updates`), loss-scaler facts
+(:mod:`.scaler`), step assembly (:mod:`.stepstate`), the destination (:mod:`.store`), auto
+cadence measurement (:mod:`.warmup`), the telemetry window (:mod:`.telemetry`) and the user
+log (:class:`stepscope.runlog.userlog.UserLog`, shared with ``RunLog``). What every row means:
+``docs/sites.md``.
+
 Example
 -------
->>> import torch, stepscope as ss
+Record to disk (crash-safe, readable while training runs, no step limit); without
+``output_dir`` a RAM ring holds 256 steps and then refuses ``ring_capacity_exhausted``:
+
+>>> import tempfile, torch, stepscope as ss
 >>> model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
 >>> opt = torch.optim.SGD(model.parameters(), lr=0.1)
->>> with ss.HistoryCollector(model, sites="Linear") as c:
+>>> run_dir = tempfile.mkdtemp()  # e.g. "runs/exp1"
+>>> settings = ss.WatchSettings(output_dir=run_dir)
+>>> with ss.HistoryCollector(model, sites="Linear", settings=settings) as c:
 ...     for _ in range(3):
 ...         with c.step(opt, examples=16):
 ...             loss = model(torch.randn(16, 4)).pow(2).mean()
 ...             opt.zero_grad(); loss.backward(); opt.step()
->>> [b.step_lo for b in c.ring.blocks()]
+>>> ss.open_history(run_dir).steps.tolist()
 [0, 1, 2]
 """
 
@@ -31,21 +44,18 @@ from typing import Any
 
 import torch
 
+from stepscope.collect.activations import ActivationSites
 from stepscope.collect.autocadence import AutoCadence
+from stepscope.collect.capture import reducible
 from stepscope.collect.optimizers import OptimizerWatch, unwrap_optimizer
 from stepscope.collect.plan import Plan, build_plan
 from stepscope.collect.scaler import grad_scale_status, scale_in_force, update_marker
 from stepscope.collect.settings import ALL_STREAMS, Cadence, WatchSettings, resolve_cadence
-from stepscope.collect.sites import (
-    ACTIVATION_STREAMS,
-    Row,
-    build_rows,
-    output_signature,
-    param_signature,
-)
+from stepscope.collect.sites import Row, build_rows, param_signature
 from stepscope.collect.staging import Staging, to_host  # noqa: F401  (tests patch it here)
 from stepscope.collect.stepstate import StepState, StepTransaction, assemble_batches, step_truth
 from stepscope.collect.store import open_store
+from stepscope.collect.surgery import StructureWatch
 from stepscope.collect.telemetry import TelemetryWindow
 from stepscope.collect.updates import UpdateSampler, assign_update_indices
 from stepscope.collect.warmup import WarmupMeter
@@ -69,6 +79,12 @@ from stepscope.selection import Selector, select_modules
 DEFAULT_STREAMS: tuple[str, ...] = ("activation", "gradient", "parameter", "update")
 
 __all__ = ["DEFAULT_STREAMS", "HistoryCollector", "StepState", "StepTransaction"]
+
+
+def unwrap_compiled(model: torch.nn.Module) -> torch.nn.Module:
+    """The module inside ``torch.compile(model)`` (the model itself when not compiled)."""
+    inner = getattr(model, "_orig_mod", None)
+    return inner if isinstance(inner, torch.nn.Module) else model
 
 
 def _leaf_modules(name: str, module: torch.nn.Module) -> bool:
@@ -149,7 +165,8 @@ class HistoryCollector(UserLog):
             cadence = dict.fromkeys(streams, self.auto.warmup_cadence())
         self.cadences: dict[str, Cadence] = resolve_cadence(cadence, streams)
         self._meter = None if self.auto is None else WarmupMeter(self.auto, streams)
-        self.modules = select_modules(model, sites if sites is not None else _leaf_modules)
+        watched = unwrap_compiled(model)  # torch.compile(model): sites keep their own names
+        self.modules = select_modules(watched, sites if sites is not None else _leaf_modules)
         self.rows: list[Row] = build_rows(self.modules, streams)
         if not self.rows:
             raise Refusal(
@@ -161,10 +178,9 @@ class HistoryCollector(UserLog):
         self._by_stream: dict[str, list[Row]] = {
             s: [r for r in self.rows if r.stream == s] for s in streams
         }
-        self._act_rows: dict[int, dict[str, Row]] = {}
-        for r in self.rows:
-            if r.stream in ACTIVATION_STREAMS:
-                self._act_rows.setdefault(id(r.module), {})[r.stream] = r
+        self._sites = ActivationSites(
+            self, model, self.modules, self.rows, self.settings.output_keys
+        )
         self._stagings: dict[torch.device, Staging] = {}
         self._handles: list[Any] = []
         self._watches: dict[int, OptimizerWatch] = {}
@@ -182,7 +198,8 @@ class HistoryCollector(UserLog):
         self._examples_seen: int | None = 0
         self.last_block: StepBlockRecord | None = None
         self.telemetry_seconds = 0.0
-        store = open_store(model, self.settings, streams, self.cadences, self.auto)
+        store = open_store(watched, self.settings, streams, self.cadences, self.auto)
+        self._store = store
         self.run, self.ring, self.catalog = store.run, store.ring, store.catalog
         self.writer, self.path, self._next_step = store.writer, store.path, store.next_step
         self._examples_seen = store.examples_seen
@@ -190,10 +207,17 @@ class HistoryCollector(UserLog):
         self._rows: Any = ArtifactRows(self.writer) if self.writer is not None else MemoryRows()
         write_summary(self.path, self.clock.summary(closed=False))
         self._register_param_sites()
+        self._structure = StructureWatch(
+            watched,
+            self.rows,
+            self._sites,
+            self.catalog,
+            self._by_stream,
+            self.settings.update_sample_size,
+            self.settings.update_seed,
+        )
         try:
-            for _name, module in self.modules:
-                if id(module) in self._act_rows:
-                    self._handles.append(module.register_forward_hook(self._forward_hook))
+            self._sites.attach()
             if optimizer is not None:
                 self._attach_optimizer(optimizer)
                 if scaler is not None:  # implicit + GradScaler: iterations end at update()
@@ -243,52 +267,35 @@ class HistoryCollector(UserLog):
         if state is None or not state.spine_due[row.stream] or self._telemetry.open:
             return
         t0 = time.perf_counter()
-        # detached: no graph is built (the C kernel and the torch path only read the tensor)
-        self._staging(tensor.device).write(row.index, tensor.detach(), state.hist_due[row.stream])
+        try:
+            x, note = reducible(tensor)  # detached: no graph is built
+            if x is None:
+                state.unsupported[row.index] = note
+            else:
+                self._staging(x.device).write(row.index, x, state.hist_due[row.stream])
+                if note is not None:
+                    state.row_notes[row.index] = note
+        except Exception as e:  # telemetry never raises into the training step
+            if isinstance(e, Refusal) and e.code == "stat_dtype_unsupported":  # no ordered stats
+                state.unsupported[row.index] = f"dtype:{str(tensor.dtype).replace('torch.', '')}"
+            else:
+                state.failed[row.index] = type(e).__name__
         state.charge(row.stream, time.perf_counter() - t0)
 
-    def _recording(self) -> bool:
-        # A forward belongs to the training step when the model trains, or, inside an explicit
-        # transaction, when it builds a graph. An eval-mode no_grad forward (an evaluation, the
-        # dense probe) is never folded into the step's activation rows.
-        if self._state is None or self._telemetry.open:
-            return False
-        return self.model.training or (self._txn_open and torch.is_grad_enabled())
-
-    # ------------------------------------------------------------------ hooks
-    def _forward_hook(self, module: torch.nn.Module, _inputs: Any, output: Any) -> None:
-        if not self._recording():
-            return
-        rows = self._act_rows[id(module)]
-        due = self._state.spine_due
-        if not any(due[r.stream] for r in rows.values()) and all(
-            r.signature is not None for r in rows.values()
-        ):
-            return  # nothing due and already discovered: drift is checked on observed steps
-        t = (
-            output
-            if isinstance(output, torch.Tensor)
-            else next((o for o in output if isinstance(o, torch.Tensor)), None)
-            if isinstance(output, (tuple, list))
-            else None
+    def _forward_may_count(self) -> bool:
+        """The collector's half of the training-forward rule (see :mod:`.activations`)."""
+        return (
+            self._state is not None
+            and not self._telemetry.open
+            and (self.model.training or self._txn_open)
         )
-        if t is None:
-            return
-        sig = output_signature(t)
-        for row in rows.values():
-            if row.signature != sig:  # discovery, or topology drift: a new series, never re-bound
-                row.signature = sig
-                row.site_id = self.catalog.register_site(
-                    row.site, row.module_type, sig, step=self._state.step
-                )
-        row = rows.get("activation")
-        if row is not None:
-            self._reduce(row, t)
-        grow = rows.get("activation_grad")
-        if grow is not None and t.requires_grad and self._state.spine_due["activation_grad"]:
-            t.register_hook(lambda g, grow=grow: self._reduce(grow, g))
-        for r in rows.values():
-            r.numel = t.numel()
+
+    def _check_structure(self) -> None:
+        """Model surgery: end the series of replaced or removed modules and parameters."""
+        self._state.structure_checked = True
+        if self._structure.check(self._state.step):
+            for watch in self._watches.values():
+                watch.invalidate()
 
     def _attach_optimizer(self, optimizer: Any) -> OptimizerWatch:
         opt = unwrap_optimizer(optimizer)
@@ -327,7 +334,9 @@ class HistoryCollector(UserLog):
         state = self._state
         if state is None or self._telemetry.open or self._outside_transaction():
             return
-        status = grad_scale_status(self._scaler, self._txn_open)
+        # implicit spelling: known only when the scaler was given to the collector
+        scaler = self._scaler if self._txn_open else self._implicit_scaler
+        status = grad_scale_status(scaler, self._txn_open or scaler is not None)
         if closure is not None and "gradient" in self.streams and state.spine_due["gradient"]:
             if not state.grads_taken:
                 state.grads_taken, state.scale_grad = True, status
@@ -388,7 +397,7 @@ class HistoryCollector(UserLog):
         own step with ``applied=no``.
         """
         state = self._state
-        if state is None or self._txn_open or not self._recording():
+        if state is None or self._txn_open or not self._sites.training_forward():
             return
         scaler = self._implicit_scaler
         marker = update_marker(scaler)
@@ -427,7 +436,7 @@ class HistoryCollector(UserLog):
     @contextmanager
     def step(
         self,
-        optimizer: torch.optim.Optimizer | None = None,
+        optimizer: torch.optim.Optimizer | Sequence[torch.optim.Optimizer] | None = None,
         scaler: Any = None,
         examples: int | None = None,
         epoch: int | None = None,
@@ -467,8 +476,11 @@ class HistoryCollector(UserLog):
         if self._state is None:
             self._begin_step()
         state = self._state
+        if not state.structure_checked:
+            self._check_structure()
         state.explicit, state.examples, state.epoch = True, examples, epoch
         state.scale_in_force = scale_in_force(scaler)  # before update() changes it
+        state.scaler_marker = None if scaler is None else update_marker(scaler)
         self._txn_open, self._scaler = True, scaler
         self.clock.begin(state.step)  # the training clock times the transaction body
         state.window_from = state.telemetry_s
@@ -482,7 +494,10 @@ class HistoryCollector(UserLog):
         for watch in self._watches.values():
             watch.disarm_gradient_hooks()  # a closure step that raised inside the optimizer
         # rows of parameters no optimizer stepped: gradients as left, values at the step's end
-        self._take_gradients(self._by_stream.get("gradient", []), grad_scale_status(scaler, True))
+        status = grad_scale_status(scaler, True)
+        if scaler is not None and update_marker(scaler) is not state.scaler_marker:
+            status = "unscaled"  # scaler.step() unscaled them; update() has reset its stages
+        self._take_gradients(self._by_stream.get("gradient", []), status)
         self._take_parameters(self._by_stream.get("parameter", []))
         try:
             self._finish_step(StepProvenance.EXPLICIT, optimizer_known=bool(self._watches))
@@ -494,6 +509,9 @@ class HistoryCollector(UserLog):
         self.clock.end(state.step)
         in_window = state.telemetry_s - state.window_from
         t0 = time.perf_counter()
+        if not state.structure_checked:
+            self._check_structure()
+        self._sites.register_not_run(state)  # never ran so far: recorded site_absent
         hist_step = any(state.hist_due.values())
         any_due = any(state.spine_due.values())  # nothing due: no copy at all this step
         host = {dev: st.to_host(hist_step) for dev, st in self._stagings.items()} if any_due else {}
@@ -535,14 +553,8 @@ class HistoryCollector(UserLog):
             if self._meter.cadences is not None:
                 self.cadences = self._meter.cadences
             scalars = {**scalars, **rows}
-        if self.writer is not None:
-            self.writer.write_step(block, batches, scalars=scalars)
-        else:
-            self.ring.push(block, batches)
-            self._rows.write_step(block, scalars=scalars)
-        for name, at, value in drained.dated:
-            self._rows.write_scalar(name, at, value)
-        write_clock_rows(self._rows, [r for r in clock_rows if r.step != state.step])  # CUDA
+        late = [r for r in clock_rows if r.step != state.step]  # CUDA: resolved late
+        self._store.write_step(self._rows, block, batches, scalars, drained.dated, late)
         self.telemetry_seconds += telemetry_now
         self.last_block, self.last_batches = block, batches
         self._next_step = state.step + 1
@@ -561,7 +573,8 @@ class HistoryCollector(UserLog):
 
     # ------------------------------------------------------------------ run log (UserLog)
     def _charge(self, seconds: float) -> None:
-        if self._state is not None:
+        # inside a telemetry() window its own timer counts everything (no double charge)
+        if self._state is not None and not self._telemetry.open:
             self._state.telemetry_s += seconds
 
     def _eval_coordinate(self) -> tuple[int, int | None]:
@@ -569,7 +582,9 @@ class HistoryCollector(UserLog):
         last = self.last_block
         if last is None and self._next_step == 0:  # nothing consumed yet: a true zero
             return step, 0
-        return step, None if last is None else last.examples_seen
+        if last is None:  # resumed, no step yet: what the artifact had consumed (None: unknown)
+            return step, self._examples_seen
+        return step, last.examples_seen
 
     @property
     def _log_sink(self) -> Any:
@@ -604,6 +619,7 @@ class HistoryCollector(UserLog):
             pass
         self._closed = True
         try:
+            self._sites.remove()
             for h in self._handles:
                 h.remove()
             for watch in self._watches.values():
@@ -631,6 +647,7 @@ class HistoryCollector(UserLog):
     def __del__(self) -> None:  # pragma: no cover - best effort at interpreter shutdown
         try:
             if not self._closed:
+                self._sites.remove()
                 for h in self._handles:
                     h.remove()
         except Exception:

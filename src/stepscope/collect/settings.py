@@ -189,6 +189,10 @@ class WatchSettings:
         ``fsync`` artifact files (turn off only for throwaway benchmarks).
     extra
         JSON-safe fields copied into the run record.
+    output_keys
+        ``{site glob: path}``: which tensor of a structured module output is the site's
+        activation (a dotted path of keys, attributes, indices, e.g. ``"logits"``); sites not
+        named use the first tensor depth-first (see :mod:`stepscope.collect.capture`).
     """
 
     output_dir: str | None = None
@@ -205,6 +209,7 @@ class WatchSettings:
     kernel_backend: str = "auto"
     durable: bool = True
     extra: Mapping[str, Any] = field(default_factory=dict)
+    output_keys: Mapping[str, str] = field(default_factory=dict)
     resume_step: int | None = None
     resume_examples_seen: int | None = None
 
@@ -220,6 +225,8 @@ class WatchSettings:
             problems.append(f"kernel_backend {self.kernel_backend!r} not in auto/c/torch")
         if self.resume and not self.output_dir:
             problems.append("resume needs an output_dir")
+        if not all(isinstance(k, str) and isinstance(v, str) for k, v in self.output_keys.items()):
+            problems.append("output_keys must map site globs to dotted paths (str -> str)")
         if (self.resume_step is not None or self.resume_examples_seen is not None) and not (
             self.resume
         ):

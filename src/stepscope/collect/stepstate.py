@@ -23,7 +23,7 @@ from stepscope.history.vocab import UPDATE_SAMPLED
 from stepscope.stats import SPINE_WIDTH
 
 OBSERVED, ABSENT = code_of(Presence.OBSERVED), code_of(Presence.SITE_ABSENT)
-UNSUPPORTED = code_of(Presence.UNSUPPORTED)
+UNSUPPORTED, FAILED = code_of(Presence.UNSUPPORTED), code_of(Presence.CAPTURE_FAILED)
 PHASE = {
     "activation": "forward",
     "activation_grad": "backward",
@@ -54,6 +54,8 @@ class StepState:
     stream_s: dict[str, float] = field(default_factory=dict)  # reduction seconds per stream
     unsupported: dict[int, str] = field(default_factory=dict)  # row index -> reason
     row_notes: dict[int, str] = field(default_factory=dict)  # row index -> extra disclosure
+    failed: dict[int, str] = field(default_factory=dict)  # row index -> exception type
+    structure_checked: bool = False  # model surgery looked for this step
     grad_rows: set[int] = field(default_factory=set)  # gradient rows read this step
     param_rows: set[int] = field(default_factory=set)  # parameter rows read this step
     skipped: bool = False  # an iteration ended (scaler.update) without an optimizer step
@@ -102,7 +104,7 @@ def step_truth(
         applied = Tristate.YES if state.stepped else Tristate.UNKNOWN
     return StepTruth(
         applied=applied,
-        scale=as_scale(state.scale_in_force) if scaler is not None else None,
+        scale=as_scale(state.scale_in_force),
         unscaled=Tristate.of(state.scale_grad == "unscaled")
         if state.scale_grad != "unknown"
         else Tristate.UNKNOWN,
@@ -123,8 +125,10 @@ def assemble_batches(
     """One batch per due stream: every registered row of it, with its presence.
 
     A row is ``observed`` when a hook wrote it on some device, ``unsupported`` when a hook saw it
-    but could not reduce it (the reason is a per-row disclosure ``unsupported:<reason>``), and
-    ``site_absent`` otherwise (the site did not run, or its gradient was ``None``).
+    but could not reduce it (the reason is a per-row disclosure ``unsupported:<reason>``),
+    ``capture_failed`` when the reduction raised (disclosure ``capture_failed:<exception>``;
+    the error never reaches the training step), and ``site_absent`` otherwise (the site did not
+    run, or its gradient was ``None``).
     """
     out = []
     for stream in streams:
@@ -146,11 +150,18 @@ def assemble_batches(
             presence[fired] = OBSERVED
             if hi is not None and state.hist_due[stream]:
                 for j in np.flatnonzero(st.hist_fired[idx]):
+                    if rows[j].index in state.failed:
+                        continue
                     hist_rows.append(j)
                     hists.append(hi[idx[j]])
         notes: list[tuple[str, ...]] = []
         for j, r in enumerate(rows):
             reason = state.unsupported.get(r.index)
+            error = state.failed.get(r.index)
+            if error is not None:  # a partial row is not a fact: drop what was written
+                presence[j], spines[j] = FAILED, np.nan
+                notes.append((f"capture_failed:{error}",))
+                continue
             if reason is not None and presence[j] != OBSERVED:
                 presence[j] = UNSUPPORTED
                 notes.append((f"unsupported:{reason}",))
