@@ -75,6 +75,7 @@ CODES: dict[str, str] = {
     "probe_output_invalid": "the probed model's output is not (n, classes) logits for the labels",
     "probe_dtype_unsupported": "the probed model is not float32/float64; the probe never lowers precision",
     "probe_update_steps_invalid": "around_step saw zero or several optimizer steps, not exactly one",
+    "probe_identity_changed": "an artifact's probe differs (sha256, indices, dtype, ...) from the one it started with",
     # curvature
     "curvature_model_unsupported": "the model has no supported affine layer or output",
     "curvature_input_invalid": "inputs/labels have the wrong shape or dtype",
@@ -82,6 +83,7 @@ CODES: dict[str, str] = {
     "curvature_not_converged": "an iterative method did not converge where convergence was required",
     "curvature_weight_shared": "an analysed layer's parameter is used by several calls or modules (tied weights)",
     "checkpoint_tampered": "a checkpoint, probe or source file does not match its sha256 pin",
+    "curvature_source_unpinned": "the panel's model factory is defined in a file its pins do not name",
     "panel_output_exists": "a curvature panel already ran into this output directory",
     "budget_censored": "a work budget would be exceeded; the run stopped with a censored result",
     # run log (user scalars, evaluation rows, clocks, branch activity)
@@ -95,6 +97,7 @@ CODES: dict[str, str] = {
     "run_config_invalid": "a demo or run configuration is invalid",
     # report
     "report_input_invalid": "a report was given no runs, bad endpoints or an unreadable file",
+    "overlay_invalid": "a historical overlay file is not the documented JSON shape",
 }
 
 

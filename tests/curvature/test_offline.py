@@ -156,12 +156,14 @@ def test_budget_censoring_stops_explicitly_without_changing_the_analysis(panel):
         return panel["factory"]()
 
     out = panel["tmp"] / "out"
+    # the wrapper factory is defined here, so this file is pinned too (an unpinned factory refuses)
+    pins = make_panel_pins([panel["src"], Path(__file__)], panel["ckpts"], panel["probe"])
     result = run_curvature_panel(
         factory,
         panel["ckpts"],
         panel["probe"],
         out,
-        panel["pins"],
+        pins,
         work_limit_s=420.0,
         clock=lambda: now[0],
     )

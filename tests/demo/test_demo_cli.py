@@ -9,6 +9,8 @@ import pytest
 import stepscope as ss
 from stepscope.cli import main
 
+VARIANTS = ("plain", "residual")
+
 
 def test_quick_study_writes_verified_artifacts_probe_rows_evals_and_curvature(tmp_path, capsys):
     pytest.importorskip("mlxtend")
@@ -67,6 +69,40 @@ def test_quick_study_writes_verified_artifacts_probe_rows_evals_and_curvature(tm
                 assert presence[step] == "not_scheduled"
                 skipped_and_scheduled += 1
     assert skipped_and_scheduled > 0
+    # one probe for the whole study: every run probed the same examples (identity persisted)
+    identities = [json.loads((out / f"{v}-seed0" / "probe.json").read_text()) for v in VARIANTS]
+    assert len({i["sha256"] for i in identities}) == 1
+    assert identities[0]["indices"] == identities[1]["indices"] and identities[0]["count"] == 64
+    for variant in VARIANTS:
+        run = out / f"{variant}-seed0"
+        record = json.loads((run / "telemetry.json").read_text())
+        runlog = json.loads((run / "runlog.json").read_text())
+        outside = [
+            "probe_seconds",
+            "probe_serialization_seconds",
+            "update_snapshot_seconds",
+            "checkpoint_seconds",
+        ]
+        assert all(record[k] > 0 for k in outside)
+        # the probe, its serialisation, snapshots and checkpoints are on the telemetry clock
+        assert runlog["telemetry_seconds"] >= sum(record[k] for k in outside)
+        assert record["telemetry_seconds"] == runlog["telemetry_seconds"]
+        assert record["overall_telemetry_fraction"] == pytest.approx(
+            runlog["telemetry_seconds"] / runlog["training_seconds"]
+        )
+        assert record["counts"]["probe_seconds"] == len(
+            ss.open_history(run).scalars("probe/model/loss").steps
+        )
+        qual = record["cadence_qualification"]["measurements"]
+        assert min(qual["serialization_seconds"]) > 0  # qualification charged serialisation
+        # evaluation splits carry confusion matrices; the panel checked the recorder's probe
+        h = ss.open_history(run)
+        cells = [n for n in h.scalar_names if n.startswith("eval/validation/confusion/")]
+        assert len(cells) == 100
+        done = json.loads((run / "curvature" / "result.json").read_text())
+        assert done["pins"]["recorder_probe_sha256"] == identities[0]["sha256"]
+        last = json.loads((run / "curvature" / "curvature-002.json").read_text())
+        assert last["optimizer_step"] == 110 and last["code"]["stepscope_version"]
 
 
 def test_module_entry_point_lists_commands():

@@ -88,9 +88,11 @@ def test_absent_sections_are_labelled_notes_without_any_plot(runs, tmp_path):
     assert "probe or validation CE/accuracy" in " ".join(p.sections["curves"]["nodata"])
     assert len(p.sections["curves"]["img"]) == 1
     assert "branch activity" in " ".join(p.sections["branch"]["nodata"])
-    # layers: the activation stream exists, the four other quantities are named as absent
+    # layers: the activation stream exists, the four other quantities and the (absent) dense
+    # probe's Plot 3 are named as absent
     assert len(p.sections["layers"]["img"]) == 1
-    assert len(p.sections["layers"]["nodata"]) == 4
+    assert len(p.sections["layers"]["nodata"]) == 5
+    assert "dense-probe layer heatmaps" in " ".join(p.sections["layers"]["nodata"])
     assert "measured overhead" in " ".join(p.sections["record"]["nodata"])
 
 

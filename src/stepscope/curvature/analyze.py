@@ -49,7 +49,6 @@ Example
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import time
 from collections.abc import Sequence
@@ -82,13 +81,15 @@ from stepscope.curvature.families import (
 from stepscope.curvature.output_space import DEFAULT_SUPPORT_RTOL, output_space_mismatch
 from stepscope.curvature.products import parse_enum
 from stepscope.curvature.quotients import layer_directional
+from stepscope.denominators import RULE
 from stepscope.errors import Refusal
 from stepscope.probe.outputs import OutputSelector, ScoredTargets, score_targets, select_logits
+from stepscope.probe.selection import probe_hash
 
 SCHEMA = "stepscope.curvature.v1"
 _LOG = logging.getLogger(__name__)
 
-#: canonical key -> the legacy name it replaces (LEGACY_METRICS.md)
+#: canonical key -> the legacy name it replaces (docs/LEGACY_METRICS.md)
 LEGACY_NAMES: dict[str, str] = {
     "layers.*.{family}.weight.diag_max": "layer-{i}/{hessian,jacobian,fisher}/diag_l2",
     "layers.*.{family}.weight.frobenius": "layer-{i}/{family}/diag_fro",
@@ -103,6 +104,7 @@ LEGACY_NAMES: dict[str, str] = {
     "directional.*.gradient_moments.mean_gradient_sq_norm": "layer-{i}/enorms",
     "directional.*.gradient_moments.covariance_trace": "layer-{i}/norms_centered",
     "directional.*.gradient_moments.gradient_diversity": "diversity / n (Yin et al.)",
+    "directional.*.gradient_moments.gradient_diversity_legacy_scale": "layer-{i}/fisher/diversity",
     "directional.*.ce_ggn.mean_gradient_rayleigh_quotient": "hess_curv",
     "directional.*.jacobian_gram.mean_gradient_rayleigh_quotient": "jac_curv",
     "directional.*.{family}.per_example_rayleigh_quotient": "{hess,jac,sigma}_curv_grad, _max, _median",
@@ -172,11 +174,10 @@ def _validate(x: Tensor, y: Tensor, mode: CurvatureMode, samples: int, eig_max: 
 
 
 def probe_sha256(x: Tensor, y: Tensor) -> str:
-    """sha256 of the raw bytes of ``x`` then ``y`` (as given, before any cast)."""
-    h = hashlib.sha256()
-    for t in (x, y):
-        h.update(t.detach().cpu().contiguous().numpy().tobytes())
-    return h.hexdigest()
+    """sha256 of the raw bytes of ``x`` then ``y`` (as given, before any cast): the same digest as
+    the dense probe's :func:`stepscope.probe.probe_hash`, so the recorder's probe identity and a
+    panel's probe can be compared."""
+    return probe_hash(x, y)
 
 
 def analyze_curvature(
@@ -463,6 +464,7 @@ def _analyze(
         "cross_entropy_numerics": "1 - p_k computed as the sum of the other probabilities "
         "(no subtraction) in CE gradients and square-root Hessian factors",
         "output_support_rtol": DEFAULT_SUPPORT_RTOL,
+        "negligible_denominator": RULE,
         "definitions": {
             "effective_rank": "Roy-Vetterli exp(entropy of lambda / sum lambda), eigenvalues "
             "clamped at 0; KFAC value = product over the two factors",

@@ -27,7 +27,10 @@ from stepscope.errors import Refusal
 EXIT_CENSORED = 5
 
 
-def _factory(spec: str):
+def _factory(spec: str, pins: dict[str, Any]):
+    """Load the factory, after checking its file against the pins (nothing runs before)."""
+    from stepscope.curvature.offline import verify_source_file
+
     module_name, sep, attr = spec.partition(":")
     if not sep or not attr:
         raise Refusal(
@@ -35,6 +38,7 @@ def _factory(spec: str):
             f"--model {spec!r} is not of the form module:function or path.py:function",
             ["e.g. --model mypkg.models:make_mlp"],
         )
+    verify_source_file(_module_file(module_name), pins)
     try:
         if module_name.endswith(".py"):
             loaded = importlib.util.spec_from_file_location(Path(module_name).stem, module_name)
@@ -53,6 +57,27 @@ def _factory(spec: str):
             f"cannot load model factory {spec!r}: {exc}",
             ["check the module path and function name"],
         ) from exc
+
+
+def _module_file(module_name: str) -> str:
+    """The file a module name or path would load, found without executing that module."""
+    if module_name.endswith(".py"):
+        return module_name
+    if "" not in sys.path and str(Path.cwd()) not in sys.path:
+        sys.path.insert(0, str(Path.cwd()))
+    try:
+        spec = importlib.util.find_spec(module_name)
+    except (ImportError, ValueError) as exc:
+        spec, why = None, str(exc)
+    else:
+        why = "not found"
+    if spec is None or not spec.origin or not spec.has_location:
+        raise Refusal(
+            "curvature_input_invalid",
+            f"cannot locate the source of module {module_name!r} ({why})",
+            ["check the module path", "or pass --model path/to/file.py:function"],
+        )
+    return spec.origin
 
 
 def _checkpoints(items: list[str]) -> dict[int, str]:
@@ -79,7 +104,7 @@ def _run(args: argparse.Namespace) -> int:
         print(f"epoch {epoch}: {path} ({done['snapshot_duration_s']:.2f} s)", flush=True)
 
     result = run_curvature_panel(
-        _factory(args.model),
+        _factory(args.model, pins),
         _checkpoints(args.checkpoint),
         args.probe,
         args.out,

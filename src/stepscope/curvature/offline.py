@@ -2,7 +2,13 @@
 
 The panel verifies sha256 pins of the model source files, of every checkpoint and of the probe
 before any work; each checkpoint's bytes are hashed again as they are loaded (the same bytes are
-deserialised, ``torch.load(..., weights_only=True)``). After each checkpoint it writes
+deserialised, ``torch.load(..., weights_only=True)``). The model factory itself must be defined in
+a pinned source file (found with :func:`factory_source`, through ``functools.partial``), else the
+panel refuses ``curvature_source_unpinned`` before the factory is called; the command line checks
+the file of ``--model`` against the pins *before* importing it. Given the recorder's probe identity
+(``probe.json`` of the run, :func:`stepscope.probe.read_probe_identity`), its sha256 and count must
+match the probe analysed. The aggregate records stepscope's version and the sha256 of every
+analysis source file (:func:`analysis_code_sha256`). After each checkpoint it writes
 ``curvature-{epoch:03d}.json`` and the updated aggregate ``result.json`` atomically (temp file,
 fsync, ``os.replace``, directory fsync) and calls the progress callback.
 
@@ -23,7 +29,9 @@ Example
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import inspect
 import io
 import json
 import time
@@ -89,6 +97,65 @@ def make_panel_pins(
     }
 
 
+def factory_source(factory: Callable[..., Any]) -> Path | None:
+    """The source file that defines ``factory`` (through ``functools.partial``), or ``None``."""
+    while isinstance(factory, functools.partial):
+        factory = factory.func
+    try:
+        found = inspect.getsourcefile(factory)
+    except TypeError:
+        return None
+    return Path(found).resolve() if found else None
+
+
+def verify_source_file(path: str | Path, pins: Mapping[str, Any]) -> str:
+    """Check that ``path`` is a pinned source file with its pinned bytes; return its sha256.
+
+    Call this before importing or executing the file. Refuses ``curvature_source_unpinned``
+    (not named by the pins) or ``checkpoint_tampered`` (bytes differ).
+    """
+    target = Path(path).resolve()
+    sources = {
+        Path(p).resolve(): (p, want) for p, want in dict(pins.get("source_sha256") or {}).items()
+    }
+    if target not in sources:
+        raise Refusal(
+            "curvature_source_unpinned",
+            f"the model factory is defined in {str(target)!r}, which the pins do not name "
+            f"(pinned: {sorted(str(p) for p in sources)})",
+            ["pin the file that defines the factory (make_panel_pins / curvature-pin --source)"],
+        )
+    name, want = sources[target]
+    got = sha256_file(target) if target.is_file() else "<missing file>"
+    if got != want:
+        raise _tampered("model source file", name, want, got)
+    return got
+
+
+def analysis_code_sha256() -> dict[str, str]:
+    """sha256 of each source file of :mod:`stepscope.curvature` plus ``_combined`` over them."""
+    folder = Path(__file__).resolve().parent
+    files = {p.name: sha256_file(p) for p in sorted(folder.glob("*.py"))}
+    combined = hashlib.sha256("".join(f"{k}:{v}\n" for k, v in files.items()).encode())
+    return {**files, "_combined": combined.hexdigest()}
+
+
+def _check_recorder_probe(identity: Mapping[str, Any] | None, x: Tensor, y: Tensor) -> None:
+    if identity is None:
+        return
+    got, count = probe_sha256(x, y), int(x.shape[0])
+    if (
+        identity.get("sha256") != got
+        or int(identity.get("count", identity.get("size", -1))) != count
+    ):
+        raise _tampered(
+            "probe vs the recorder's probe identity",
+            "probe.json",
+            f"{identity.get('sha256')} (n={identity.get('count')})",
+            f"{got} (n={count})",
+        )
+
+
 def _tampered(what: str, path: Any, want: str, got: str) -> Refusal:
     return Refusal(
         "checkpoint_tampered",
@@ -98,7 +165,11 @@ def _tampered(what: str, path: Any, want: str, got: str) -> Refusal:
 
 
 def _verify_pins(
-    pins: Mapping[str, Any], checkpoints: Mapping[int, Path], x: Tensor, y: Tensor
+    pins: Mapping[str, Any],
+    checkpoints: Mapping[int, Path],
+    x: Tensor,
+    y: Tensor,
+    factory: Callable[..., Any],
 ) -> None:
     sources = dict(pins.get("source_sha256") or {})
     if not sources:
@@ -111,6 +182,14 @@ def _verify_pins(
         got = sha256_file(path) if Path(path).is_file() else "<missing file>"
         if got != want:
             raise _tampered("model source file", path, want, got)
+    where = factory_source(factory)
+    if where is None:
+        raise Refusal(
+            "curvature_source_unpinned",
+            f"the model factory {factory!r} has no Python source file to check against the pins",
+            ["pass a factory defined in a pinned .py file (a function, class or partial of one)"],
+        )
+    verify_source_file(where, pins)
     ckpt_pins = {int(k): v for k, v in dict(pins.get("checkpoint_sha256") or {}).items()}
     for epoch, path in checkpoints.items():
         if epoch not in ckpt_pins:
@@ -157,6 +236,12 @@ def _extras(
     return extras
 
 
+def _version() -> str:
+    from stepscope import __version__
+
+    return __version__
+
+
 def run_curvature_panel(
     model_factory: Callable[[], nn.Module],
     checkpoints: Mapping[int, str | Path],
@@ -175,6 +260,8 @@ def run_curvature_panel(
     hessian_top_k: int = 0,
     trace_samples: int = 0,
     clock: Callable[[], float] = time.perf_counter,
+    recorder_probe: Mapping[str, Any] | None = None,
+    checkpoint_steps: Mapping[int, int] | None = None,
 ) -> dict[str, Any]:
     """Run :func:`~stepscope.curvature.analyze.analyze_curvature` over a checkpoint panel.
 
@@ -204,6 +291,12 @@ def run_curvature_panel(
         ``stepscope.curvature.trace`` (Hessian, Hutchinson with that many samples), float64.
     clock
         Monotonic seconds (injectable for tests).
+    recorder_probe
+        The training run's probe identity (``probe.json``); its sha256 and count must match
+        ``probe`` or the panel refuses ``checkpoint_tampered`` before any work.
+    checkpoint_steps
+        ``epoch -> optimizer step`` of each checkpoint, recorded per checkpoint so that the
+        recorder's FP32 probe numbers at that step can be shown beside the panel's FP64 ones.
 
     Returns
     -------
@@ -226,7 +319,8 @@ def run_curvature_panel(
     if not paths:
         raise Refusal("curvature_input_invalid", "no checkpoints given", ["pass epoch -> path"])
     x, y = load_probe(probe) if isinstance(probe, (str, Path)) else probe
-    _verify_pins(pins, paths, x, y)
+    _verify_pins(pins, paths, x, y, model_factory)
+    _check_recorder_probe(recorder_probe, x, y)
     out.mkdir(parents=True, exist_ok=True)
     ckpt_pins = {int(k): v for k, v in pins["checkpoint_sha256"].items()}
     aggregate: dict[str, Any] = {
@@ -249,8 +343,11 @@ def run_curvature_panel(
             "source_sha256": dict(pins["source_sha256"]),
             "checkpoint_sha256": {str(k): v for k, v in ckpt_pins.items()},
             "probe_sha256": pins["probe_sha256"],
+            "factory_source": str(factory_source(model_factory)),
+            "recorder_probe_sha256": None if recorder_probe is None else recorder_probe["sha256"],
             "verified": True,
         },
+        "code": {"stepscope_version": _version(), "analysis_sha256": analysis_code_sha256()},
         "epochs": sorted(paths),
         "completed": [],
         "censored": None,
@@ -285,6 +382,8 @@ def run_curvature_panel(
             "schema": PANEL_SCHEMA,
             "epoch": epoch,
             "checkpoint": {"path": str(paths[epoch]), "sha256": ckpt_pins[epoch]},
+            "optimizer_step": None if checkpoint_steps is None else checkpoint_steps.get(epoch),
+            "code": aggregate["code"],
             "snapshot_duration_s": duration,
             "analysis": analysis,
             **extras,

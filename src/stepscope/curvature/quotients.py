@@ -22,7 +22,10 @@ Reported per family (for Linear through ``n``-sized Grams, never a ``d x d`` par
 - ``factorized_noise_contraction`` :math:`\\operatorname{tr}(\\bar B \\bar B_F)\\operatorname{tr}
   (\\bar A^2) = \\operatorname{tr}(K\\,K_F)` (KFAC of the empirical Fisher, legacy ``hess_noise``),
   and ``factorized_noise_contraction_centered`` (minus :math:`q(G)`; may be negative, not clipped).
-- ``*_ratio``: the above divided by :math:`q(G)`; ``None`` when :math:`q(G)=0`.
+- ``*_ratio``: the above divided by :math:`q(G)`; ``None`` when :math:`q(G)` is negligible
+  against :math:`\\frac1n\\sum_i q(g_i)` (the shared rule of :mod:`stepscope.denominators`, the
+  same the dense probe applies); ratios over :math:`\\lVert G\\rVert^2` likewise against
+  :math:`\\frac1n\\sum_i\\lVert g_i\\rVert^2`. ``validity`` counts the undefined ones.
 
 Example
 -------
@@ -40,9 +43,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from stepscope.denominators import cancellation_error, safe_ratio
 
-def _ratio(num: float, den: float) -> float | None:
-    return num / den if den != 0 else None
+_ratio = safe_ratio  # (numerator, denominator, scale of the denominator's terms)
 
 
 def gradient_moments(inputs: Tensor, ef_backprop: Tensor) -> dict[str, Any]:
@@ -51,7 +54,7 @@ def gradient_moments(inputs: Tensor, ef_backprop: Tensor) -> dict[str, Any]:
     .. math::
 
         \\text{diversity} = \\frac{\\sum_i \\lVert g_i\\rVert^2}{\\lVert\\sum_i g_i\\rVert^2}
-        \\ (\\text{Yin et al.}),\\qquad
+        \\ (\\text{Yin et al.; the seed's legacy scale is } n\\times),\\qquad
         \\text{simple noise scale} = \\frac{\\operatorname{tr}\\Sigma}{\\lVert G\\rVert^2}
         \\ (\\text{McCandlish et al.})
 
@@ -83,8 +86,10 @@ def _moments_summary(sq: Tensor, g2: float, n: int) -> dict[str, Any]:
             "mean": float(norms.mean()),
         },
         "covariance_trace": cov_trace,
-        "gradient_diversity": _ratio(per_sq_mean, n * g2),
-        "simple_noise_scale": _ratio(cov_trace, g2),
+        "covariance_relative_error_estimate": cancellation_error(per_sq_mean, g2, "float64"),
+        "gradient_diversity": _ratio(per_sq_mean, n * g2, n * per_sq_mean),
+        "gradient_diversity_legacy_scale": _ratio(per_sq_mean, g2, per_sq_mean),
+        "simple_noise_scale": _ratio(cov_trace, g2, per_sq_mean),
         "mean_gradient_zero": g2 == 0,
     }
 
@@ -132,11 +137,18 @@ def _directional_summary(
     valid = sq_each > 0
     quotients = q_each[valid] / sq_each[valid]
     q_each_mean = float(q_each.mean())
+    sq_mean = float(sq_each.mean())
     cov = q_each_mean - q_mean
     fact_centered = fact - q_mean
+    q_scale = float(q_each.abs().mean())
+    ratios = {
+        "covariance_contraction_ratio": _ratio(cov, q_mean, q_scale),
+        "factorized_noise_ratio": _ratio(fact, q_mean, q_scale),
+        "factorized_noise_centered_ratio": _ratio(fact_centered, q_mean, q_scale),
+    }
     return {
         "mean_gradient_quadratic_form": q_mean,
-        "mean_gradient_rayleigh_quotient": _ratio(q_mean, g2),
+        "mean_gradient_rayleigh_quotient": _ratio(q_mean, g2, sq_mean),
         "per_example_rayleigh_quotient": {
             "mean": float(quotients.mean()) if quotients.numel() else None,
             "median": float(quotients.median()) if quotients.numel() else None,
@@ -147,14 +159,15 @@ def _directional_summary(
         "weighted_gradient_norm_mean": float(q_each.clamp(min=0).sqrt().mean()),
         "weighted_gradient_sq_norm_mean": q_each_mean,
         "covariance_contraction": cov,
-        "covariance_contraction_ratio": _ratio(cov, q_mean),
+        "covariance_contraction_ratio": ratios["covariance_contraction_ratio"],
         "factorized_noise_contraction": fact,
         "factorized_noise_contraction_centered": fact_centered,
-        "factorized_noise_ratio": _ratio(fact, q_mean),
-        "factorized_noise_centered_ratio": _ratio(fact_centered, q_mean),
+        "factorized_noise_ratio": ratios["factorized_noise_ratio"],
+        "factorized_noise_centered_ratio": ratios["factorized_noise_centered_ratio"],
         "validity": {
             "mean_gradient_quadratic_form_zero": q_mean == 0,
             "mean_gradient_zero": g2 == 0,
+            "ratios_undefined_negligible_denominator": sum(v is None for v in ratios.values()),
         },
     }
 

@@ -27,6 +27,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--data", default=d.data_source, choices=["auto", "mnist", "digits"])
     p.add_argument("--no-report", action="store_true", help="skip the HTML report")
     p.add_argument(
+        "--overlay",
+        default=d.overlay,
+        metavar="FILE.json",
+        help="historical points for the report (default: an illustrative example)",
+    )
+    p.add_argument("--no-overlay", action="store_true", help="draw no historical overlay")
+    p.add_argument(
         "--quick", action="store_true", help="a tiny run for tests (one seed, small widths)"
     )
     p.set_defaults(func=_main)
@@ -43,6 +50,7 @@ def _main(args: argparse.Namespace) -> int:
         data_source=args.data,
         report=not args.no_report,
         quick=args.quick,
+        overlay=None if args.no_overlay else args.overlay,
     )
     result = run_study(cfg)
     first = result.runs[0]

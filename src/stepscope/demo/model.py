@@ -1,4 +1,4 @@
-"""The reference model: a Ciresan-style deep MLP (see ``LEGACY_METRICS.md``).
+"""The reference model: a Ciresan-style deep MLP (see ``docs/LEGACY_METRICS.md``).
 
 Widths 784-2500-2000-1500-1000-500-10 with a ReLU after every Linear, *including the last* when
 ``final_relu=True`` (the legacy study's logits passed through a ReLU, the source of dead classes),

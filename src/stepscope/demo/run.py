@@ -40,16 +40,26 @@ class Progress:
         self.stream.flush()
 
 
-def evaluate(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
-    """Mean cross-entropy and accuracy in eval mode (modes restored)."""
+def evaluate(
+    model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, confusion: bool = False
+) -> dict:
+    """Mean cross-entropy and accuracy in eval mode (modes restored).
+
+    With ``confusion``, also ``"confusion"``: the ``(classes, classes)`` count matrix
+    ``[true][predicted]`` (``log_eval`` stores it cell by cell).
+    """
     was = model.training
     model.eval()
     with torch.no_grad():
         logits = model(x)
-        out = {
+        out: dict = {
             "loss": float(F.cross_entropy(logits, y)),
             "accuracy": float((logits.argmax(1) == y).float().mean()),
         }
+        if confusion:
+            c = logits.shape[1]
+            cells = torch.bincount(y * c + logits.argmax(1), minlength=c * c)
+            out["confusion"] = cells.reshape(c, c).cpu()
     model.train(was)
     return out
 

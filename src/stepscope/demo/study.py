@@ -2,11 +2,20 @@
 
 For each variant (``plain``, ``residual``) and seed, the Ciresan-style MLP trains on the bundled
 digits with the :class:`~stepscope.HistoryCollector` on (all five streams, default cadence), the
-:class:`~stepscope.DenseProbe` on the cadence its helper qualifies (<= 5% overhead, measured
-on a copy of the model) plus each epoch's end, around predeclared steps, validation
-rows every epoch and a test row at the declared endpoint, and checkpoints at three points that the
-offline curvature panel (:func:`~stepscope.curvature.run_curvature_panel`) analyses afterwards.
+:class:`~stepscope.DenseProbe` on the cadence its helper qualifies (<= 5% overhead for measurement
+plus serialisation, measured on a copy of the model) plus each epoch's end, around predeclared
+steps, validation rows (with confusion matrices) every epoch and a test row at the declared
+endpoint, and checkpoints at three points that the offline curvature panel
+(:func:`~stepscope.curvature.run_curvature_panel`) analyses afterwards.
 Every run is one artifact directory; the report (:mod:`stepscope.report`) reads them all.
+
+One probe serves the whole study: the same seeded draw (:data:`PROBE_SEED`) from the same fitting
+split for every variant and seed, so probe curves of different runs average the same examples
+(``probe.json`` in each run holds its identity). The probe's measurements, their serialisation,
+the one-step update snapshots and the checkpoint writes run inside ``collector.telemetry()``: they
+are charged to ``clock/telemetry_seconds`` and never to the isolated training seconds. Each run's
+``telemetry.json`` states probe seconds, serialisation seconds, snapshot and checkpoint seconds,
+and the overall telemetry fraction including them (:func:`telemetry_record`).
 
 Example
 -------
@@ -16,9 +25,12 @@ Example
 
 from __future__ import annotations
 
+import functools
 import shutil
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TextIO
@@ -32,6 +44,11 @@ from stepscope.demo.data import DigitSplits, load_digits_splits
 from stepscope.demo.model import Residual, ciresan_mlp
 from stepscope.demo.run import Progress, evaluate, print_dataset_statistics
 from stepscope.errors import Refusal
+from stepscope.probe.selection import DEFAULT_PROBE_SEED
+
+#: The one probe draw of the whole study (every variant and seed probes the same examples).
+PROBE_SEED = DEFAULT_PROBE_SEED
+TELEMETRY_FILE = "telemetry.json"
 
 
 @dataclass(frozen=True)
@@ -53,6 +70,7 @@ class StudyConfig:
     data_source: str = "auto"
     report: bool = True
     quick: bool = False
+    overlay: str | None = "example"  # a JSON file, "example" (illustrative points) or None
 
     def effective(self) -> StudyConfig:
         if not self.quick:
@@ -97,6 +115,7 @@ class RunSummary:
     telemetry_seconds: float
     elapsed_seconds: float
     curvature_files: list[str] = field(default_factory=list)
+    telemetry: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -120,9 +139,11 @@ def _probe_cadence(
     itself is untouched) and never changes precision; its decision and timings are recorded.
     """
     import copy
+    import tempfile
 
     from stepscope._purity import preserved_state
-    from stepscope.probe import plan_cadence
+    from stepscope.history import ArtifactWriter
+    from stepscope.probe import plan_cadence, write_probe_record
 
     if cfg.probe_every is not None:
         return cfg.probe_every, {"rule": "user", "cadence_steps": cfg.probe_every}
@@ -136,7 +157,12 @@ def _probe_cadence(
         loss.backward()
         twin_opt.step()
 
-    with preserved_state(twin):  # the twin's dropout/stochastic depth draws leave no trace
+    with (
+        preserved_state(twin),  # the twin's dropout/stochastic depth draws leave no trace
+        tempfile.TemporaryDirectory() as scratch,
+        ArtifactWriter(Path(scratch) / "probe", durable=True) as writer,
+    ):
+        # serialisation is timed the way the run writes: rows into a durable artifact
         decision = plan_cadence(
             probe,
             twin,
@@ -144,6 +170,7 @@ def _probe_cadence(
             target=cfg.probe_overhead_target,
             repeats=3,
             max_cadence=None,
+            serialize=lambda rec: write_probe_record(writer, rec),
         )
     record = decision.to_dict()
     every = decision.cadence_steps or steps_per_epoch  # infeasible: epoch ends only (recorded)
@@ -155,12 +182,89 @@ def _checkpoint_epochs(epochs: int) -> list[int]:
     return sorted({0, (epochs + 1) // 2, epochs})
 
 
+class TelemetryLedger:
+    """Seconds of the telemetry done outside the collector's hooks, by kind.
+
+    Every ``charge(kind)`` block runs inside ``collector.telemetry()`` (so the collector's
+    telemetry clock includes it and the training clock does not) and is also added to
+    ``seconds[kind]`` here, so the run record can say what the telemetry time was spent on.
+    """
+
+    def __init__(self, collector: HistoryCollector) -> None:
+        self.collector = collector
+        self.seconds: dict[str, float] = {
+            "probe_seconds": 0.0,
+            "probe_serialization_seconds": 0.0,
+            "update_snapshot_seconds": 0.0,
+            "checkpoint_seconds": 0.0,
+        }
+        self.counts: dict[str, int] = dict.fromkeys(self.seconds, 0)
+
+    @contextmanager
+    def charge(self, kind: str) -> Iterator[None]:
+        t0 = time.perf_counter()
+        try:
+            with self.collector.telemetry():
+                yield
+        finally:
+            self.seconds[kind] += time.perf_counter() - t0
+            self.counts[kind] += 1
+
+
+def telemetry_record(
+    runlog: dict, ledger: dict[str, float], counts: dict[str, int], evaluation_seconds: float
+) -> dict:
+    """The run's telemetry accounting: what the collector's clocks say, and what was spent on.
+
+    ``overall_telemetry_fraction`` = all telemetry seconds (hooks, probe, its serialisation,
+    update snapshots, checkpoints) / isolated training seconds;
+    ``fraction_of_training_and_evaluation`` divides by training plus the run's existing
+    evaluation seconds (the seed's 5% target's denominator).
+    """
+    training = float(runlog.get("training_seconds") or 0.0)
+    telemetry = float(runlog.get("telemetry_seconds") or 0.0)
+    outside = sum(ledger.values())
+    return {
+        "training_seconds": training,
+        "evaluation_seconds": evaluation_seconds,
+        "telemetry_seconds": telemetry,
+        **ledger,
+        "hook_and_logging_seconds": max(telemetry - outside, 0.0),
+        "counts": counts,
+        "overall_telemetry_fraction": telemetry / training if training > 0 else None,
+        "fraction_of_training_and_evaluation": telemetry / (training + evaluation_seconds)
+        if training + evaluation_seconds > 0
+        else None,
+        "target_fraction": 0.05,
+        "clock": "host perf_counter; probe, serialisation, snapshots and checkpoints charged "
+        "through collector.telemetry(), never to training seconds",
+    }
+
+
+def _probed_update(
+    ledger: TelemetryLedger, probe: object, model: torch.nn.Module, step: int, opt: object
+) -> None:
+    """One optimizer step whose true update the probe records; only the snapshot is telemetry
+    (the step itself stays inside the transaction, observed by the hooks)."""
+    capture = probe.around_step(model, step=step, optimizer=opt)  # type: ignore[attr-defined]
+    with ledger.charge("update_snapshot_seconds"):
+        capture.__enter__()
+    try:
+        opt.step()  # type: ignore[attr-defined]
+    except BaseException as exc:
+        capture.__exit__(type(exc), exc, exc.__traceback__)
+        raise
+    with ledger.charge("update_snapshot_seconds"):
+        capture.__exit__(None, None, None)
+
+
 def train_run(
     cfg: StudyConfig, splits: DigitSplits, variant: str, seed: int, stream: TextIO
 ) -> RunSummary:
     """Train one (variant, seed) run with every instrument on; returns its summary."""
     from stepscope.curvature import make_panel_pins, run_curvature_panel
-    from stepscope.probe import DenseProbe, write_probe_record
+    from stepscope.probe import DenseProbe, read_probe_identity, write_probe_record
+    from stepscope.runlog.sink import read_summary
 
     path = Path(cfg.out_dir) / f"{variant}-seed{seed}"
     if path.exists():
@@ -168,13 +272,14 @@ def train_run(
     torch.manual_seed(seed)
     residual = variant == "residual"
 
-    def factory() -> torch.nn.Module:
-        return ciresan_mlp(
-            n_inputs=splits.n_features,
-            width_scale=cfg.width_scale,
-            residual=residual,
-            survival=cfg.survival if residual else 1.0,
-        )
+    # a partial of the pinned model file's own function: the panel checks where it is defined
+    factory = functools.partial(
+        ciresan_mlp,
+        n_inputs=splits.n_features,
+        width_scale=cfg.width_scale,
+        residual=residual,
+        survival=cfg.survival if residual else 1.0,
+    )
 
     model = factory()
     branches = [(n, m) for n, m in model.named_modules() if isinstance(m, Residual)]
@@ -183,7 +288,7 @@ def train_run(
         splits.train_x,
         splits.train_y,
         size=cfg.probe_size,
-        seed=20260909 + seed,
+        seed=PROBE_SEED,  # one probe for every variant and seed
         input_normalization=splits.normalisation,
     )
     n = len(splits.train_y)
@@ -205,29 +310,48 @@ def train_run(
             },
         ),
     )
-    probe.snapshot_init(model)
+    ledger = TelemetryLedger(collector)
+    with ledger.charge("update_snapshot_seconds"):
+        probe.snapshot_init(model)
     ckpt_dir = path / "checkpoints"
     ckpt_dir.mkdir(parents=True, exist_ok=True)
     checkpoints: dict[int, Path] = {}
+    checkpoint_steps: dict[int, int] = {}
     keep = _checkpoint_epochs(cfg.epochs)
+    eval_seconds = [0.0]
 
-    def save(epoch: int) -> None:
+    def save(epoch: int, at_step: int) -> None:
         if epoch in keep:
             checkpoints[epoch] = ckpt_dir / f"epoch-{epoch:03d}.pt"
-            torch.save(model.state_dict(), checkpoints[epoch])
+            checkpoint_steps[epoch] = at_step
+            with ledger.charge("checkpoint_seconds"):  # an offline snapshot: telemetry
+                torch.save(model.state_dict(), checkpoints[epoch])
+
+    def probe_now(at_step: int, seen: int, epoch: int) -> None:
+        with ledger.charge("probe_seconds"):
+            rec = probe.measure(model, step=at_step, examples_seen=seen, epoch=epoch)
+        with ledger.charge("probe_serialization_seconds"):
+            write_probe_record(collector, rec)  # rows, identity, and live events
+
+    def log_validation(epoch: int) -> dict[str, float]:
+        t_eval = time.perf_counter()
+        metrics = evaluate(model, splits.val_x, splits.val_y, confusion=True)
+        eval_seconds[0] += time.perf_counter() - t_eval
+        collector.log_eval(
+            "validation",
+            metrics,
+            sample_count=len(splits.val_y),
+            data_hash=splits.split_hash,
+            epoch=epoch,
+        )
+        return {k: v for k, v in metrics.items() if k != "confusion"}
 
     gen = torch.Generator().manual_seed(seed)
     t0, step, val = time.perf_counter(), 0, {}
     try:
-        save(0)
-        write_probe_record(collector.writer, probe.measure(model, step=0, examples_seen=0, epoch=0))
-        collector.log_eval(
-            "validation",
-            evaluate(model, splits.val_x, splits.val_y),
-            sample_count=len(splits.val_y),
-            data_hash=splits.split_hash,
-            epoch=0,
-        )
+        save(0, 0)
+        probe_now(0, 0, 0)
+        log_validation(0)
         for epoch in range(cfg.epochs):
             order = torch.randperm(n, generator=gen)
             bar = Progress(steps_per_epoch, f"{variant} seed {seed} epoch {epoch + 1}/{cfg.epochs}")
@@ -242,8 +366,7 @@ def train_run(
                     opt.zero_grad(set_to_none=True)
                     loss.backward()
                     if probed:  # a predeclared step: the probe records its true update
-                        with probe.around_step(model, step=step, optimizer=opt):
-                            opt.step()
+                        _probed_update(ledger, probe, model, step, opt)
                     else:
                         opt.step()
                     st.log("train/loss", loss)
@@ -258,20 +381,13 @@ def train_run(
                         st.log(f"branch/{name}/survival_probability", block.survival)
                 step += 1
                 if probed:  # outside the transaction, in eval mode: nothing leaks into the step
-                    seen = collector.last_block.examples_seen  # the step just recorded
-                    rec = probe.measure(model, step=step, examples_seen=seen, epoch=epoch)
-                    write_probe_record(collector.writer, rec)
+                    probe_now(step, collector.last_block.examples_seen, epoch)
                 bar.advance(note=f"loss {float(loss.detach()):.3f}")
-            val = evaluate(model, splits.val_x, splits.val_y)
-            collector.log_eval(
-                "validation",
-                val,
-                sample_count=len(splits.val_y),
-                data_hash=splits.split_hash,
-                epoch=epoch + 1,
-            )
-            save(epoch + 1)
-        test = evaluate(model, splits.test_x, splits.test_y)
+            val = log_validation(epoch + 1)
+            save(epoch + 1, step)
+        t_eval = time.perf_counter()
+        test = evaluate(model, splits.test_x, splits.test_y, confusion=True)
+        eval_seconds[0] += time.perf_counter() - t_eval
         collector.log_eval(
             "test",
             test,
@@ -283,18 +399,47 @@ def train_run(
     finally:
         collector.close()
     elapsed = time.perf_counter() - t0
+    record = telemetry_record(
+        read_summary(path) or {}, dict(ledger.seconds), dict(ledger.counts), eval_seconds[0]
+    )
+    record["cadence_qualification"] = cadence_record
+    from stepscope.history.files import atomic_write_json
+
+    atomic_write_json(path / TELEMETRY_FILE, record)
     x, y = probe._inputs, probe._labels
     pins = make_panel_pins([model_module.__file__], checkpoints, (x, y))
-    panel = run_curvature_panel(factory, checkpoints, (x, y), path / "curvature", pins)
+    panel = run_curvature_panel(
+        factory,
+        checkpoints,
+        (x, y),
+        path / "curvature",
+        pins,
+        recorder_probe=read_probe_identity(path),
+        checkpoint_steps=checkpoint_steps,
+    )
     files = sorted(p.name for p in (path / "curvature").glob("curvature-*.json"))
+    fraction = record["overall_telemetry_fraction"]
     print(
-        f"{variant} seed {seed}: {step} steps, validation accuracy {val.get('accuracy', float('nan')):.3f}, "
-        f"test accuracy {test['accuracy']:.3f}; telemetry {collector.telemetry_seconds:.2f} s of {elapsed:.2f} s; "
-        f"curvature at epochs {sorted(checkpoints)} ({panel.get('status', 'done') if isinstance(panel, dict) else 'done'})",
+        f"{variant} seed {seed}: {step} steps, validation accuracy "
+        f"{val.get('accuracy', float('nan')):.3f}, test accuracy {test['accuracy']:.3f}; "
+        f"telemetry {record['telemetry_seconds']:.2f} s (probe {record['probe_seconds']:.2f} s, "
+        f"serialisation {record['probe_serialization_seconds']:.2f} s) = "
+        f"{100 * (fraction or float('nan')):.1f}% of {record['training_seconds']:.2f} s training; "
+        f"curvature at epochs {sorted(checkpoints)} ({panel.get('status', 'done')})",
         file=stream,
     )
+    test = {k: v for k, v in test.items() if k != "confusion"}
     return RunSummary(
-        variant, seed, path, step, val, test, collector.telemetry_seconds, elapsed, files
+        variant,
+        seed,
+        path,
+        step,
+        val,
+        test,
+        record["telemetry_seconds"],
+        elapsed,
+        files,
+        record,
     )
 
 
@@ -332,5 +477,12 @@ def run_study(config: StudyConfig, stream: TextIO | None = None) -> StudyResult:
             print("report: the report module is not available in this version", file=stream)
         else:
             report = Path(cfg.out_dir) / "report.html"
-            render_report([str(r.path) for r in runs], str(report))
+            overlays: list[str] = []
+            if cfg.overlay == "example":
+                from stepscope.demo.overlay import write_example_overlay
+
+                overlays.append(str(write_example_overlay(cfg.out_dir)))
+            elif cfg.overlay:
+                overlays.append(cfg.overlay)
+            render_report([str(r.path) for r in runs], str(report), overlays=overlays)
     return StudyResult(cfg, runs, report, time.perf_counter() - t0)

@@ -56,6 +56,7 @@ class EventSource(str, enum.Enum):
     SPINE = "spine"  # a field of (or derived from) a site's spine row
     HISTOGRAM = "histogram"  # a site's histogram row
     USER_SCALAR = "user_scalar"  # a scalar the user logged (loss, lr, ...)
+    PROBE = "probe"  # a dense-probe measurement (stepscope.probe), outside the step's hooks
     CHECK = "check"  # produced by a check from other events (verdicts, derived ratios)
 
 

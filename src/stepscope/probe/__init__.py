@@ -9,10 +9,12 @@ True
 
 from stepscope.probe.cadence import (
     CadenceDecision,
+    ProbeTimings,
     choose_cadence,
     choose_probe_size,
     plan_cadence,
     time_probe,
+    time_probe_parts,
 )
 from stepscope.probe.dense import DenseProbe
 from stepscope.probe.recorder import (
@@ -26,9 +28,12 @@ from stepscope.probe.recorder import (
 )
 from stepscope.probe.selection import ProbeSelection, probe_hash, select_probe
 from stepscope.probe.sink import (
+    probe_events,
+    probe_identity,
     probe_scalar_rows,
     read_probe_axes,
     read_probe_confusion,
+    read_probe_identity,
     write_probe_record,
 )
 from stepscope.probe.state import ParamSnapshot, StepUpdate
@@ -44,16 +49,21 @@ __all__ = [
     "ParamSnapshot",
     "ProbeRecord",
     "ProbeSelection",
+    "ProbeTimings",
     "StepAxes",
     "StepUpdate",
     "choose_cadence",
     "choose_probe_size",
     "plan_cadence",
+    "probe_events",
     "probe_hash",
+    "probe_identity",
     "probe_scalar_rows",
     "read_probe_axes",
     "read_probe_confusion",
+    "read_probe_identity",
     "select_probe",
     "time_probe",
+    "time_probe_parts",
     "write_probe_record",
 ]

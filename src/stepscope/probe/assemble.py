@@ -60,6 +60,7 @@ def block_record(
         mean_grad_sq_norm=moments.mean_grad_sq_norm,
         covariance_trace=moments.covariance_trace,
         gradient_diversity=moments.gradient_diversity,
+        gradient_diversity_legacy_scale=moments.gradient_diversity_legacy_scale,
         grad_norm_rms=moments.grad_norm_rms,
         grad_norm_quantiles=moments.grad_norm_quantiles,
         grad_fro_legacy_scale=moments.grad_fro_legacy_scale,

@@ -1,6 +1,8 @@
 """Choosing how often (or how large) to probe from measured costs, against an overhead target.
 
-The overhead of probing every ``k`` optimizer steps is ``probe_seconds / (k * step_seconds)``.
+The overhead of probing every ``k`` optimizer steps is ``probe_seconds / (k * step_seconds)``, where
+``probe_seconds`` is one measurement **plus its serialisation** (turning the record into rows and
+writing them: the seed's 5% target is on "telemetry measurement plus serialization").
 :func:`choose_cadence` picks the densest cadence (smallest ``k``) whose overhead stays at or under
 the target (default 5%); :func:`choose_probe_size` keeps the cadence and picks the largest probe
 size that fits. Both record the decision with the measurements behind it. Neither ever changes
@@ -149,33 +151,75 @@ def _timed(fn: Callable[[], Any], device: torch.device) -> float:
     return time.perf_counter() - start
 
 
+@dataclass(frozen=True)
+class ProbeTimings:
+    """Alternating timings (seconds, after warm-up): training steps, measurements, serialisation."""
+
+    step_seconds: list[float]
+    measure_seconds: list[float]
+    serialization_seconds: list[float]
+
+    @property
+    def probe_seconds(self) -> list[float]:
+        """Measurement plus serialisation, per repeat (what a probe costs the run)."""
+        return [m + s for m, s in zip(self.measure_seconds, self.serialization_seconds)]
+
+
+def _rows_only(record: Any) -> Any:
+    from stepscope.probe.sink import probe_scalar_rows
+
+    return probe_scalar_rows(record)
+
+
+def time_probe_parts(
+    probe: DenseProbe,
+    model: torch.nn.Module,
+    train_step: Callable[[], Any],
+    repeats: int = 5,
+    warmup: int = 1,
+    serialize: Callable[[Any], Any] | None = None,
+) -> ProbeTimings:
+    """Time ``train_step()``, ``probe.measure`` and ``serialize(record)`` alternately.
+
+    ``serialize`` writes a record the way the run will (default: convert it to its rows,
+    :func:`~stepscope.probe.probe_scalar_rows`). The probe's own snapshots are left as they were.
+    """
+    device = next(model.parameters()).device
+    saved = (probe.init_snapshot, probe.snapshot)
+    write = serialize or _rows_only
+    box: list[Any] = []
+
+    def measure() -> None:
+        box[:] = [probe.measure(model, step=0, examples_seen=0, epoch=0, resnapshot=False)]
+
+    steps, measures, serials = [], [], []
+    try:
+        for i in range(warmup + repeats):
+            t_step, t_probe = _timed(train_step, device), _timed(measure, device)
+            t_serial = _timed(lambda: write(box[0]), device)
+            if i >= warmup:
+                steps.append(t_step)
+                measures.append(t_probe)
+                serials.append(t_serial)
+    finally:
+        probe.init_snapshot, probe.snapshot = saved
+    return ProbeTimings(steps, measures, serials)
+
+
 def time_probe(
     probe: DenseProbe,
     model: torch.nn.Module,
     train_step: Callable[[], Any],
     repeats: int = 5,
     warmup: int = 1,
+    serialize: Callable[[Any], Any] | None = None,
 ) -> tuple[list[float], list[float]]:
-    """Time ``probe.measure`` and ``train_step()`` alternately (seconds each, after warm-up).
+    """``(probe_seconds, step_seconds)`` per repeat; probe seconds include serialisation.
 
-    ``train_step`` runs real training steps; the probe's own snapshots are left as they were.
+    See :func:`time_probe_parts` (which keeps the two parts apart).
     """
-    device = next(model.parameters()).device
-    saved = (probe.init_snapshot, probe.snapshot)
-
-    def measure() -> None:
-        probe.measure(model, step=-1, examples_seen=-1, epoch=-1, resnapshot=False)
-
-    probe_times, step_times = [], []
-    try:
-        for i in range(warmup + repeats):
-            t_step, t_probe = _timed(train_step, device), _timed(measure, device)
-            if i >= warmup:
-                step_times.append(t_step)
-                probe_times.append(t_probe)
-    finally:
-        probe.init_snapshot, probe.snapshot = saved
-    return probe_times, step_times
+    t = time_probe_parts(probe, model, train_step, repeats, warmup, serialize)
+    return t.probe_seconds, t.step_seconds
 
 
 def plan_cadence(
@@ -185,11 +229,18 @@ def plan_cadence(
     target: float = DEFAULT_TARGET,
     repeats: int = 5,
     max_cadence: int | None = None,
+    serialize: Callable[[Any], Any] | None = None,
 ) -> CadenceDecision:
-    """Time the probe against real training steps and choose the densest cadence under ``target``.
+    """Time the probe (measurement + serialisation) against real training steps and choose the
+    densest cadence under ``target``.
 
-    The decision records the probe size, the model dtype (never changed) and every timing.
+    The decision records the probe size, the model dtype (never changed) and every timing, with
+    the measurement and serialisation seconds apart.
     """
-    probe_s, step_s = time_probe(probe, model, train_step, repeats=repeats)
+    t = time_probe_parts(probe, model, train_step, repeats=repeats, serialize=serialize)
     dtype = str(next(model.parameters()).dtype).replace("torch.", "")
-    return choose_cadence(probe_s, step_s, target, max_cadence, probe.selection.size, dtype)
+    decision = choose_cadence(
+        t.probe_seconds, t.step_seconds, target, max_cadence, probe.selection.size, dtype
+    )
+    parts = {"measure_seconds": t.measure_seconds, "serialization_seconds": t.serialization_seconds}
+    return dataclasses.replace(decision, measurements={**decision.measurements, **parts})

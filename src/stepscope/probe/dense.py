@@ -39,6 +39,7 @@ import numpy as np
 import torch
 
 from stepscope._purity import preserved_state
+from stepscope.denominators import RULE
 from stepscope.errors import Refusal
 from stepscope.probe.assemble import block_record, zero_fraction, zero_validity
 from stepscope.probe.forward import CONFUSION_CLASS_CAP, ProbeForward, run_probe_forward
@@ -63,6 +64,10 @@ CONVENTIONS: dict[str, Any] = {
     "weight_and_bias": "separate blocks; weight metrics exclude bias coordinates",
     "covariance_trace": "fisher_trace - mean_grad_sq_norm, clipped to 0 only within round-off",
     "gradient_diversity": "Yin et al. sum_i ||g_i||^2 / ||sum_i g_i||^2 (legacy = n * this)",
+    "gradient_diversity_legacy_scale": "the seed's fisher_trace / ||G||^2 = n * gradient_diversity",
+    "negligible_denominator": RULE,
+    "covariance_cancellation": "validity covariance_relative_error_estimate = eps(dtype) * "
+    "(fisher_trace + mean_grad_sq_norm) / |covariance|; > 1% flags covariance_cancellation_suspect",
     "zero_fraction": "exact zeros (== 0), not legacy <= 0",
     "reductions": "float32 on device for tensors; float64 on host for n-length arrays",
     "example": "one example = one probe row; a sequence's loss sums its scored tokens",
@@ -331,6 +336,7 @@ class DenseProbe:
             if self.last_update and self.last_update.optimizer_step_after == step
             else None
         )
+        dtype_name = str(fwd.dtype).replace("torch.", "")
         out: dict[str, LayerRecord] = {}
         for index, (name, module) in enumerate(layers.items()):
             reason = None
@@ -342,7 +348,7 @@ class DenseProbe:
             for part in measured_parameters(module):
                 key = f"{name}.{part}"
                 if reason is None:
-                    moments = gradient_moments(*host.layers[name][part])
+                    moments = gradient_moments(*host.layers[name][part], dtype=dtype_name)
                 else:
                     moments = absent_moments(reason, n)
                 blocks[part] = block_record(

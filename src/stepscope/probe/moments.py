@@ -36,9 +36,16 @@ from typing import Any
 import numpy as np
 import torch
 
-#: ``||sum g_i||^2 <= DIVERSITY_DENOMINATOR_RTOL * sum ||g_i||^2`` makes the diversity undefined:
-#: below this the float32 mean gradient is dominated by round-off (diversity would exceed 1e6 / n).
-DIVERSITY_DENOMINATOR_RTOL = 1e-6
+from stepscope.denominators import (
+    CANCELLATION_FLAG,
+    NEGLIGIBLE_RTOL,
+    cancellation_error,
+    negligible,
+)
+
+#: ``||G||^2 <= DIVERSITY_DENOMINATOR_RTOL * mean_i ||g_i||^2`` makes both diversities undefined:
+#: the shared rule of :mod:`stepscope.denominators` (Yin diversity would exceed ``1e6 / n``).
+DIVERSITY_DENOMINATOR_RTOL = NEGLIGIBLE_RTOL
 #: A covariance trace in ``[-COVARIANCE_ROUNDOFF_RTOL * fisher_trace, 0)`` is float32 round-off of
 #: a non-negative quantity and is clipped to 0 (recorded); more negative values are reported None.
 COVARIANCE_ROUNDOFF_RTOL = 1e-5
@@ -115,7 +122,11 @@ class GradientMoments:
         clipped to 0 only for diagnosed round-off (``validity['covariance_clipped']``).
     gradient_diversity
         Yin et al.: ``sum_i ||g_i||^2 / ||sum_i g_i||^2``; ``None`` when the denominator is
-        negligible (legacy ``diversity`` is ``n`` times this).
+        negligible (:mod:`stepscope.denominators`).
+    gradient_diversity_legacy_scale
+        The seed's literal "first divided by second": ``fisher_trace / mean_grad_sq_norm`` =
+        ``n * gradient_diversity`` (legacy ``layer-{i}/fisher/diversity``); ``None`` together
+        with ``gradient_diversity``.
     grad_norm_rms
         ``sqrt(mean_i ||g_i||^2)``.
     grad_norm_quantiles
@@ -130,6 +141,7 @@ class GradientMoments:
     mean_grad_sq_norm: float | None
     covariance_trace: float | None
     gradient_diversity: float | None
+    gradient_diversity_legacy_scale: float | None
     grad_norm_rms: float | None
     grad_norm_quantiles: dict[str, float] | None
     grad_fro_legacy_scale: float | None
@@ -139,10 +151,12 @@ class GradientMoments:
 def absent_moments(reason: str, n: int) -> GradientMoments:
     """All-``None`` moments for a block whose gradient is absent, stale or masked out."""
     validity = {"n_examples": n, "gradient_present": False, "gradient_absent_reason": reason}
-    return GradientMoments(None, None, None, None, None, None, None, validity)
+    return GradientMoments(None, None, None, None, None, None, None, None, validity)
 
 
-def gradient_moments(sq_norms: np.ndarray, mean_grad_sq_norm: float) -> GradientMoments:
+def gradient_moments(
+    sq_norms: np.ndarray, mean_grad_sq_norm: float, dtype: str = "float32"
+) -> GradientMoments:
     """Moments from the per-example squared norms and ``||G||^2``.
 
     Parameters
@@ -151,6 +165,11 @@ def gradient_moments(sq_norms: np.ndarray, mean_grad_sq_norm: float) -> Gradient
         ``||g_i||^2`` for each of the ``n`` examples.
     mean_grad_sq_norm
         ``||sum_i g_i / n||^2``.
+    dtype
+        The precision both inputs were computed in; it sets the disclosed round-off estimate of
+        the covariance trace's cancellation (``validity['covariance_relative_error_estimate']``
+        = ``eps * (fisher_trace + mean_grad_sq_norm) / |covariance|``, flagged
+        ``covariance_cancellation_suspect`` above 1%).
     """
     sq = np.asarray(sq_norms, dtype=np.float64)
     n = int(sq.size)
@@ -169,11 +188,15 @@ def gradient_moments(sq_norms: np.ndarray, mean_grad_sq_norm: float) -> Gradient
     }
     if n == 0 or finite < n or not np.isfinite(mean_grad_sq_norm):
         validity["gradient_absent_reason"] = "non_finite_gradient"
-        return GradientMoments(None, None, None, None, None, None, None, validity)
+        return GradientMoments(None, None, None, None, None, None, None, None, validity)
     fisher = float(sq.mean())
     msq = float(mean_grad_sq_norm)
     raw = fisher - msq
     validity["covariance_raw"] = raw
+    error = cancellation_error(fisher, msq, dtype)
+    validity["covariance_computed_dtype"] = dtype
+    validity["covariance_relative_error_estimate"] = error
+    validity["covariance_cancellation_suspect"] = error is None or error > CANCELLATION_FLAG
     covariance: float | None = raw
     if raw < 0.0:
         if raw >= -COVARIANCE_ROUNDOFF_RTOL * fisher:
@@ -182,9 +205,10 @@ def gradient_moments(sq_norms: np.ndarray, mean_grad_sq_norm: float) -> Gradient
             covariance = None  # not round-off: refuse to present it as a variance
     numerator, denominator = float(sq.sum()), n * n * msq
     validity["diversity_numerator"], validity["diversity_denominator"] = numerator, denominator
-    diversity = None
-    if denominator > DIVERSITY_DENOMINATOR_RTOL * numerator and denominator > 0.0:
+    diversity = legacy = None
+    if not negligible(msq, fisher, DIVERSITY_DENOMINATOR_RTOL):
         diversity, validity["diversity_valid"] = numerator / denominator, 1
+        legacy = fisher / msq
     norms = np.sqrt(np.maximum(sq, 0.0))
     values = np.quantile(norms, list(QUANTILES.values()))  # one sort for all five
     quantiles = {k: float(v) for k, v in zip(QUANTILES, values)}
@@ -193,6 +217,7 @@ def gradient_moments(sq_norms: np.ndarray, mean_grad_sq_norm: float) -> Gradient
         mean_grad_sq_norm=msq,
         covariance_trace=covariance,
         gradient_diversity=diversity,
+        gradient_diversity_legacy_scale=legacy,
         grad_norm_rms=float(np.sqrt(fisher)),
         grad_norm_quantiles=quantiles,
         grad_fro_legacy_scale=float(np.sqrt(msq)),

@@ -25,6 +25,7 @@ LEGACY_NAMES: dict[str, tuple[str, str]] = {
     "mean_grad_sq_norm": ("layer-{i}/enorms", "equal"),
     "covariance_trace": ("layer-{i}/norms_centered", "equal (ours clipped only for round-off)"),
     "gradient_diversity": ("layer-{i}/fisher/diversity", "legacy = n * ours (Yin et al.)"),
+    "gradient_diversity_legacy_scale": ("layer-{i}/fisher/diversity", "equal (fisher / ||G||^2)"),
     "grad_norm_rms": ("layer-{i}/mean_norm", "legacy = ours / sqrt(n)"),
     "grad_norm_quantiles.min": ("layer-{i}/min_norm", "equal"),
     "grad_norm_quantiles.median": ("layer-{i}/median_norm", "equal"),
@@ -109,6 +110,7 @@ class BlockRecord:
     mean_grad_sq_norm: float | None
     covariance_trace: float | None
     gradient_diversity: float | None
+    gradient_diversity_legacy_scale: float | None
     grad_norm_rms: float | None
     grad_norm_quantiles: dict[str, float] | None
     grad_fro_legacy_scale: float | None

@@ -13,6 +13,13 @@ rows and ``top_confused/<rank>/{true,predicted,count}``, never ``C x C`` rows.
 A ``None`` value (absent, masked or undefined) writes **no row**: the reader's series simply has no
 entry at that step, never a 0; the validity rows say why.
 
+The probe's identity (sha256, indices, count, input normalisation, measurement dtype; see
+:func:`probe_identity`) is persisted once per artifact as ``probe.json`` beside the manifest; a
+later record with a different identity refuses ``probe_identity_changed``. Live subscribers: given
+an :class:`~stepscope.events.EventStream` (or a collector, whose stream is used), the same rows are
+published as ``scalar`` events (source ``probe``) and every undefined number as an
+``unavailable`` event with its reason.
+
 Example
 -------
 >>> import tempfile, torch
@@ -29,13 +36,20 @@ Example
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from stepscope.errors import Refusal
 from stepscope.probe.recorder import ProbeRecord
 
 AXIS_ROWS = ("examples_seen", "epoch")
+IDENTITY_FILE = "probe.json"
+IDENTITY_SCHEMA = "stepscope.probe_identity.v1"
+#: the identity fields a later measurement must repeat exactly
+IDENTITY_KEYS = ("sha256", "indices", "size", "input_normalization", "dtype", "split_size")
 
 
 def probe_scalar_rows(record: ProbeRecord) -> dict[str, float]:
@@ -60,15 +74,99 @@ def probe_scalar_rows(record: ProbeRecord) -> dict[str, float]:
     return rows
 
 
-def write_probe_record(writer: Any, record: ProbeRecord) -> int:
-    """Append the record's rows to an :class:`~stepscope.history.ArtifactWriter` at its step.
+def probe_identity(record: ProbeRecord) -> dict[str, Any]:
+    """Which examples were probed and how: sha256, indices, count, normalisation, dtype, ..."""
+    probe = dict(record.probe)
+    return {"schema": IDENTITY_SCHEMA, **probe, "count": probe.get("size")}
+
+
+def _persist_identity(directory: Path, record: ProbeRecord) -> dict[str, Any]:
+    from stepscope.history.files import atomic_write_json
+
+    identity = probe_identity(record)
+    path = directory / IDENTITY_FILE
+    if path.exists():
+        stored = json.loads(path.read_text())
+        changed = [k for k in IDENTITY_KEYS if stored.get(k) != identity.get(k)]
+        if changed:
+            raise Refusal(
+                "probe_identity_changed",
+                f"this artifact's probe ({path}) differs in {changed}: a run must keep one probe",
+                ["measure with the probe this run started with", "or write to a new artifact"],
+            )
+        return stored
+    atomic_write_json(path, identity)
+    return identity
+
+
+def read_probe_identity(path: str | Path) -> dict[str, Any] | None:
+    """The persisted probe identity of an artifact directory (``None`` if it never probed)."""
+    file = Path(path) / IDENTITY_FILE
+    return json.loads(file.read_text()) if file.exists() else None
+
+
+def probe_events(record: ProbeRecord) -> list[Any]:
+    """The record as :class:`~stepscope.events.ObserverEvent` s (source ``probe``).
+
+    Defined numbers become ``scalar`` events named like the rows; undefined ones (``None``)
+    become ``unavailable`` events whose reason is ``undefined_or_absent`` (see the validity rows).
+    """
+    from stepscope.events.event import EventKind, EventSource, ObserverEvent
+
+    axes = record.step.to_dict()
+    out = [
+        ObserverEvent(EventKind.SCALAR, n, value=v, source=EventSource.PROBE, **axes)
+        for n, v in probe_scalar_rows(record).items()
+    ]
+    for name, value in record.scalars().items():
+        if value is None:
+            out.append(
+                ObserverEvent(
+                    EventKind.UNAVAILABLE,
+                    name,
+                    reason="undefined_or_absent",
+                    source=EventSource.PROBE,
+                    **axes,
+                )
+            )
+    return out
+
+
+def write_probe_record(target: Any, record: ProbeRecord, events: Any = None) -> int:
+    """Append the record's rows at its step, persist its identity, publish it to subscribers.
+
+    Parameters
+    ----------
+    target
+        An :class:`~stepscope.history.ArtifactWriter`, or a
+        :class:`~stepscope.HistoryCollector` (its writer and its settings' event stream are used).
+    record
+        The measurement.
+    events
+        An :class:`~stepscope.events.EventStream` to publish to (default: the collector's).
 
     Rows are committed with the writer's next commit (or ``close()``). Returns the row count.
+
+    Raises
+    ------
+    Refusal
+        ``probe_identity_changed`` when the artifact already holds a different probe.
     """
+    writer, collector = target, None
+    if hasattr(target, "settings") and hasattr(target, "writer"):  # a collector
+        writer, collector = target.writer, target
+        events = events if events is not None else target.settings.event_stream
     rows = probe_scalar_rows(record)
     step = record.step.optimizer_step
-    for name, value in rows.items():
-        writer.write_scalar(name, step, value)
+    if writer is not None:
+        _persist_identity(Path(writer.path), record)
+        for name, value in rows.items():
+            writer.write_scalar(name, step, value)
+    elif collector is not None:  # a RAM-only collector keeps them as its user scalars
+        for name, value in rows.items():
+            collector.log(name, value, step=step)
+    if events is not None and events.active:
+        events.publish(probe_events(record))
     return len(rows)
 
 

@@ -22,6 +22,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--histogram-limit", type=int, default=40, help="most histogram panels (default: 40)"
     )
+    p.add_argument(
+        "--overlay",
+        action="append",
+        default=[],
+        metavar="FILE.json",
+        help="historical evaluation points to overlay (repeatable; see stepscope.report.overlay)",
+    )
     p.set_defaults(func=_main)
 
 
@@ -39,7 +46,11 @@ def _main(args: argparse.Namespace) -> int:
                 ["e.g. --endpoints 0,990"],
             ) from None
     out = render_report(
-        args.runs, args.out, endpoints=endpoints, histogram_limit=args.histogram_limit
+        args.runs,
+        args.out,
+        endpoints=endpoints,
+        histogram_limit=args.histogram_limit,
+        overlays=args.overlay,
     )
     print(f"wrote {out}")
     return 0

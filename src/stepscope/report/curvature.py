@@ -152,6 +152,7 @@ def curvature_section(runs: list[RunView]) -> Section:
             )
         else:
             sec.items.append(no_data("directional quotients", "analysis.directional"))
+        sec.items.append(precision_table(r, docs))
         head = ["epoch", "support rank", "rho ambient", "rho support", "Lyapunov/precond. ratio"]
         sec.items.append(
             Table(
@@ -161,3 +162,47 @@ def curvature_section(runs: list[RunView]) -> Section:
             )
         )
     return sec
+
+
+def precision_table(r: RunView, docs: list[dict[str, Any]]) -> Table:
+    """Recorder FP32 vs offline FP64 probe CE/accuracy, side by side per checkpoint.
+
+    The recorder's values are its ``probe/model/*`` rows at the checkpoint's optimizer step
+    (recorded by the panel as ``optimizer_step``); the panel's are its metadata
+    ``probe_cross_entropy_mean`` / ``probe_accuracy_fraction``. A descriptive precision
+    comparison of the same probe (sha256 shown), not a requirement of bitwise equality.
+    """
+    from stepscope.probe.sink import read_probe_identity
+    from stepscope.report import data as D
+
+    identity = read_probe_identity(r.path) or {}
+    rows: list[list[str]] = []
+    for d in docs:
+        meta = d["analysis"].get("metadata", {})
+        step = d.get("optimizer_step")
+        rec_ce = rec_acc = None
+        if step is not None:
+            at = np.array([int(step)])
+            ce = D.scalar_on(r.reader, "probe/model/loss", at)[0]
+            acc = D.scalar_on(r.reader, "probe/model/accuracy_fraction", at)[0]
+            rec_ce = None if np.isnan(ce) else float(ce)
+            rec_acc = None if np.isnan(acc) else float(acc)
+        off_ce, off_acc = meta.get("probe_cross_entropy_mean"), meta.get("probe_accuracy_fraction")
+        diff = None if rec_ce is None or off_ce is None else rec_ce - off_ce
+        same = meta.get("probe_sha256")
+        rows.append(
+            [
+                str(d["epoch"]),
+                fmt(step),
+                fmt(rec_ce),
+                fmt(off_ce),
+                fmt(diff),
+                fmt(rec_acc),
+                fmt(off_acc),
+                "yes" if same and same == identity.get("sha256") else "not shown to match",
+            ]
+        )
+    head = ["epoch", "optimizer step", f"probe CE recorder ({identity.get('dtype', '?')})"]
+    head += ["probe CE offline (float64)", "CE difference", "probe acc recorder"]
+    head += ["probe acc offline (float64)", "same probe (sha256)"]
+    return Table(f"recorder FP32 vs offline FP64 probe CE/accuracy · {r.label}", head, rows)

@@ -379,3 +379,29 @@ def throughput(reader: HistoryReader) -> tuple[np.ndarray, np.ndarray, str]:
         else "examples per wall-clock second between committed steps (includes non-training work)"
     )
     return steps, rate, how
+
+
+#: Plot 3 (seed 004): dense-probe layer quantities, ``key -> (title, log colour scale)``.
+PROBE_LAYER_QUANTITIES: dict[str, tuple[str, bool]] = {
+    "grad_fro_legacy_scale": ("dense-probe gradient L2  ||G||_F of the mean-loss gradient", True),
+    "param_l2": ("dense-probe parameter L2  ||W||", True),
+    "delta_since_snapshot": ("dense-probe delta_since_snapshot  ||W - W(previous probe)||", True),
+    "update_ratio": ("dense-probe update ratio  ||measured one-step update|| / ||W||", True),
+    "activation_zero_fraction": ("dense-probe activation zero fraction (== 0)", False),
+    "backprop_zero_fraction": ("dense-probe backprop zero fraction (== 0)", False),
+}
+
+
+def probe_layer_matrix(
+    reader: HistoryReader, key: str
+) -> tuple[list[str], np.ndarray, np.ndarray] | None:
+    """``(layers, probe steps, values[layer, step])`` of ``probe/<layer>/<key>`` (NaN: no row).
+
+    ``None`` when no layer has a row for ``key``.
+    """
+    steps = probe_steps(reader)
+    layers = [lay for lay in probe_layers(reader) if f"probe/{lay}/{key}" in reader.scalar_names]
+    if not layers or not len(steps):
+        return None
+    values = np.stack([scalar_on(reader, f"probe/{lay}/{key}", steps) for lay in layers])
+    return layers, steps, values

@@ -19,7 +19,7 @@ import numpy as np
 from stepscope.report import data as D
 from stepscope.report.model import Note, RunView, Section, Table, fmt, no_data
 from stepscope.report.plots import bar_plot, matrix_plot
-from stepscope.report.sections import MAX_RUN_PANELS, PROBE_ACC, PROBE_CE
+from stepscope.report.sections import PROBE_ACC, PROBE_CE
 
 
 def default_endpoints(runs: list[RunView]) -> list[int]:
@@ -84,7 +84,7 @@ def endpoints_section(runs: list[RunView], endpoints: list[int]) -> Section:
     else:
         sec.items.append(no_data("generalisation gap", "eval/<split>/* rows at the endpoints"))
     drew = False
-    for r in runs[:MAX_RUN_PANELS]:
+    for r in runs:
         h = r.reader
         probe_at = set(D.probe_steps(h).tolist())
         counts_names = sorted(
@@ -118,6 +118,45 @@ def endpoints_section(runs: list[RunView], endpoints: list[int]) -> Section:
                     caption="A class never predicted (a dead class) shows as an empty bar.",
                 ),
             )
+        drew = _eval_confusions(sec, r, endpoints) or drew
     if not drew:
         sec.items.append(no_data("predicted-class counts and confusion", "probe/model/* rows"))
     return sec
+
+
+def eval_confusion(h: object, split: str, step: int) -> np.ndarray | None:
+    """The ``(classes, classes)`` confusion logged for ``split`` at ``step`` via ``log_eval``
+    (metric ``confusion``, stored as ``eval/<split>/confusion/<true>/<pred>``), or ``None``."""
+    prefix = f"eval/{split}/confusion/"
+    names = [n for n in h.scalar_names if n.startswith(prefix)]  # type: ignore[attr-defined]
+    if not names:
+        return None
+    cells = {tuple(int(v) for v in n[len(prefix) :].split("/")): n for n in names}
+    classes = 1 + max(max(k) for k in cells)
+    out = np.full((classes, classes), np.nan)
+    for (t, p), name in cells.items():
+        out[t, p] = D.scalar_on(h, name, np.array([step]))[0]  # type: ignore[arg-type]
+    return None if np.isnan(out).any() else out.astype(np.int64)
+
+
+def _eval_confusions(sec: Section, r: RunView, endpoints: list[int]) -> bool:
+    """Evaluation-split confusion matrices at the endpoints (official test: declared only)."""
+    drew = False
+    for split in sorted(D.eval_metrics(r.reader)):
+        declared = D.endpoint_steps(r.reader, split) if split in D.ENDPOINT_ONLY_SPLITS else None
+        for step in endpoints:
+            if split in D.ENDPOINT_ONLY_SPLITS and (declared is None or step not in declared):
+                continue
+            matrix = eval_confusion(r.reader, split, step)
+            if matrix is None:
+                continue
+            drew = True
+            sec.items.append(
+                matrix_plot(
+                    f"{split} confusion at step {step} · {r.label}",
+                    matrix,
+                    "predicted class",
+                    "true class",
+                )
+            )
+    return drew

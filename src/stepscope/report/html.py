@@ -20,6 +20,7 @@ from stepscope.errors import Refusal
 from stepscope.report.curvature import curvature_section
 from stepscope.report.endpoints import default_endpoints, endpoints_section
 from stepscope.report.model import Item, Note, RunView, Section, Table
+from stepscope.report.overlay import Overlay, load_overlay
 from stepscope.report.plots import Plot
 from stepscope.report.record import record_section
 from stepscope.report.sections import (
@@ -54,13 +55,16 @@ td,th{border:1px solid #ddd;padding:.15em .5em;text-align:left;vertical-align:to
 
 
 def build_sections(
-    runs: Sequence[RunView], endpoints: Sequence[int] | None = None, histogram_limit: int = 40
+    runs: Sequence[RunView],
+    endpoints: Sequence[int] | None = None,
+    histogram_limit: int = 40,
+    overlays: Sequence[Overlay] = (),
 ) -> list[Section]:
     """Every section of the report, in :data:`SECTION_KEYS` order."""
     runs = list(runs)
     ends = sorted(set(endpoints)) if endpoints else default_endpoints(runs)
     return [
-        curves_section(runs, ends),
+        curves_section(runs, ends, overlays),
         branch_section(runs),
         endpoints_section(runs, ends),
         layers_section(runs),
@@ -121,6 +125,7 @@ def render_report(
     *,
     endpoints: Sequence[int] | None = None,
     histogram_limit: int = 40,
+    overlays: Sequence[str | os.PathLike[str]] = (),
 ) -> Path:
     """Write one self-contained HTML report over one or more run artifacts.
 
@@ -136,6 +141,9 @@ def render_report(
         (default: the first and last probe step).
     histogram_limit
         At most this many histogram-over-time panels.
+    overlays
+        Historical overlay JSON files (:mod:`stepscope.report.overlay`): sparse evaluation points
+        of another regime, drawn as labelled markers on the optimizer-step curves.
 
     Returns
     -------
@@ -158,7 +166,8 @@ def render_report(
     if endpoints is not None and any(int(e) < 0 for e in endpoints):
         raise Refusal("report_input_invalid", f"endpoints {list(endpoints)} must be >= 0.", [])
     views = [RunView.open(p) for p in runs]
-    return write_report(build_sections(views, endpoints, histogram_limit), views, out)
+    loaded = [load_overlay(p) for p in overlays]
+    return write_report(build_sections(views, endpoints, histogram_limit, loaded), views, out)
 
 
 def write_report(

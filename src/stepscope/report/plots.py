@@ -43,7 +43,8 @@ class Plot:
 
 @dataclass(frozen=True)
 class Trace:
-    """One line. ``kind``: ``"line"``, ``"seed"`` (thin, behind a mean) or ``"mean"``.
+    """One line. ``kind``: ``"line"``, ``"seed"`` (thin, behind a mean), ``"mean"`` or
+    ``"overlay"`` (isolated sparse points of another regime: large hollow markers, no line).
 
     ``band`` = ``(lower, upper)`` arrays draw a shaded interval labelled ``band_label``.
     """
@@ -110,8 +111,14 @@ def line_plot(
         style = {"seed": dict(lw=0.8, alpha=0.4), "mean": dict(lw=2.2)}.get(t.kind, {"lw": 1.4})
         key = t.group if t.group is not None else ("trace", i)
         colour = colours.setdefault(key, cycle[len(colours) % len(cycle)])
-        (line,) = ax.plot(x, y, marker=".", ms=4, label=t.label, color=colour, **style)
+        if t.kind == "overlay":  # sparse historical points: never joined into a curve
+            style = dict(ls="none", marker="D", ms=7, mfc="none", mew=1.6)
+        else:
+            style = dict(marker=".", ms=4, **style)
+        (line,) = ax.plot(x, y, label=t.label, color=colour, **style)
         data[f"{i}:{t.label}"] = (x, y)
+        if t.kind == "overlay":
+            data[f"{i}:{t.label}:kind"] = t.kind
         if t.band is not None:
             lo, hi = (np.asarray(b, float) for b in t.band)
             ax.fill_between(x, lo, hi, alpha=0.18, color=line.get_color(), label=t.band_label)

@@ -57,7 +57,24 @@ def record_section(runs: list[RunView]) -> Section:
         _flat("extra", extra, rows)
         sec.items.append(Table(f"run record · {r.label}", ["field", "value"], rows))
         sec.items.append(_overhead(r))
+        accounting = _telemetry_accounting(r)
+        if accounting is not None:
+            sec.items.append(accounting)
     return sec
+
+
+def _telemetry_accounting(r: RunView) -> Item | None:
+    """``RUN/telemetry.json`` (written by ``stepscope demo``): what the telemetry seconds were spent
+    on (probe, serialisation, snapshots, checkpoints, hooks) and the overall fraction."""
+    path = r.path / "telemetry.json"
+    if not path.exists():
+        return None
+    doc = json.loads(path.read_text())
+    rows: list[list[str]] = []
+    _flat("", {k: v for k, v in doc.items() if k != "cadence_qualification"}, rows)
+    return Table(
+        f"telemetry accounting · {r.label} (telemetry.json)", ["measurement", "value"], rows
+    )
 
 
 def _span(steps: Any) -> str:

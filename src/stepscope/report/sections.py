@@ -14,17 +14,17 @@ True
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
 from stepscope.report import data as D
 from stepscope.report.model import Item, Note, RunView, Section, Table, fmt, no_data
+from stepscope.report.overlay import Overlay
 from stepscope.report.plots import Trace, heatmap_plot, line_plot
 
 PROBE_CE, PROBE_ACC = "probe/model/loss", "probe/model/accuracy_fraction"
-MAX_RUN_PANELS = 4
 TRAIN_LOSS_NAMES = ("loss", "train/loss")  # user scalars drawn as the minibatch training loss
 
 
@@ -75,8 +75,30 @@ def _sources(run: RunView) -> dict[str, tuple[np.ndarray, str | None, str | None
     return out
 
 
-def curves_section(runs: list[RunView], endpoints: list[int]) -> Section:
-    """Probe and validation CE/accuracy vs optimizer step and isolated training seconds."""
+def _overlay_traces(overlays: Sequence[Overlay], metric: str) -> list[Trace]:
+    """Each overlay's saved points of ``metric``, one marker-only trace per split label."""
+    out = []
+    for ov in overlays:
+        splits = sorted({p.split for p in ov.points if p.metric == metric})
+        for split in splits:
+            pts = sorted(
+                (p.optimizer_step, p.value)
+                for p in ov.points
+                if p.metric == metric and p.split == split
+            )
+            x, y = (np.array(v, float) for v in zip(*pts))
+            out.append(Trace(f"{ov.legend} · {split}", x, y, kind="overlay", group=ov.legend))
+    return out
+
+
+def curves_section(
+    runs: list[RunView], endpoints: list[int], overlays: Sequence[Overlay] = ()
+) -> Section:
+    """Probe and validation CE/accuracy vs optimizer step and isolated training seconds.
+
+    ``overlays`` (:mod:`stepscope.report.overlay`) add sparse historical points to the
+    optimizer-step plots, in a distinct marker-only style labelled with their regime.
+    """
     sec = Section("curves", "Probe and validation cross-entropy and accuracy")
     labels = sorted({s for r in runs for s in _sources(r)})
     if not labels:
@@ -85,6 +107,7 @@ def curves_section(runs: list[RunView], endpoints: list[int]) -> Section:
         )
     has_clock = any(D.TRAIN_CLOCK in r.reader.scalar_names for r in runs)
     marks = [(float(e), f"endpoint {e}") for e in endpoints]
+    mixed: set[str] = set()
     for metric, col, unit in (("cross-entropy", 1, "nats/example"), ("accuracy", 2, "fraction")):
         for axis in ("optimizer step", "isolated training seconds"):
             if axis != "optimizer step" and not has_clock:
@@ -105,7 +128,14 @@ def curves_section(runs: list[RunView], endpoints: list[int]) -> Section:
                     if axis != "optimizer step":
                         x = D.scalar_on(r.reader, D.TRAIN_CLOCK, steps)
                     per_run.append((r.label, x, y))
+                if label == "probe" and not _same_probe(members):
+                    # never average probe curves of different examples (seed 004)
+                    traces += [Trace(f"{label}{group} · {n}", x, y) for n, x, y in per_run]
+                    mixed.add(f"probe{group}")
+                    continue
                 traces += seed_traces(label + group, per_run)
+            if axis == "optimizer step":
+                traces += _overlay_traces(overlays, metric)
             if traces:
                 sec.items.append(
                     line_plot(
@@ -118,9 +148,23 @@ def curves_section(runs: list[RunView], endpoints: list[int]) -> Section:
                         "eval/<split>: the run's evaluation rows. Several runs of one recipe: thin "
                         "seed traces behind their mean, shaded min–max interval, both only where "
                         "every run has a value; recipes (run record extra 'recipe'/'variant') are "
-                        "never averaged together.",
+                        "never averaged together."
+                        + (
+                            " Hollow diamonds: saved evaluation points of a historical run, a "
+                            "different source/recipe/hardware regime, sparse observations (not a "
+                            "curve); historical val_* is its official test."
+                            if overlays and axis == "optimizer step"
+                            else ""
+                        ),
                     )
                 )
+    for what in sorted(mixed):
+        sec.items.append(
+            Note(
+                f"{what}: the runs probed different examples (probe.json sha256 differ), so no "
+                "mean or interval is drawn over them; use one probe across recipes and seeds."
+            )
+        )
     if not has_clock:
         sec.items.append(no_data("isolated training seconds", f"scalar rows {D.TRAIN_CLOCK}"))
     sec.items.append(_elapsed_plot(runs))
@@ -139,6 +183,15 @@ def curves_section(runs: list[RunView], endpoints: list[int]) -> Section:
                 )
             )
     return sec
+
+
+def _same_probe(members: list[RunView]) -> bool:
+    """Whether the runs' persisted probe identities agree (runs without ``probe.json`` — written
+    before identities were persisted — are not held against it)."""
+    from stepscope.probe.sink import read_probe_identity
+
+    found = {(read_probe_identity(r.path) or {}).get("sha256") for r in members} - {None}
+    return len(found) <= 1
 
 
 def _by_group(
@@ -227,50 +280,97 @@ def branch_section(runs: list[RunView]) -> Section:
 
 
 HEATMAPS = (
-    ("gradient_l2", "gradient L2 (sqrt of sum_squares, gradient stream)", True),
-    ("parameter_l2", "parameter L2 (sqrt of sum_squares, parameter stream)", True),
-    ("update_to_parameter_ratio", "update / parameter ratio (RMS(update) / RMS(parameter))", True),
-    ("activation_zero_fraction", "activation zero fraction (zero / total)", False),
-    ("backprop_zero_fraction", "backprop zero fraction (zero / total, activation_grad)", False),
+    ("gradient_l2", "training-minibatch gradient L2 (sqrt of sum_squares, gradient stream)", True),
+    ("parameter_l2", "training-step parameter L2 (sqrt of sum_squares, parameter stream)", True),
+    (
+        "update_to_parameter_ratio",
+        "training-step update / parameter ratio (RMS(update) / RMS(parameter))",
+        True,
+    ),
+    (
+        "activation_zero_fraction",
+        "training-minibatch activation zero fraction (zero / total)",
+        False,
+    ),
+    (
+        "backprop_zero_fraction",
+        "training-minibatch backprop zero fraction (zero / total, activation_grad)",
+        False,
+    ),
 )
 
 
 def layers_section(runs: list[RunView]) -> Section:
-    """Layer x step heatmaps of the five spine-derived quantities, per run."""
-    sec = Section("layers", "Layer x step heatmaps")
-    for r in runs[:MAX_RUN_PANELS]:
-        mats = D.layer_quantities(r.reader)
-        sample = r.reader.run.extra.get("update_sample_size")
-        for key, title, log in HEATMAPS:
-            m = mats[key]
-            if m is None or not m.observed.any():
-                stream = {"gradient_l2": "gradient", "activation_zero_fraction": "activation"}
-                sec.items.append(
-                    no_data(f"{title} · {r.label}", f"observed {stream.get(key, key)} spine rows")
-                )
-                continue
-            cap = f"Definition: {m.definition}."
-            if key == "update_to_parameter_ratio" and sample:
-                cap += f" Updates are sampled (up to {sample} coordinates per parameter)."
-            sec.items.append(
-                heatmap_plot(
-                    f"{title} · {r.label}",
-                    m.sites,
-                    m.steps,
-                    m.values,
-                    key,
-                    log=log,
-                    nonfinite=m.nonfinite,
-                    caption=cap,
-                )
-            )
+    """Plot 3: layer x step heatmaps of dense-probe quantities for every run, then (apart, under
+    their own titles) the sampled training-minibatch stream heatmaps."""
+    sec = Section("layers", "Layer x step heatmaps: dense probe (Plot 3), then training streams")
+    for r in runs:
+        sec.items += _probe_heatmaps(r)
+    for r in runs:
+        sec.items += _training_heatmaps(r)
     return sec
+
+
+def _probe_heatmaps(r: RunView) -> list[Item]:
+    if not len(D.probe_steps(r.reader)):
+        return [no_data(f"dense-probe layer heatmaps (Plot 3) · {r.label}", "probe/<layer>/* rows")]
+    items: list[Item] = []
+    for key, (title, log) in D.PROBE_LAYER_QUANTITIES.items():
+        found = D.probe_layer_matrix(r.reader, key)
+        if found is None or not np.isfinite(found[2]).any():
+            items.append(no_data(f"{title} · {r.label}", f"probe/<layer>/{key} rows"))
+            continue
+        layers, steps, values = found
+        items.append(
+            heatmap_plot(
+                f"{title} · {r.label}",
+                layers,
+                steps,
+                values,
+                key,
+                log=log,
+                nonfinite=np.zeros(values.shape, dtype=bool),
+                caption="Measured on the fixed dense probe (eval mode) at the probe steps; "
+                "update ratio only after predeclared one-step updates.",
+            )
+        )
+    return items
+
+
+def _training_heatmaps(r: RunView) -> list[Item]:
+    items: list[Item] = []
+    mats = D.layer_quantities(r.reader)
+    sample = r.reader.run.extra.get("update_sample_size")
+    for key, title, log in HEATMAPS:
+        m = mats[key]
+        if m is None or not m.observed.any():
+            stream = {"gradient_l2": "gradient", "activation_zero_fraction": "activation"}
+            items.append(
+                no_data(f"{title} · {r.label}", f"observed {stream.get(key, key)} spine rows")
+            )
+            continue
+        cap = f"Sampled training minibatch stream. Definition: {m.definition}."
+        if key == "update_to_parameter_ratio" and sample:
+            cap += f" Updates are sampled (up to {sample} coordinates per parameter)."
+        items.append(
+            heatmap_plot(
+                f"{title} · {r.label}",
+                m.sites,
+                m.steps,
+                m.values,
+                key,
+                log=log,
+                nonfinite=m.nonfinite,
+                caption=cap,
+            )
+        )
+    return items
 
 
 MOMENTS = (
     ("grad_norm_rms", "per-example gradient RMS  sqrt(mean_i ||g_i||^2)"),
     ("covariance_trace", "gradient covariance trace  mean_i ||g_i||^2 - ||G||^2"),
-    ("gradient_diversity", "gradient diversity  sum_i ||g_i||^2 / ||sum_i g_i||^2"),
+    ("gradient_diversity", "gradient diversity (Yin)  sum_i ||g_i||^2 / ||sum_i g_i||^2"),
 )
 
 
@@ -285,7 +385,7 @@ def moments_section(runs: list[RunView]) -> Section:
     """Probe per-example gradient moments per layer with validity annotations."""
     sec = Section("moments", "Per-example gradient moments (dense probe; not curvature)")
     rows: list[list[str]] = []
-    for r in runs[:MAX_RUN_PANELS]:
+    for r in runs:
         h = r.reader
         steps = D.probe_steps(h)
         layers = D.probe_layers(h)
@@ -333,19 +433,28 @@ def moments_section(runs: list[RunView]) -> Section:
 
 
 def histograms_section(runs: list[RunView], limit: int = 40) -> Section:
-    """Each site's histogram over time (first runs only, up to ``limit`` panels in all)."""
+    """Each site's histogram over time, every run in turn, up to ``limit`` panels in all; the
+    panels left out are named in a note (a stated selection, never a silent cut)."""
     from stepscope.report.plots import histogram_plot
 
     sec = Section("histograms", "Histograms over time (signed log2 grid)")
-    left = limit
-    for r in runs[:MAX_RUN_PANELS]:
+    left, omitted = limit, []
+    for r in runs:
         pairs = D.histogram_pairs(r.reader)
         if not pairs:
             sec.items.append(no_data(f"histograms · {r.label}", "histogram rows of any stream"))
         for site, stream in pairs:
             if left <= 0:
-                sec.items.append(Note(f"{len(pairs)} panels in all; the rest omitted (limit)."))
-                break
+                omitted.append(f"{r.label}: {site} · {stream}")
+                continue
             left -= 1
             sec.items.append(histogram_plot(D.histogram_grid(r.reader, site, stream)))
+    if omitted:
+        shown = ", ".join(omitted[:12]) + (" ..." if len(omitted) > 12 else "")
+        sec.items.append(
+            Note(
+                f"{limit} histogram panels drawn (--histogram-limit); {len(omitted)} more not "
+                f"drawn: {shown}."
+            )
+        )
     return sec

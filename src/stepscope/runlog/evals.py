@@ -9,6 +9,11 @@ at initialization), ``examples_seen`` (training examples consumed before it) and
 unknown count is ``None``, never a zero. A plot of official-test values uses only the records
 whose ``endpoint`` is true.
 
+A metric named ``confusion`` may be a ``(classes, classes)`` matrix of counts
+(``confusion[true][predicted]``, array or tensor): :func:`expand_confusion` turns it into the
+integer metrics ``confusion/<true>/<predicted>`` and ``predicted_counts/<class>`` (column sums), so
+evaluation splits carry the same class-level view as the dense probe.
+
 Example
 -------
 >>> r = EvalRecord("validation", {"ce": 0.5, "accuracy_fraction": 0.875}, optimizer_step=100,
@@ -32,6 +37,44 @@ from stepscope.errors import Refusal
 from stepscope.runlog.names import HASH_WIDTH, METRIC_WIDTH, SPLIT_WIDTH, check_label
 
 EVAL_LOG = "evals.log"
+CONFUSION_METRIC = "confusion"
+
+
+def expand_confusion(metrics: Mapping[str, Any]) -> dict[str, Any]:
+    """Replace a ``confusion`` matrix metric by its cells and predicted-class counts.
+
+    >>> sorted(expand_confusion({"accuracy": 0.5, "confusion": [[1, 1], [0, 2]]}).items())
+    ... # doctest: +NORMALIZE_WHITESPACE
+    [('accuracy', 0.5), ('confusion/0/0', 1), ('confusion/0/1', 1), ('confusion/1/0', 0),
+     ('confusion/1/1', 2), ('predicted_counts/0', 1), ('predicted_counts/1', 3)]
+    """
+    if not isinstance(metrics, Mapping) or CONFUSION_METRIC not in metrics:
+        return dict(metrics) if isinstance(metrics, Mapping) else metrics
+    raw = metrics[CONFUSION_METRIC]
+    if hasattr(raw, "detach"):
+        raw = raw.detach().cpu().numpy()
+    matrix = np.asarray(raw)
+    square = matrix.ndim == 2 and matrix.shape[0] == matrix.shape[1] and matrix.size > 0
+    if (
+        not square
+        or not np.issubdtype(matrix.dtype, np.number)
+        or not np.all(np.isfinite(matrix))
+        or np.any(matrix < 0)
+        or np.any(matrix != np.round(matrix))
+    ):
+        raise Refusal(
+            "runlog_value_invalid",
+            f"metric 'confusion' must be a square matrix of counts, got shape {matrix.shape}.",
+            ["pass confusion[true][predicted] counts, e.g. torch.bincount(...).reshape(C, C)"],
+        )
+    counts = matrix.astype(np.int64)
+    out = {k: v for k, v in metrics.items() if k != CONFUSION_METRIC}
+    for t, row in enumerate(counts.tolist()):
+        for p, count in enumerate(row):
+            out[f"{CONFUSION_METRIC}/{t}/{p}"] = count
+    for p, count in enumerate(counts.sum(0).tolist()):
+        out[f"predicted_counts/{p}"] = count
+    return out
 
 
 def _count(value: Any, what: str) -> int | None:

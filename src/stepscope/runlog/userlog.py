@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from stepscope.errors import Refusal
-from stepscope.runlog.evals import EvalRecord
+from stepscope.runlog.evals import EvalRecord, expand_confusion
 from stepscope.runlog.names import eval_scalar
 from stepscope.runlog.pending import _host_or_tensor, _to_host_all
 
@@ -39,9 +39,13 @@ def make_eval(
     data_hash: str | None,
     endpoint: bool,
 ) -> EvalRecord:
-    """An :class:`EvalRecord` from host or device values (tensors: one transfer per device)."""
+    """An :class:`EvalRecord` from host or device values (tensors: one transfer per device).
+
+    A ``confusion`` matrix metric is expanded into its cells (:func:`expand_confusion`).
+    """
     if not isinstance(metrics, Mapping):
         raise Refusal("runlog_value_invalid", "metrics must be a mapping name -> value.", [])
+    metrics = expand_confusion(metrics)
     values = {k: _host_or_tensor(v, f"metric {k!r}") for k, v in metrics.items()}
     tensors = [k for k, v in values.items() if isinstance(v, torch.Tensor)]
     for k, v in zip(tensors, _to_host_all([values[k] for k in tensors])):  # type: ignore[misc]
