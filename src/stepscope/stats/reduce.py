@@ -67,6 +67,8 @@ def _prepare(t: torch.Tensor) -> torch.Tensor:
             ["pass tensors (torch.as_tensor(x))"],
         )
     t = t.detach()
+    if t.is_neg() or t.is_conj():  # lazy views: the memory holds the un-negated values
+        t = t.resolve_conj().resolve_neg()
     if t.is_complex():
         raise Refusal(
             "stat_dtype_unsupported",
@@ -199,7 +201,11 @@ def spine_into(tensor: torch.Tensor, out_row: torch.Tensor, backend: str = "auto
     The collector's hot path: the same result as :func:`reduce_spines` with less per-call work.
     """
     dtype = tensor.dtype
-    if (dtype is torch.float32 or dtype is torch.float64) and tensor.is_contiguous():
+    if (
+        (dtype is torch.float32 or dtype is torch.float64)
+        and tensor.is_contiguous()
+        and not tensor.is_neg()
+    ):
         x = tensor.detach()  # already flat-addressable: skip the reshape/copy checks
     else:
         x = _prepare(tensor)
