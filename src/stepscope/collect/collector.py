@@ -74,7 +74,7 @@ from stepscope.runlog import (
     write_summary,
 )
 from stepscope.selection import Selector, select_modules
-from stepscope.stats import SPINE_WIDTH
+from stepscope.stats import SPINE_WIDTH, backend_info
 
 DEFAULT_STREAMS: tuple[str, ...] = ("activation", "gradient", "parameter", "update")
 _OBSERVED, _ABSENT = code_of(Presence.OBSERVED), code_of(Presence.SITE_ABSENT)
@@ -259,6 +259,7 @@ class HistoryCollector:
                 "streams": self.streams,
                 "update_sample_size": s.update_sample_size,
                 "update_seed": s.update_seed,
+                "kernel_backend": backend_info(),  # which reduction kernels produced the rows
             },
         )
         self.writer: ArtifactWriter | None = None
