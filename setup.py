@@ -11,7 +11,8 @@ kernels (``stepscope.stats.backend_info()`` says so).
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
-UNIX_FLAGS = ["-O3", "-std=c11", "-fno-math-errno", "-fopenmp-simd", "-pthread"]
+# -fno-wrapv: Python's own CFLAGS carry -fwrapv, which stops GCC vectorising the loops (5-10x slower)
+UNIX_FLAGS = ["-O3", "-fno-wrapv", "-std=c11", "-fno-math-errno", "-fopenmp-simd", "-pthread"]
 
 
 class BuildKernels(build_ext):
