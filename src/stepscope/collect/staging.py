@@ -67,18 +67,21 @@ class Staging:
 
     def write(self, row: int, tensor: torch.Tensor, histogram: bool) -> None:
         """Reduce ``tensor`` into ``row`` (merging exactly if the row already fired this step)."""
+        # rows by .select: plain [row] indexing may build an index tensor on the host
+        spine = self.spines.select(0, row)
         if self.fired[row] == 0:
-            spine_into(tensor, self.spines[row], self.backend)
+            spine_into(tensor, spine, self.backend)
         else:  # a module called twice in one step (micro-batches, weight sharing): fold exactly
             part = reduce_spines([tensor], backend=self.backend)
-            self.spines[row] = merge_spine_rows(self.spines[row], part[0])
+            spine.copy_(merge_spine_rows(spine, part.select(0, 0)))
         self.fired[row] += 1
         if histogram:
-            counts = reduce_histograms([tensor], self.descriptor, backend=self.backend)[0]
+            counts = reduce_histograms([tensor], self.descriptor, backend=self.backend)
+            hist = self.hist.select(0, row)
             if self.hist_fired[row]:
-                self.hist[row] += counts
+                hist.add_(counts.select(0, 0))
             else:
-                self.hist[row] = counts
+                hist.copy_(counts.select(0, 0))
             self.hist_fired[row] = True
 
     def to_host(self, with_histograms: bool) -> tuple[np.ndarray, np.ndarray | None]:

@@ -102,51 +102,47 @@ def _prepare(t: torch.Tensor) -> torch.Tensor:
 # ----------------------------------------------------------------------------------- spines
 
 
-def _torch_spine(x: torch.Tensor) -> torch.Tensor:
-    """The spine row of a flat float tensor with device ops only."""
+def _torch_spine(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """The spine row of a flat float tensor with device ops only.
+
+    Written into ``out`` when given (a contiguous ``[SPINE_WIDTH]`` float64 view).
+    Sync-free by construction (a test replays it on a fake CUDA tensor): no ``.item()``, no
+    tensor built from host data, no data-dependent shape. Passes over the data: one mask pass,
+    one stacked count reduction, one ``aminmax`` over the finite values (non-finite ones replaced by
+    the first finite element, found with ``argmax``), and the float64 sums.
+    """
     n = x.numel()
-    out = torch.empty(SPINE_WIDTH, dtype=torch.float64, device=x.device)
-    if n == 0:
-        out.copy_(torch.tensor([0.0] * 7 + [float("nan")] * 3 + [0.0] * 3 + [float("nan")] * 2))
-        return out
+    f64 = torch.float64
+    nan = float("nan")
+    if n == 0:  # counts and sums exactly zero, the rest undefined (built on the device)
+        z, u = x.new_zeros((), dtype=f64), x.new_full((), nan, dtype=f64)
+        return torch.stack((*[z] * 7, u, u, u, z, z, z, u, u), out=out)
     fin = torch.isfinite(x)
-    isinf = torch.isinf(x)
-    finite = fin.sum()
-    w = torch.where(fin, x, torch.zeros((), dtype=x.dtype, device=x.device)).to(torch.float64)
-    s = w.sum()
-    fcount = finite.to(torch.float64)
-    mean = s / fcount
-    big = torch.tensor(float("inf"), dtype=x.dtype, device=x.device)
-    mn = torch.where(fin, x, big).min().to(torch.float64)
-    mx = torch.where(fin, x, -big).max().to(torch.float64)
-    nan = torch.tensor(float("nan"), dtype=torch.float64, device=x.device)
+    neg, inf = x < 0, torch.isinf(x)
+    counts = torch.stack((fin, x == 0, neg & fin, torch.isnan(x), inf & (x > 0), inf & neg))
+    counts = counts.sum(dim=1).to(f64)
+    finite = counts.select(0, 0)
     has = finite > 0
-    mn = torch.where(has, mn, nan)
-    mx = torch.where(has, mx, nan)
-    m2 = (
-        torch.where(fin, w - mean, torch.zeros((), dtype=torch.float64, device=x.device))
-        .square()
-        .sum()
-    )
-    parts = [
-        torch.tensor(float(n), dtype=torch.float64, device=x.device),
-        fcount,
-        (x == 0).sum(),
-        ((x < 0) & fin).sum(),
-        torch.isnan(x).sum(),
-        (isinf & (x > 0)).sum(),
-        (isinf & (x < 0)).sum(),
+    # any finite element (x[0] if none), by index on the device: x[t] would read t on the host
+    first = x.reshape(-1).index_select(0, fin.to(torch.uint8).argmax().reshape(1)).squeeze(0)
+    mn, mx = (torch.where(has, m.to(f64), nan) for m in torch.where(fin, x, first).aminmax())
+    w = torch.where(fin, x, 0.0).to(f64)
+    s = w.sum()
+    mean = s / finite
+    d = torch.where(fin, w - mean, 0.0)
+    parts = (
+        x.new_full((), n, dtype=f64),
+        *counts.unbind(),
         mn,
         mx,
         torch.maximum(mn.abs(), mx.abs()),
         s,
-        w.square().sum(),
+        torch.dot(w, w),
         w.abs().sum(),
         torch.where(has, mean, nan),
-        torch.where(has, m2, nan),
-    ]
-    torch.stack([p.to(torch.float64) for p in parts], out=out)
-    return out
+        torch.where(has, torch.dot(d, d), nan),
+    )
+    return torch.stack(parts, out=out)  # into the staging row: no copy_, no host index
 
 
 def reduce_spines(
@@ -191,7 +187,7 @@ def reduce_spines(
             fn(x.data_ptr(), x.numel(), threads, base + i * SPINE_WIDTH * 8)
         return out
     for i, x in enumerate(flats):
-        out[i] = _torch_spine(x)
+        _torch_spine(x, out.select(0, i))
     return out
 
 
@@ -215,7 +211,7 @@ def spine_into(tensor: torch.Tensor, out_row: torch.Tensor, backend: str = "auto
             fn = lib.stepscope_spine_f32 if x.dtype == torch.float32 else lib.stepscope_spine_f64
             fn(x.data_ptr(), x.numel(), torch.get_num_threads(), out_row.data_ptr())
             return
-    out_row.copy_(_torch_spine(x))
+    _torch_spine(x, out_row)
 
 
 def _select(backend: str, device: torch.device):
@@ -301,7 +297,7 @@ def _torch_histogram(x: torch.Tensor, desc: HistogramDescriptor, row: torch.Tens
     m = bits & ((1 << mbits) - 1)
     nb2 = 2 * desc.n_bins
     j = torch.bucketize(m, thr, right=True) if thr.numel() else torch.zeros_like(m)
-    entry = table[se]
+    entry = table.index_select(0, se)
     idx = (entry & (_INWIN - 1)) + ((entry >> 30) & 1) * j
     idx = torch.where((e == emax) & (m != 0), torch.full_like(idx, nb2 + 5), idx)
     idx = torch.where((e == 0) & (m == 0), torch.full_like(idx, nb2), idx)
@@ -366,7 +362,7 @@ def reduce_histograms(
             )
         return out
     for i, x in enumerate(flats):
-        _torch_histogram(x, desc, out[i])
+        _torch_histogram(x, desc, out.select(0, i))
     return out
 
 
