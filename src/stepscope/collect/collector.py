@@ -45,7 +45,7 @@ from stepscope.collect.sites import (
     param_signature,
     update_indices,
 )
-from stepscope.collect.staging import Staging, to_host  # noqa: F401  (tests patch it here)
+from stepscope.collect.staging import Staging, by_device, to_host  # noqa: F401  (tests patch it here)
 from stepscope.errors import Refusal
 from stepscope.history import (
     ArtifactWriter,
@@ -333,6 +333,18 @@ class HistoryCollector:
         state.telemetry_s += dt
         state.stream_s[row.stream] = state.stream_s.get(row.stream, 0.0) + dt
 
+    def _reduce_many(self, stream: str, pairs: list[tuple[Row, torch.Tensor]]) -> None:
+        # parameter-sized streams: all due tensors of a device in one multi-tensor reduction
+        state = self._state
+        if not pairs or state is None or not state.spine_due[stream]:
+            return
+        t0 = time.perf_counter()
+        for dev, (idx, ts) in by_device([(r.index, t) for r, t in pairs]).items():
+            self._staging(dev).write_many(idx, ts, state.hist_due[stream])
+        dt = time.perf_counter() - t0
+        state.telemetry_s += dt
+        state.stream_s[stream] = state.stream_s.get(stream, 0.0) + dt
+
     def _recording(self) -> bool:
         # A forward belongs to the training step when the model trains, or, inside an explicit
         # transaction, when it builds a graph. An eval-mode no_grad forward (an evaluation, the
@@ -389,9 +401,8 @@ class HistoryCollector:
             return
         state.grads_taken = True
         state.scale_grad = phase_scale
-        for row in self._by_stream["gradient"]:
-            if row.param.grad is not None:
-                self._reduce(row, row.param.grad)
+        rows = self._by_stream["gradient"]
+        self._reduce_many("gradient", [(r, r.param.grad) for r in rows if r.param.grad is not None])
 
     def _pre_step(self, optimizer: torch.optim.Optimizer) -> None:
         state = self._state
@@ -418,12 +429,17 @@ class HistoryCollector:
             return
         state.stepped = True
         with torch.no_grad():
+            t0, pairs = time.perf_counter(), []
             for row in self._by_stream.get("update", []):
                 old = self._update_old.pop(row.index, None)
                 if old is not None:
-                    self._reduce(row, self._sample(row) - old)
-            for row in self._by_stream.get("parameter", []):
-                self._reduce(row, row.param)
+                    pairs.append((row, self._sample(row) - old))
+            if pairs:  # the sampling is telemetry too (the pre-step half is timed as well)
+                dt = time.perf_counter() - t0
+                state.telemetry_s += dt
+                state.stream_s["update"] = state.stream_s.get("update", 0.0) + dt
+            self._reduce_many("update", pairs)
+            self._reduce_many("parameter", [(r, r.param) for r in self._by_stream.get("parameter", [])])
         if not self._txn_open:  # implicit spelling: the optimizer step ends the step
             self._finish_step(StepProvenance.IMPLICIT)
 

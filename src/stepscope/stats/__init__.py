@@ -12,6 +12,7 @@ from stepscope.stats.reduce import (
     reduce_histograms,
     reduce_spines,
     spine_into,
+    spines_into,
 )
 from stepscope.stats.spine import RunningStats
 from stepscope.stats.text import render_histogram, render_spine
@@ -35,4 +36,5 @@ __all__ = [
     "render_histogram",
     "render_spine",
     "spine_into",
+    "spines_into",
 ]

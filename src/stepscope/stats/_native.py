@@ -182,6 +182,12 @@ def load() -> ctypes.CDLL | None:
         return lib
 
 
+def loaded() -> ctypes.CDLL | None:
+    """:func:`load` without taking the lock once the library is loaded (the per-tensor hot path)."""
+    lib = _STATE.get("lib", _STATE)
+    return load() if lib is _STATE else lib  # type: ignore[return-value]
+
+
 def backend_info() -> dict[str, str]:
     """Which CPU kernel path runs and where it came from.
 

@@ -111,6 +111,7 @@ def _torch_spine(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tens
     one stacked count reduction, one ``aminmax`` over the finite values (non-finite ones replaced by
     the first finite element, found with ``argmax``), and the float64 sums.
     """
+    x = x.reshape(-1)  # a view: callers pass contiguous tensors of any shape
     n = x.numel()
     f64 = torch.float64
     nan = float("nan")
@@ -124,7 +125,7 @@ def _torch_spine(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tens
     finite = counts.select(0, 0)
     has = finite > 0
     # any finite element (x[0] if none), by index on the device: x[t] would read t on the host
-    first = x.reshape(-1).index_select(0, fin.to(torch.uint8).argmax().reshape(1)).squeeze(0)
+    first = x.index_select(0, fin.to(torch.uint8).argmax().reshape(1)).squeeze(0)
     mn, mx = (torch.where(has, m.to(f64), nan) for m in torch.where(fin, x, first).aminmax())
     w = torch.where(fin, x, 0.0).to(f64)
     s = w.sum()
@@ -206,12 +207,75 @@ def spine_into(tensor: torch.Tensor, out_row: torch.Tensor, backend: str = "auto
     else:
         x = _prepare(tensor)
     if x.device.type == "cpu" and backend != "torch":
-        lib = _native.load() if backend == "auto" else _select(backend, x.device)
+        lib = _native.loaded() if backend == "auto" else _select(backend, x.device)
         if lib is not None:
             fn = lib.stepscope_spine_f32 if x.dtype == torch.float32 else lib.stepscope_spine_f64
             fn(x.data_ptr(), x.numel(), torch.get_num_threads(), out_row.data_ptr())
             return
     _torch_spine(x, out_row)
+
+
+def spines_into(
+    tensors: Sequence[torch.Tensor],
+    out: torch.Tensor,
+    rows: Sequence[int],
+    backend: str = "auto",
+) -> None:
+    """Spines of many tensors into rows of ``out``, in one native call on the CPU.
+
+    The multi-tensor form of :func:`spine_into` (like ``torch._foreach_*``): the collector hands
+    it every due tensor of a parameter-sized stream (gradient, parameter, update) at once, so the
+    per-tensor Python and ctypes overhead is paid once per stream and step, not once per tensor.
+
+    Parameters
+    ----------
+    tensors
+        The tensors, any real dtype (CPU ones go to the C kernel; others use :func:`spine_into`).
+    out
+        A contiguous ``[n_rows, SPINE_WIDTH]`` float64 buffer (the staging buffer).
+    rows
+        ``out`` row of each tensor.
+    backend
+        ``"auto"``, ``"c"`` or ``"torch"``.
+
+    Examples
+    --------
+    >>> import torch
+    >>> out = torch.zeros(3, SPINE_WIDTH, dtype=torch.float64)
+    >>> spines_into([torch.ones(4), torch.arange(3.0)], out, [2, 0])
+    >>> out[2, 0].item(), out[0, 10].item()  # total of row 2, sum of row 0
+    (4.0, 3.0)
+    """
+    lib = None
+    if backend != "torch" and out.device.type == "cpu" and out.is_contiguous():
+        lib = _native.loaded() if backend == "auto" else _select(backend, out.device)
+    if lib is None or out.dtype != torch.float64:
+        for t, r in zip(tensors, rows):
+            spine_into(t, out.select(0, r), backend)
+        return
+    keep, ptrs, kinds, outs = [], [], [], []  # keep: widened copies alive until the call returns
+    base, stride = out.data_ptr(), SPINE_WIDTH * 8
+    f32, f64 = torch.float32, torch.float64
+    for t, r in zip(tensors, rows):
+        if t.device.type != "cpu":
+            spine_into(t, out.select(0, r), backend)
+            continue
+        if not ((t.dtype is f32 or t.dtype is f64) and t.is_contiguous() and not t.is_neg()):
+            t = _prepare(t)
+            keep.append(t)
+        ptrs.append((t.data_ptr(), t.numel()))
+        kinds.append(t.dtype is f64)
+        outs.append(base + r * stride)
+    if not ptrs:
+        return
+    pn = np.array(ptrs, dtype=np.int64)  # [k, 2]: pointer, numel (user-space pointers < 2**63)
+    p = np.ascontiguousarray(pn[:, 0])
+    n = np.ascontiguousarray(pn[:, 1])
+    k = np.array(kinds, dtype=np.int32)
+    o = np.array(outs, dtype=np.int64)
+    lib.stepscope_spine_many(
+        len(ptrs), p.ctypes.data, n.ctypes.data, k.ctypes.data, torch.get_num_threads(), o.ctypes.data
+    )
 
 
 def _select(backend: str, device: torch.device):
