@@ -2,7 +2,7 @@
 
 The result is a plain shared library that :mod:`stepscope.stats._native` loads with ctypes (no
 Python C API). Portable flags only (never ``-march=native``); on x86-64 Linux the hot loops carry
-``target_clones`` so the AVX2 or baseline version is chosen at run time. ``#pragma omp simd``
+``target_clones`` so the AVX-512F, AVX2 or baseline version is chosen at run time. ``#pragma omp simd``
 needs ``-fopenmp-simd`` only: no OpenMP runtime is linked beside torch's. The extension is
 optional: where no C compiler exists the install still succeeds and stepscope runs its pure-torch
 kernels (``stepscope.stats.backend_info()`` says so).

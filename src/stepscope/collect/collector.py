@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from stepscope.collect.autocadence import AutoCadence, choose_stream_cadences
+from stepscope.collect.autocadence import AutoCadence, WarmupMeter
 from stepscope.collect.plan import Plan, build_plan
 from stepscope.collect.settings import ALL_STREAMS, Cadence, WatchSettings, resolve_cadence
 from stepscope.collect.sites import (
@@ -111,6 +111,7 @@ class StepState:
     started: float = 0.0
     window_from: float = 0.0  # telemetry_s when the step's training-clock window opened
     stream_s: dict[str, float] = field(default_factory=dict)  # reduction seconds per stream
+    carried_s: float = 0.0  # the previous step's write/commit/publish, charged to this step
 
 
 class StepTransaction:
@@ -193,7 +194,7 @@ class HistoryCollector:
             cadence = dict.fromkeys(streams, self.auto.warmup_cadence())
         self.cadences: dict[str, Cadence] = resolve_cadence(cadence, streams)
         self.cadence_decision: dict[str, Any] | None = None
-        self._auto_seen: dict[str, list[float]] = {"shared": [], "train": []}
+        self._meter = WarmupMeter(self.auto, streams) if self.auto is not None else None
         self.modules = select_modules(model, sites if sites is not None else _leaf_modules)
         self.rows: list[Row] = build_rows(self.modules, streams)
         if not self.rows:
@@ -499,7 +500,7 @@ class HistoryCollector:
         state.explicit, state.examples, state.epoch = True, examples, epoch
         self._txn_open, self._scaler = True, scaler
         self.clock.begin(state.step)  # the training clock times the transaction body
-        state.window_from = state.telemetry_s
+        state.window_from, state.started = state.telemetry_s, time.perf_counter()
         try:
             yield StepTransaction(self, state)
         except BaseException:
@@ -575,7 +576,8 @@ class HistoryCollector:
         self._next_step = state.step + 1
         self._state = None
         self._begin_step()
-        self._state.telemetry_s += time.perf_counter() - t_split  # write, publish, next begin
+        self._state.carried_s = time.perf_counter() - t_split  # write, publish, next begin
+        self._state.telemetry_s += self._state.carried_s
 
     def _auto_measure(
         self, state: StepState, t_finish: float, telemetry: float
@@ -585,21 +587,11 @@ class HistoryCollector:
         Returns scalar rows ``cadence/<stream>/spine_every`` (and ``histogram_every``, and
         ``cadence/expected_overhead``) for the step at which the decision was made.
         """
-        seen = self._auto_seen
-        if state.step > 0:  # step 0 pays discovery and kernel loading: not representative
-            seen["train"].append(max(0.0, (t_finish - state.started) - state.telemetry_s))
-            seen["shared"].append(max(0.0, telemetry - sum(state.stream_s.values())))
-            for s in self.streams:
-                seen.setdefault(s, []).append(state.stream_s.get(s, 0.0))
-        if state.step < self.auto.warmup - 1:
+        train = (t_finish - state.started) - (state.telemetry_s - state.window_from)
+        self._meter.record(state.step, train, state.stream_s, telemetry, state.carried_s)
+        if not self._meter.done(state.step):
             return {}
-        choice = choose_stream_cadences(
-            {s: seen.get(s, []) for s in self.streams},
-            seen["shared"],
-            seen["train"],
-            self.auto.target,
-            self.auto.histogram_factor,
-        )
+        choice = self._meter.decide()
         self.cadences = dict(choice.cadences)
         self.cadence_decision = {**choice.to_dict(), "decided_at_step": state.step}
         rows: dict[str, float] = {}

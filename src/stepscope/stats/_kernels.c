@@ -13,8 +13,8 @@
  * exact integer mantissa thresholds the mantissa reaches. No log2, no rounding.
  *
  * Portability (issue 23): built at install time with portable flags (never -march=native); on
- * x86-64 Linux with GCC the hot loops are compiled twice (AVX2 and baseline) with target_clones and
- * the loader picks one at run time (ifunc). `#pragma omp simd` needs only -fopenmp-simd: no OpenMP
+ * x86-64 Linux with GCC the hot loops are compiled three times (AVX-512F, AVX2, baseline) with
+ * target_clones and the loader picks one at run time (ifunc). `#pragma omp simd` needs only -fopenmp-simd: no OpenMP
  * runtime is linked (torch ships its own; two runtimes in one process clash). Threads, when asked
  * for, are plain pthreads. No allocation is left unchecked: a failed one falls back to one thread.
  * Accuracy: every sum accumulates in float64 (float32 inputs widen exactly), so each sum's error is
@@ -29,7 +29,7 @@
 
 #if defined(__x86_64__) && defined(__linux__) && defined(__GNUC__) && !defined(__clang__) && \
     !defined(STEPSCOPE_NO_CLONES)
-#define SS_CLONES __attribute__((target_clones("avx2", "default")))
+#define SS_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 #else
 #define SS_CLONES
 #endif
@@ -285,13 +285,13 @@ HIST_ENTRY(stepscope_hist_f64, hist_range_f64, double, uint64_t)
 
 int stepscope_kernels_version(void) { return 4; }
 
-/* Which instruction set the dispatched loops use: 2 = AVX2 clone, 1 = baseline clone, 0 = one
- * portable build (no runtime dispatch on this platform/compiler). */
+/* Which instruction set the dispatched loops use: 3 = AVX-512F clone, 2 = AVX2 clone, 1 = baseline
+ * clone, 0 = one portable build (no runtime dispatch on this platform/compiler). */
 int stepscope_kernels_isa(void) {
 #if defined(__x86_64__) && defined(__linux__) && defined(__GNUC__) && !defined(__clang__) && \
     !defined(STEPSCOPE_NO_CLONES)
     __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") ? 2 : 1;
+    return __builtin_cpu_supports("avx512f") ? 3 : __builtin_cpu_supports("avx2") ? 2 : 1;
 #else
     return 0;
 #endif

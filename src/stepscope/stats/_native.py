@@ -48,7 +48,7 @@ _FLAGS = [
     "-pthread",
     "-Wl,--no-undefined",
 ]
-_ISA = {0: "portable", 1: "baseline (x86-64)", 2: "avx2"}
+_ISA = {0: "portable", 1: "baseline (x86-64)", 2: "avx2", 3: "avx512f"}
 
 
 def _cache_dir() -> Path:
@@ -196,7 +196,7 @@ def backend_info() -> dict[str, str]:
     dict
         ``cpu``: ``"c"`` or ``"torch"``; ``source``: ``"packaged"`` (built at install time),
         ``"jit"`` (explicit opt-in) or ``"none"``; ``isa``: the instruction set the dispatched
-        loops use (``"avx2"``, ``"baseline (x86-64)"``, ``"portable"``; empty without the C
+        loops use (``"avx512f"``, ``"avx2"``, ``"baseline (x86-64)"``, ``"portable"``; empty without the C
         kernel); ``detail``: why.
 
     Examples
