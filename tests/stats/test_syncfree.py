@@ -59,8 +59,13 @@ class SyncAudit(TorchDispatchMode):
 
 
 @pytest.fixture
-def fake_cuda():
-    """A FakeTensorMode whose tensors claim to live on cuda:0; device-table caches reset."""
+def fake_cuda(monkeypatch):
+    """A FakeTensorMode whose tensors claim to live on cuda:0; device-table caches reset.
+
+    The Triton kernel cannot launch on fake tensors: its host side (grid from the shape, no
+    data read) is audited separately, its combine pass in ``test_triton_combine_is_sync_free``.
+    """
+    monkeypatch.setattr(reduce_mod._triton, "available", lambda device: False)
     reduce_mod._device_tables.cache_clear()
     with FakeTensorMode(allow_non_fake_inputs=True) as mode:
         yield mode
@@ -134,3 +139,10 @@ def test_the_audit_catches_a_host_sync(fake_cuda):
     assert any("_local_scalar_dense" in v for v in item.violations)
     upload = audited(lambda: x + torch.ones(1).to(x.device))
     assert any("host tensor input" in v for v in upload.violations)
+
+
+def test_triton_combine_is_sync_free(fake_cuda):
+    """Pass 2 of the fused device kernel: block partials -> spine row, device ops only."""
+    part = torch.empty(37, 12, dtype=torch.float64, device="cuda")
+    audit = audited(lambda: reduce_mod._triton._combine(part, 37 * 1024 - 5))
+    assert audit.ops and audit.violations == []

@@ -17,6 +17,7 @@ from stepscope.stats import (
     merge_spine_rows,
     reduce_histograms,
     reduce_spines,
+    spine_and_histogram_into,
     spine_into,
     spines_into,
 )
@@ -70,6 +71,13 @@ class Staging:
         """Reduce ``tensor`` into ``row`` (merging exactly if the row already fired this step)."""
         # rows by .select: plain [row] indexing may build an index tensor on the host
         spine = self.spines.select(0, row)
+        if self.fired[row] == 0 and histogram:  # one fused read where the device has one
+            spine_and_histogram_into(
+                tensor, spine, self.hist.select(0, row), self.descriptor, self.backend
+            )
+            self.fired[row] += 1
+            self.hist_fired[row] = True
+            return
         if self.fired[row] == 0:
             spine_into(tensor, spine, self.backend)
         else:  # a module called twice in one step (micro-batches, weight sharing): fold exactly

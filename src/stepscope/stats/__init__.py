@@ -11,6 +11,7 @@ from stepscope.stats.reduce import (
     merge_spine_rows,
     reduce_histograms,
     reduce_spines,
+    spine_and_histogram_into,
     spine_into,
     spines_into,
 )
@@ -35,6 +36,7 @@ __all__ = [
     "reduce_spines",
     "render_histogram",
     "render_spine",
+    "spine_and_histogram_into",
     "spine_into",
     "spines_into",
 ]

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from stepscope.errors import Refusal
-from stepscope.stats import _native
+from stepscope.stats import _native, _triton
 from stepscope.stats.descriptor import HistogramDescriptor
 
 SPINE_FIELDS: tuple[str, ...] = (
@@ -160,7 +160,8 @@ def reduce_spines(
         Optional preallocated ``[len(tensors), SPINE_WIDTH]`` float64 buffer on that device (the
         collector's staging buffer). Returned when given.
     backend
-        ``"auto"`` (C kernel on the CPU when available), ``"c"`` or ``"torch"``.
+        ``"auto"`` (C kernel on the CPU when available, the fused Triton kernel on CUDA when
+        Triton is installed), ``"c"``, ``"torch"`` or ``"triton"``.
 
     Returns
     -------
@@ -188,8 +189,64 @@ def reduce_spines(
             fn(x.data_ptr(), x.numel(), threads, base + i * SPINE_WIDTH * 8)
         return out
     for i, x in enumerate(flats):
-        _torch_spine(x, out.select(0, i))
+        _device_spine(x, out.select(0, i), backend)
     return out
+
+
+def _use_triton(backend: str, device: torch.device) -> bool:
+    if backend == "triton":
+        if not _triton.available(device):
+            raise Refusal(
+                "settings_invalid",
+                f"the Triton kernel was requested but cannot serve {device} "
+                f"({_triton._STATE['error'] or 'needs CUDA and triton, or TRITON_INTERPRET=1'})",
+                ["use backend='auto'"],
+            )
+        return True
+    return backend == "auto" and device.type == "cuda" and _triton.available(device)
+
+
+def _device_spine(x: torch.Tensor, out: torch.Tensor, backend: str) -> None:
+    """Spine of flat ``x`` off the C kernel: the fused Triton kernel where it serves, else torch."""
+    if _use_triton(backend, x.device):
+        try:
+            fmt = _F64 if x.dtype == torch.float64 else _F32
+            _triton.spine_and_histogram(x.reshape(-1), None, fmt=fmt, out=out)
+            return
+        except Exception as exc:  # telemetry never breaks the step: fall back, warn once
+            if backend == "triton":
+                raise
+            _triton.disable(exc)
+    _torch_spine(x, out)
+
+
+def spine_and_histogram_into(
+    tensor: torch.Tensor,
+    spine_row: torch.Tensor,
+    hist_row: torch.Tensor,
+    descriptor: HistogramDescriptor,
+    backend: str = "auto",
+) -> None:
+    """Spine into ``spine_row`` and histogram counts into ``hist_row`` (overwritten), fused.
+
+    On CUDA with Triton one kernel reads the tensor once for both (plus a tiny combine); on the
+    CPU the two C kernels run; elsewhere the pure-torch paths.
+    """
+    x = _prepare(tensor)
+    if _use_triton(backend, x.device):
+        try:
+            xf, fmt = _format_for(x, descriptor)
+            table, thr = _device_tables(descriptor, fmt, x.device)
+            _, counts = _triton.spine_and_histogram(xf, descriptor, table, thr, fmt, out=spine_row)
+            hist_row.copy_(counts)
+            return
+        except Exception as exc:
+            if backend == "triton":
+                raise
+            _triton.disable(exc)
+            backend = "torch"
+    spine_into(x, spine_row, backend)
+    hist_row.copy_(reduce_histograms([x], descriptor, backend=backend).select(0, 0))
 
 
 def spine_into(tensor: torch.Tensor, out_row: torch.Tensor, backend: str = "auto") -> None:
@@ -212,7 +269,7 @@ def spine_into(tensor: torch.Tensor, out_row: torch.Tensor, backend: str = "auto
             fn = lib.stepscope_spine_f32 if x.dtype == torch.float32 else lib.stepscope_spine_f64
             fn(x.data_ptr(), x.numel(), torch.get_num_threads(), out_row.data_ptr())
             return
-    _torch_spine(x, out_row)
+    _device_spine(x, out_row, backend)
 
 
 def spines_into(
@@ -279,11 +336,13 @@ def spines_into(
 
 
 def _select(backend: str, device: torch.device):
-    if backend not in ("auto", "c", "torch"):
+    if backend not in ("auto", "c", "torch", "triton"):
         raise Refusal(
-            "settings_invalid", f"unknown kernel backend {backend!r}", ["use auto, c or torch"]
+            "settings_invalid",
+            f"unknown kernel backend {backend!r}",
+            ["use auto, c, torch or triton"],
         )
-    if backend == "torch" or device.type != "cpu":
+    if backend in ("torch", "triton") or device.type != "cpu":
         return None
     lib = _native.load()
     if lib is None and backend == "c":
@@ -426,7 +485,18 @@ def reduce_histograms(
             )
         return out
     for i, x in enumerate(flats):
-        _torch_histogram(x, desc, out.select(0, i))
+        row = out.select(0, i)
+        if _use_triton(backend, x.device):
+            try:
+                xf, fmt = _format_for(x, desc)
+                table, thr = _device_tables(desc, fmt, x.device)
+                row.add_(_triton.spine_and_histogram(xf, desc, table, thr, fmt)[1])
+                continue
+            except Exception as exc:
+                if backend == "triton":
+                    raise
+                _triton.disable(exc)
+        _torch_histogram(x, desc, row)
     return out
 
 
