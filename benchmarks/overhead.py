@@ -4,7 +4,7 @@ Run:  .venv/bin/python benchmarks/overhead.py [--steps 30] [--warmup 22] [--thre
                                               [--models resnet gpt ciresan mlp4] [--no-peers]
 
 Models, built here from configs (no downloads): a ResNet-18-like CNN (BasicBlocks 2-2-2-2, base
-width 32, 32x32 inputs, batch 8), a GPT-like decoder (4 pre-norm causal layers, d=128, 4 heads,
+width 16, 32x32 inputs, batch 8), a GPT-like decoder (4 pre-norm causal layers, d=128, 4 heads,
 seq 64, vocab 512, batch 8), the Ciresan MLP (784-2500-2000-1500-1000-500-10, batch 64) and the
 784-1500-1000-500-10 MLP (batch 64) for the "four spines every step" goal. SGD momentum 0.9, CPU.
 
@@ -63,7 +63,7 @@ class BasicBlock(nn.Module):
         return F.relu(self.bn2(self.conv2(h)) + self.short(x))
 
 
-def resnet_like(width: int = 32, classes: int = 10) -> nn.Module:
+def resnet_like(width: int = 16, classes: int = 10) -> nn.Module:
     """ResNet-18 layout (2-2-2-2 BasicBlocks) at a given base width."""
     layers: list[nn.Module] = [
         nn.Conv2d(3, width, 3, 1, 1, bias=False),
@@ -165,7 +165,7 @@ class Arm:
 
 def stepscope_arm(name: str, make, tmp: str, streams=None, cadence=None) -> Arm:
     arm = Arm(name, make)
-    settings = WatchSettings(output_dir=os.path.join(tmp, name.replace(" ", "_")))
+    settings = WatchSettings(output_dir=tempfile.mkdtemp(dir=tmp))
     kwargs = {} if streams is None else {"streams": streams}
     c = HistoryCollector(arm.model, cadence=cadence, settings=settings, **kwargs)
 
@@ -230,7 +230,7 @@ def torchlens_arm(make, tmp: str, x: torch.Tensor) -> Arm | str:
     except Exception as exc:
         return f"torchlens unavailable ({type(exc).__name__})"
     arm = Arm(f"torchlens {torchlens.__version__} defaults", make)
-    c = TLCollector(arm.model, settings=TLSettings(output_dir=os.path.join(tmp, "torchlens")))
+    c = TLCollector(arm.model, settings=TLSettings(output_dir=tempfile.mkdtemp(dir=tmp)))
     with torch.no_grad():
         c.discover(x)
     c.attach(arm.opt)
@@ -322,6 +322,15 @@ def run_model(key: str, args, tmp: str) -> None:
         )
     for note in notes:
         print(f"| {note} | - | - | |")
+    for arm in arms:
+        d = arm.collector.cadence_decision if arm.collector is not None else None
+        if d:
+            spine = {s: c["spine"] for s, c in d["cadences"].items()}
+            print(
+                f"auto decision: rule {d['rule']}, spine cadences {spine}, training "
+                f"{d['training_seconds_median'] * 1e3:.1f} ms, fixed {d['fixed_seconds'] * 1e3:.2f} ms, "
+                f"streams { {s: round(v * 1e3, 2) for s, v in d['stream_seconds_median'].items()} } ms"
+            )
     if full is not None:
         floor, n_el = floor_seconds(control.model, *data[0], 4096)
         tel = full.telemetry[args.warmup :]
