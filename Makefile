@@ -11,11 +11,14 @@ $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --upgrade pip >/dev/null
 
-$(VENV)/.demo-installed: $(VENV)/bin/python pyproject.toml constraints.txt
+# setup.py compiles the C kernel into the (editable) install: a changed kernel reinstalls
+KERNEL := setup.py src/stepscope/stats/_kernels.c
+
+$(VENV)/.demo-installed: $(VENV)/bin/python pyproject.toml constraints.txt $(KERNEL)
 	$(PIP) -e ".[demo,report]"
 	touch $@
 
-$(VENV)/.dev-installed: $(VENV)/bin/python pyproject.toml constraints.txt
+$(VENV)/.dev-installed: $(VENV)/bin/python pyproject.toml constraints.txt $(KERNEL)
 	$(PIP) -e ".[dev,demo,report,tensorboard]"
 	touch $@ $(VENV)/.demo-installed
 
@@ -34,4 +37,4 @@ bench: $(VENV)/.dev-installed
 	$(PY) benchmarks/kernels.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info src/*.egg-info
+	rm -rf $(VENV) build *.egg-info src/*.egg-info src/stepscope/stats/_stepscope_kernels*.so

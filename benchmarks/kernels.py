@@ -7,7 +7,12 @@ time relative to ``torch.sum`` over the same tensor (absolute times on shared ma
 Contenders: the stepscope kernel that runs by default (C on the CPU when a compiler is present),
 the pure-torch path, a naive eager spine (separate torch reductions with masks, as one would write
 it), and ``torch.histc`` with the same number of bins as our histogram row (520).
-Targets (issue 2): spine <= 3x one sum pass, histogram <= 6x.
+Targets (issue 23): spine <= 2x one sum pass, histogram <= 4x.
+
+Second table: the per-row cost of the collector's staging path for many small tensors (200
+tensors of 64 elements, what a step's activation or parameter rows look like on small layers):
+one ``Staging.write`` per tensor (the activation hooks' path) against one ``Staging.write_many``
+per stream (the multi-tensor path of the gradient, parameter and update streams).
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import time
 
 import torch
 
+from stepscope.collect.staging import Staging
 from stepscope.stats import HistogramDescriptor, backend_info, reduce_histograms, reduce_spines
 
 
@@ -91,7 +97,31 @@ def main(argv: list[str] | None = None) -> int:
             f"| {n:,} | {base * 1e3:.2f} | {r['spine']:.2f}x | {r['spine_torch']:.1f}x | {r['naive']:.1f}x "
             f"| {r['hist']:.2f}x | {r['hist_torch']:.1f}x | {r['histc']:.1f}x |"
         )
+    print_row_costs(args.repeats)
     return 0
+
+
+def print_row_costs(repeats: int, n_rows: int = 200, numel: int = 64) -> None:
+    """Per-row seconds of Staging.write (one call per tensor) vs Staging.write_many (one call)."""
+    g = torch.Generator().manual_seed(1)
+    ts = [torch.randn(numel, generator=g) for _ in range(n_rows)]
+    st = Staging(n_rows, torch.device("cpu"), HistogramDescriptor())
+    rows = list(range(n_rows))
+
+    def per_row() -> None:
+        st.reset()
+        for i, t in enumerate(ts):
+            st.write(i, t, False)
+
+    def many() -> None:
+        st.reset()
+        st.write_many(rows, ts, False)
+
+    t = bench({"per_row": per_row, "many": many}, repeats)
+    print(f"\n| staging path, {n_rows} tensors of {numel} | us per row |")
+    print("|---|---:|")
+    print(f"| Staging.write per tensor (activation hooks) | {t['per_row'] / n_rows * 1e6:.1f} |")
+    print(f"| Staging.write_many per stream (gradient/parameter/update) | {t['many'] / n_rows * 1e6:.1f} |")
 
 
 if __name__ == "__main__":

@@ -7,9 +7,13 @@ export PYTHONPATH=src PYTHONUNBUFFERED=1
 out=${OUT:-/tmp}
 python -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else '')"
 pip install -q pytest hypothesis mpmath 2>/dev/null || true
+# the C kernel is built by the install (setup.py); CUDA tensors use the pure-torch device path
+python setup.py -q build_ext --inplace 2>/dev/null || echo "(C kernel not built: CPU rows use the torch path)"
 rc=0
 echo "== CUDA tests (kernels on device, no host sync; probe and clocks on CUDA)"
 python -m pytest -q -p no:cacheprovider tests/stats/test_cuda.py tests/collect/test_cuda.py tests/probe tests/runlog -k "cuda or CUDA" 2>&1 | tee "$out/gpu_tests.log" | tail -5 || rc=1
+echo "== sync-free proofs (dispatch audit on fake CUDA; the real-CUDA ones above run under set_sync_debug_mode('error'))"
+python -m pytest -q -p no:cacheprovider tests/stats/test_syncfree.py 2>&1 | tee "$out/syncfree.log" | tail -3 || rc=1
 echo "== Kineto join gate (>= 95% of device time joined to ops)"
 python benchmarks/gpu/kineto_join_gate.py 2>&1 | tee "$out/kineto_gate.log" | tail -25 || rc=1
 echo "== kernel throughput on the GPU (ratios to torch.sum)"
@@ -24,5 +28,8 @@ for n in (1 << 20, 1 << 24):
         torch.cuda.synchronize(); return (time.perf_counter() - s) / k
     base = t(lambda: x.sum())
     print(f"n={n}: sum {base*1e6:.0f} us, spine {t(lambda: reduce_spines([x]))/base:.1f}x, histogram {t(lambda: reduce_histograms([x]))/base:.1f}x")
+    torch.cuda.set_sync_debug_mode("error")  # the timed reductions again, now any sync raises
+    reduce_spines([x]); reduce_histograms([x])
+    torch.cuda.set_sync_debug_mode("default")
 PY
 exit $rc

@@ -40,3 +40,26 @@ def test_cuda_reductions_do_not_synchronise():
         reduce_histograms([x])
     finally:
         torch.cuda.set_sync_debug_mode("default")
+
+
+@cuda
+def test_cuda_staging_hook_work_does_not_synchronise():
+    """What a forward/backward hook runs on CUDA: spine, exact fold, histogram; no sync at all."""
+    from stepscope.collect.staging import Staging
+
+    desc = HistogramDescriptor()
+    st = Staging(2, torch.device("cuda"), desc)
+    x = torch.randn(1 << 16, device="cuda")
+    y = torch.randn(300, device="cuda", dtype=torch.float16)
+    st.write(0, x, histogram=True)  # warm the cached device tables (one upload per descriptor)
+    st.reset()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        st.write(0, x, histogram=True)
+        st.write(0, y, histogram=True)
+        st.write(1, y, histogram=False)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    want = reduce_spines([torch.cat([x.cpu(), y.cpu().float()])])[0]
+    torch.testing.assert_close(st.spines[0].cpu(), want, rtol=1e-9, atol=1e-9, equal_nan=True)

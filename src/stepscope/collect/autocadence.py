@@ -1,19 +1,28 @@
 """``cadence="auto"``: measure what each stream costs, then choose cadences under a budget.
 
-For the first ``warmup`` steps every watched stream takes its spine every step (no histograms)
-while the collector times each stream's reductions, its shared per-step work (the host copy, the
-write) and the training step itself. It then picks, per stream, the densest spine cadence whose
-share of the budget holds:
+During the first ``warmup`` steps the collector follows a fixed pattern of period 4 (step ``s``):
+``s % 4 == 0`` spines and histograms of every stream, ``1`` and ``2`` spines only, ``3`` nothing
+due, and times each stream's reductions, the shared per-step work (the host copy, the step block
+and its write, the commit, events) and the training step itself (the transaction body minus the
+telemetry inside it). A :class:`WarmupMeter` turns those into what the steady state pays:
+
+- ``F``: the fixed seconds every step pays even with nothing due (step block, write, clock),
+- ``S``: the extra shared seconds of a step on which spines are due,
+- ``c_s``: stream ``s``'s spine seconds, ``H_s``: the extra seconds of its histograms (plus its
+  share of the histogram step's larger copy and write),
+- ``T``: the training seconds of a step (median).
+
+It then picks, per stream, the densest cadence whose share of the budget holds:
 
 .. math::
-    k_s = \\left\\lceil \\frac{(c_s + c_{shared}/n)\\,(1 + \\rho / h)}{\\tau\\, T / n} \\right\\rceil
+    k_s = \\left\\lceil \\frac{c_s + S/n + H_s / h}{(\\tau T - F) / n} \\right\\rceil,
+    \\qquad \\text{expected overhead} = \\frac{F + \\sum_s (c_s + S/n + H_s/h) / k_s}{T}
 
-with ``c_s`` the median seconds of stream ``s`` per logged step, ``T`` the median training
-seconds per step, ``n`` the number of streams, ``tau`` the target fraction, ``h`` the histogram
-factor (histograms every ``h * k_s`` steps) and ``rho`` the assumed cost of a histogram relative to
-a spine (3, measured by ``benchmarks/kernels.py``: the histogram kernel is 1.3–1.5x the spine
-kernel, plus its larger host copy and write). The decision, its inputs and the expected overhead
-are recorded; precision is never changed.
+with ``n`` streams, ``tau`` the target fraction and histograms every ``h * k_s`` steps. Costs
+are means (a steady state pays the mean, commit spikes included), training time the median.
+Without measured histogram costs the rule assumes ``H_s = rho (c_s + S/n)`` with ``rho`` =
+:data:`HISTOGRAM_COST_FACTOR`. The decision, its inputs and the expected overhead are recorded;
+precision is never changed.
 
 Example
 -------
@@ -63,8 +72,20 @@ class AutoCadence:
             )
 
     def warmup_cadence(self) -> Cadence:
-        """Every step, spines only, while measuring."""
-        return Cadence(1, None)
+        """The measuring pattern: histograms at ``s % 4 == 0``, spines at 1 and 2, nothing at 3."""
+        return Cadence(_warmup_spine, _warmup_histogram)
+
+
+def _warmup_spine(step: int) -> bool:
+    return step % 4 != 3
+
+
+def _warmup_histogram(step: int) -> bool:
+    return step % 4 == 0
+
+
+#: Cap on a chosen cadence.
+MAX_CADENCE = 10_000
 
 
 @dataclass(frozen=True)
@@ -78,6 +99,8 @@ class CadenceChoice:
     stream_seconds_median: dict[str, float]
     shared_seconds_median: float
     rule: str
+    fixed_seconds: float = 0.0
+    histogram_seconds: dict[str, float] | None = None
     measurements: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -89,8 +112,14 @@ class CadenceChoice:
             "stream_seconds_median": self.stream_seconds_median,
             "shared_seconds_median": self.shared_seconds_median,
             "rule": self.rule,
-            "histogram_cost_factor": HISTOGRAM_COST_FACTOR,
+            "fixed_seconds": self.fixed_seconds,
+            "histogram_seconds": self.histogram_seconds,
+            "histogram_cost_factor": None if self.histogram_seconds else HISTOGRAM_COST_FACTOR,
         }
+
+
+def _mean(values: Sequence[float]) -> float:
+    return statistics.fmean(values) if values else 0.0
 
 
 def choose_stream_cadences(
@@ -99,30 +128,68 @@ def choose_stream_cadences(
     training_seconds: Sequence[float],
     target: float = 0.05,
     histogram_factor: int = 10,
+    *,
+    histogram_seconds: Mapping[str, Sequence[float]] | None = None,
+    fixed_seconds: Sequence[float] = (),
 ) -> CadenceChoice:
     """The densest per-stream cadences whose expected telemetry stays within ``target`` (pure).
 
-    Returns a :class:`CadenceChoice`; with no usable training time (all zero) every stream keeps
-    cadence 1 and the rule says so.
+    Parameters
+    ----------
+    stream_seconds
+        Per stream, its spine seconds on measured logged steps (``c_s``: the mean is used).
+    shared_seconds
+        Extra shared seconds of a logged step (``S``), beyond the fixed cost.
+    training_seconds
+        Training seconds per step (``T``: the median is used).
+    target, histogram_factor
+        Budget fraction ``tau`` and ``h``.
+    histogram_seconds
+        Per stream, the extra seconds its histograms add to a step (``H_s``); default
+        ``rho (c_s + S/n)`` with ``rho`` = :data:`HISTOGRAM_COST_FACTOR`.
+    fixed_seconds
+        Seconds every step pays with nothing due (``F``); default 0.
+
+    Returns
+    -------
+    CadenceChoice
+        With no usable training time (all zero) every stream keeps cadence 1 and the rule says
+        so; when ``F`` alone exceeds the budget the streams share ``tau T`` as if ``F`` were free
+        (rule ``fixed_cost_exceeds_budget``; the expected overhead then exceeds the target).
     """
     streams = list(stream_seconds)
     if not streams:
         raise Refusal("cadence_invalid", "no stream was measured", ["watch at least one stream"])
-    med = {s: statistics.median(v) if v else 0.0 for s, v in stream_seconds.items()}
-    shared = statistics.median(shared_seconds) if shared_seconds else 0.0
+    mean = {s: _mean(v) for s, v in stream_seconds.items()}
+    shared = _mean(shared_seconds)
+    fixed = _mean(fixed_seconds)
     train = statistics.median(training_seconds) if training_seconds else 0.0
     n = len(streams)
     if train <= 0:
         cad = {s: Cadence(1, histogram_factor) for s in streams}
-        return CadenceChoice(cad, None, target, train, med, shared, "no_training_time_measured")
-    budget = target * train / n
-    scale = 1 + HISTOGRAM_COST_FACTOR / histogram_factor
-    cadences, expected = {}, 0.0
+        return CadenceChoice(cad, None, target, train, mean, shared, "no_training_time_measured")
+    if histogram_seconds is None:
+        hist = {s: HISTOGRAM_COST_FACTOR * (mean[s] + shared / n) for s in streams}
+    else:
+        hist = {s: _mean(histogram_seconds.get(s, ())) for s in streams}
+    budget = (target * train - fixed) / n
+    rule = "equal_share_per_stream"
+    if budget <= 0:  # no cadence can keep the promise: share the budget as if F were free, say so
+        budget, rule = target * train / n, "fixed_cost_exceeds_budget"
+    cadences, expected = {}, fixed
     for s in streams:
-        cost = (med[s] + shared / n) * scale
-        k = max(1, math.ceil(cost / budget - 1e-12))
+        cost = mean[s] + shared / n + hist[s] / histogram_factor
+        k = min(MAX_CADENCE, max(1, math.ceil(cost / budget - 1e-12)))
         cadences[s] = Cadence(k, histogram_factor * k)
         expected += cost / k
     return CadenceChoice(
-        cadences, expected / train, target, train, med, shared, "equal_share_per_stream"
+        cadences,
+        expected / train,
+        target,
+        train,
+        mean,
+        shared,
+        rule,
+        fixed_seconds=fixed,
+        histogram_seconds=None if histogram_seconds is None else hist,
     )

@@ -52,7 +52,7 @@ from stepscope.collect.plan import Plan, build_plan
 from stepscope.collect.scaler import grad_scale_status, scale_in_force, update_marker
 from stepscope.collect.settings import ALL_STREAMS, Cadence, WatchSettings, resolve_cadence
 from stepscope.collect.sites import Row, build_rows, param_signature
-from stepscope.collect.staging import Staging, to_host  # noqa: F401  (tests patch it here)
+from stepscope.collect.staging import Staging, by_device, to_host  # noqa: F401  (tests patch it here)
 from stepscope.collect.stepstate import StepState, StepTransaction, assemble_batches, step_truth
 from stepscope.collect.store import open_store
 from stepscope.collect.surgery import StructureWatch
@@ -282,6 +282,42 @@ class HistoryCollector(UserLog):
                 state.failed[row.index] = type(e).__name__
         state.charge(row.stream, time.perf_counter() - t0)
 
+    def _reduce_many(self, stream: str, pairs: Sequence[tuple[Row, torch.Tensor]]) -> None:
+        """Parameter-sized streams: every due tensor of a device in one multi-tensor reduction.
+
+        Tensors that cannot be reduced are recorded as :meth:`_reduce` records them; a batch the
+        native call refuses falls back to one reduction per row (telemetry never raises).
+        """
+        state = self._state
+        if not pairs or state is None or not state.spine_due[stream] or self._telemetry.open:
+            return
+        t0 = time.perf_counter()
+        by_index: dict[int, Row] = {}
+        ready: list[tuple[int, torch.Tensor]] = []
+        for row, tensor in pairs:
+            try:
+                x, note = reducible(tensor)
+            except Exception as e:
+                state.failed[row.index] = type(e).__name__
+                continue
+            if x is None:
+                state.unsupported[row.index] = note
+                continue
+            if note is not None:
+                state.row_notes[row.index] = note
+            by_index[row.index] = row
+            ready.append((row.index, x))
+        histogram = state.hist_due[stream]
+        for dev, (idx, ts) in by_device(ready).items():
+            staging = self._staging(dev)
+            try:
+                staging.write_many(idx, ts, histogram)
+            except Exception:  # e.g. a dtype the kernels refuse: record each row on its own
+                for i, t in zip(idx, ts):
+                    if staging.fired[i] == 0:
+                        self._reduce(by_index[i], t)
+        state.charge(stream, time.perf_counter() - t0)
+
     def _forward_may_count(self) -> bool:
         """The collector's half of the training-forward rule (see :mod:`.activations`)."""
         return (
@@ -309,12 +345,14 @@ class HistoryCollector(UserLog):
         state = self._state
         if state is None or "gradient" not in self.streams:
             return
+        pairs = []
         for row in rows:
             if row.index not in state.grad_rows and row.param.grad is not None:
                 if not state.grads_taken:  # the first read of the step states the scaling
                     state.grads_taken, state.scale_grad = True, phase_scale
                 state.grad_rows.add(row.index)
-                self._reduce(row, row.param.grad)
+                pairs.append((row, row.param.grad))
+        self._reduce_many("gradient", pairs)
 
     def _closure_gradient(self, row: Row, grad: torch.Tensor) -> None:
         """A closure's backward accumulated ``grad``: it replaces what the row held."""
@@ -359,8 +397,11 @@ class HistoryCollector(UserLog):
             self._discard_stray_step(watch)
             return
         state.stepped = True
-        for row, delta in self._updates.deltas(watch.owned("update")):
-            self._reduce(row, delta)
+        t0 = time.perf_counter()
+        deltas = list(self._updates.deltas(watch.owned("update")))
+        if deltas:  # the sampling is telemetry too (its pre-step half is charged as well)
+            state.charge("update", time.perf_counter() - t0)
+        self._reduce_many("update", deltas)
         self._take_parameters(watch.owned("parameter"))
         if not self._txn_open:  # implicit spelling: the optimizer step ends the step
             self._take_parameters(self._by_stream.get("parameter", []))  # frozen ones too
@@ -368,11 +409,13 @@ class HistoryCollector(UserLog):
 
     def _take_parameters(self, rows: Sequence[Row]) -> None:
         state = self._state
+        pairs = []
+        for row in rows:
+            if row.index not in state.param_rows:
+                state.param_rows.add(row.index)
+                pairs.append((row, row.param))
         with torch.no_grad():
-            for row in rows:
-                if row.index not in state.param_rows:
-                    state.param_rows.add(row.index)
-                    self._reduce(row, row.param)
+            self._reduce_many("parameter", pairs)
 
     def _discard_stray_step(self, watch: OptimizerWatch) -> None:
         """Drop what a bare optimizer step's iteration staged; the next step() refuses."""
@@ -483,7 +526,7 @@ class HistoryCollector(UserLog):
         state.scaler_marker = None if scaler is None else update_marker(scaler)
         self._txn_open, self._scaler = True, scaler
         self.clock.begin(state.step)  # the training clock times the transaction body
-        state.window_from = state.telemetry_s
+        state.window_from, state.started = state.telemetry_s, time.perf_counter()
         try:
             yield StepTransaction(self, state)
         except BaseException:
@@ -547,8 +590,9 @@ class HistoryCollector(UserLog):
         if own:
             scalars = {**scalars, **clock_scalars(own[0])}
         if self._meter is not None and self._meter.decision is None:
+            train = (t0 - state.started) - (state.telemetry_s - state.window_from)
             rows = self._meter.observe(
-                state.step, t0 - state.started, state.telemetry_s, state.stream_s, telemetry_now
+                state.step, train, state.stream_s, telemetry_now, state.carried_s
             )
             if self._meter.cadences is not None:
                 self.cadences = self._meter.cadences
@@ -569,7 +613,9 @@ class HistoryCollector(UserLog):
                     events_from_step(block, batches, self.sites, self.descriptor, scalars)
                 )
         finally:
-            self._state.telemetry_s += time.perf_counter() - t_split  # write, publish, begin
+            # write, publish, begin: charged to the next step (the auto-cadence meter reads it)
+            self._state.carried_s = time.perf_counter() - t_split
+            self._state.telemetry_s += self._state.carried_s
 
     # ------------------------------------------------------------------ run log (UserLog)
     def _charge(self, seconds: float) -> None:

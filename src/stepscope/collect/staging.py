@@ -17,7 +17,9 @@ from stepscope.stats import (
     merge_spine_rows,
     reduce_histograms,
     reduce_spines,
+    spine_and_histogram_into,
     spine_into,
+    spines_into,
 )
 
 #: Device-to-host copies performed by staging (tests read this to prove the transfer invariant).
@@ -72,22 +74,64 @@ class Staging:
 
     def write(self, row: int, tensor: torch.Tensor, histogram: bool) -> None:
         """Reduce ``tensor`` into ``row`` (merging exactly if the row already fired this step)."""
+        # rows by .select: plain [row] indexing may build an index tensor on the host
+        spine = self.spines.select(0, row)
+        if self.fired[row] == 0 and histogram:  # one fused read where the device has one
+            spine_and_histogram_into(
+                tensor, spine, self.hist.select(0, row), self.descriptor, self.backend
+            )
+            self.fired[row] += 1
+            self.hist_fired[row] = True
+            return
         if self.fired[row] == 0:
-            spine_into(tensor, self.spines[row], self.backend)
+            spine_into(tensor, spine, self.backend)
         else:  # a module called twice in one step (micro-batches, weight sharing): fold exactly
             part = reduce_spines([tensor], backend=self.backend)
-            self.spines[row] = merge_spine_rows(self.spines[row], part[0])
+            spine.copy_(merge_spine_rows(spine, part.select(0, 0)))
         self.fired[row] += 1
         if histogram:
-            counts = reduce_histograms([tensor], self.descriptor, backend=self.backend)[0]
+            counts = reduce_histograms([tensor], self.descriptor, backend=self.backend)
+            hist = self.hist.select(0, row)
             if self.hist_fired[row]:
-                self.hist[row] += counts
+                hist.add_(counts.select(0, 0))
             else:
-                self.hist[row] = counts
+                hist.copy_(counts.select(0, 0))
             self.hist_fired[row] = True
+
+    def write_many(self, rows: list[int], tensors: list[torch.Tensor], histogram: bool) -> None:
+        """:meth:`write` for many rows at once: one multi-tensor spine call for the fresh rows.
+
+        The parameter-sized streams (gradient, parameter, update) come here with every due
+        tensor of the step; a row that already fired this step folds exactly through
+        :meth:`write`.
+        """
+        fresh = [k for k, r in enumerate(rows) if self.fired[r] == 0]
+        if len(fresh) < len(rows):
+            seen = set(fresh)
+            for k in range(len(rows)):
+                if k not in seen:
+                    self.write(rows[k], tensors[k], histogram)
+            rows, tensors = [rows[k] for k in fresh], [tensors[k] for k in fresh]
+        spines_into(tensors, self.spines, rows, self.backend)
+        self.fired[rows] += 1
+        if histogram:  # every histogram_every steps: per tensor is fine
+            for r, t in zip(rows, tensors):
+                counts = reduce_histograms([t], self.descriptor, backend=self.backend)
+                self.hist.select(0, r).copy_(counts.select(0, 0))
+            self.hist_fired[rows] = True
 
     def to_host(self, with_histograms: bool) -> tuple[np.ndarray, np.ndarray | None]:
         """Copy the spine buffer (and the histogram buffer on histogram steps) to the host."""
         spines = to_host(self.spines)
         hist = to_host(self.hist) if with_histograms and self.hist_fired.any() else None
         return spines, hist
+
+
+def by_device(pairs: list[tuple[int, torch.Tensor]]) -> dict[torch.device, tuple[list, list]]:
+    """Group ``(row, tensor)`` pairs by the tensor's device (detached), in order."""
+    out: dict[torch.device, tuple[list, list]] = {}
+    for row, t in pairs:
+        rows, ts = out.setdefault(t.device, ([], []))
+        rows.append(row)
+        ts.append(t.detach())
+    return out

@@ -51,6 +51,7 @@ class StepState:
     telemetry_s: float = 0.0
     started: float = 0.0
     window_from: float = 0.0  # telemetry_s when the step's training-clock window opened
+    carried_s: float = 0.0  # the previous step's write/commit/publish, charged to this step
     stream_s: dict[str, float] = field(default_factory=dict)  # reduction seconds per stream
     unsupported: dict[int, str] = field(default_factory=dict)  # row index -> reason
     row_notes: dict[int, str] = field(default_factory=dict)  # row index -> extra disclosure

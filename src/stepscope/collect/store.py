@@ -25,6 +25,7 @@ from stepscope.history import (
     model_fingerprint,
 )
 from stepscope.runlog import ClockRow, write_clock_rows
+from stepscope.stats import backend_info
 
 
 @dataclass
@@ -89,6 +90,7 @@ def open_store(
             "streams": list(streams),
             "update_sample_size": s.update_sample_size,
             "update_seed": s.update_seed,
+            "kernel_backend": backend_info(),  # which reduction kernels produced the rows
         },
     )
     if not s.output_dir:

@@ -1,57 +1,53 @@
 """The measuring side of ``cadence="auto"``: time the warm-up steps, then decide.
 
-:class:`WarmupMeter` collects per-step costs while the collector runs every spine, and at the
+:class:`WarmupMeter` collects per-step costs while the collector runs the warm-up pattern of
+:mod:`~stepscope.collect.autocadence` (histogram steps, spine steps, nothing-due steps), and at the
 last warm-up step asks :func:`~stepscope.collect.autocadence.choose_stream_cadences` for the
 cadences. The decision and its ``cadence/*`` scalar rows are returned to the collector.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from stepscope.collect.autocadence import AutoCadence, choose_stream_cadences
+from stepscope.collect.autocadence import (
+    AutoCadence,
+    CadenceChoice,
+    _mean,
+    choose_stream_cadences,
+)
 from stepscope.collect.settings import Cadence
 
 
 class WarmupMeter:
-    """Per-stream, shared and training seconds of the warm-up steps."""
+    """Collects the warm-up steps' timings and turns them into :func:`choose_stream_cadences` inputs.
+
+    The collector calls :meth:`record` once per step (before that step's own block is written;
+    the write and commit of a step are therefore charged through the next step's ``carried_s``)
+    and :meth:`decide` at the last warm-up step. Step 0 (discovery, kernel loading) is ignored.
+    """
 
     def __init__(self, auto: AutoCadence, streams: Sequence[str]) -> None:
         self.auto, self.streams = auto, list(streams)
-        self.seen: dict[str, list[float]] = {"shared": [], "train": []}
+        self.steps: list[dict[str, Any]] = []
         self.decision: dict[str, Any] | None = None
         self.cadences: dict[str, Cadence] | None = None
 
     def observe(
         self,
         step: int,
-        step_seconds: float,
+        train_s: float,
+        stream_s: Mapping[str, float],
         telemetry_s: float,
-        stream_s: dict[str, float],
-        telemetry_total: float,
+        carried_s: float,
     ) -> dict[str, float]:
-        """Record one warm-up step; at the last one choose (``cadence/*`` rows, else ``{}``).
-
-        ``step_seconds`` is the step's wall time up to the boundary, ``telemetry_s`` the hook
-        time inside it, ``stream_s`` the reduction seconds per stream and ``telemetry_total`` all
-        telemetry of the step including the boundary's own work.
-        """
-        seen = self.seen
-        if step > 0:  # step 0 pays discovery and kernel loading: not representative
-            seen["train"].append(max(0.0, step_seconds - telemetry_s))
-            seen["shared"].append(max(0.0, telemetry_total - sum(stream_s.values())))
-            for s in self.streams:
-                seen.setdefault(s, []).append(stream_s.get(s, 0.0))
-        if step < self.auto.warmup - 1:
+        """:meth:`record` one step; at the last warm-up step :meth:`decide` and return the
+        ``cadence/*`` scalar rows of the decision (``{}`` before)."""
+        self.record(step, train_s, stream_s, telemetry_s, carried_s)
+        if not self.done(step):
             return {}
-        choice = choose_stream_cadences(
-            {s: seen.get(s, []) for s in self.streams},
-            seen["shared"],
-            seen["train"],
-            self.auto.target,
-            self.auto.histogram_factor,
-        )
+        choice = self.decide()
         self.cadences = dict(choice.cadences)
         self.decision = {**choice.to_dict(), "decided_at_step": step}
         rows: dict[str, float] = {}
@@ -61,3 +57,65 @@ class WarmupMeter:
         if choice.expected_overhead is not None:
             rows["cadence/expected_overhead"] = choice.expected_overhead
         return rows
+
+    def record(
+        self,
+        step: int,
+        train_s: float,
+        stream_s: Mapping[str, float],
+        telemetry_s: float,
+        carried_s: float,
+    ) -> None:
+        """One step: training seconds, per-stream seconds, all telemetry seconds of the step so
+        far (``telemetry_s``, including ``carried_s``: the previous step's write and commit)."""
+        if self.steps:
+            self.steps[-1]["own"] += carried_s  # the previous step's write, now known
+        if step == 0:
+            return
+        streams = {s: stream_s.get(s, 0.0) for s in self.streams}
+        self.steps.append(
+            {
+                "step": step,
+                "train": max(0.0, train_s),
+                "streams": streams,
+                "own": max(0.0, telemetry_s - carried_s - sum(streams.values())),
+                "complete": False,
+            }
+        )
+        if len(self.steps) > 1:
+            self.steps[-2]["complete"] = True
+
+    def done(self, step: int) -> bool:
+        return step >= self.auto.warmup - 1
+
+    def decide(self) -> CadenceChoice:
+        """The choice from the recorded steps (see the module docstring)."""
+        rec = self.steps
+        done = [r for r in rec if r["complete"]]  # their own write is known
+        phase = {k: [r for r in done if r["step"] % 4 == k] for k in range(4)}
+        spine_steps = phase[1] + phase[2]
+        fixed = [r["own"] for r in phase[3]]
+        f = _mean(fixed)
+        shared_spine = _mean([r["own"] for r in spine_steps])
+        shared = [max(0.0, r["own"] - f) for r in spine_steps]
+        c = {s: [r["streams"][s] for r in spine_steps] for s in self.streams}
+        hist = None
+        if phase[0] and spine_steps:
+            n = len(self.streams)
+            extra_shared = max(0.0, _mean([r["own"] for r in phase[0]]) - shared_spine) / n
+            hist = {
+                s: [max(0.0, r["streams"][s] - _mean(c[s])) + extra_shared for r in phase[0]]
+                for s in self.streams
+            }
+        if not spine_steps:  # a warm-up too short for the pattern: every step counts as logged
+            c = {s: [r["streams"][s] for r in rec] for s in self.streams}
+            shared = [r["own"] for r in rec]
+        return choose_stream_cadences(
+            c,
+            shared,
+            [r["train"] for r in rec],
+            self.auto.target,
+            self.auto.histogram_factor,
+            histogram_seconds=hist,
+            fixed_seconds=fixed,
+        )

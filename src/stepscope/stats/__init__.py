@@ -11,7 +11,9 @@ from stepscope.stats.reduce import (
     merge_spine_rows,
     reduce_histograms,
     reduce_spines,
+    spine_and_histogram_into,
     spine_into,
+    spines_into,
 )
 from stepscope.stats.spine import RunningStats
 from stepscope.stats.text import render_histogram, render_spine
@@ -34,5 +36,7 @@ __all__ = [
     "reduce_spines",
     "render_histogram",
     "render_spine",
+    "spine_and_histogram_into",
     "spine_into",
+    "spines_into",
 ]

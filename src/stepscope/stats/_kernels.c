@@ -11,11 +11,30 @@
  *    overflow_neg, nan, posinf, neginf]
  * The bin is the float's binary exponent (via a table indexed by sign+exponent) plus the number of
  * exact integer mantissa thresholds the mantissa reaches. No log2, no rounding.
+ *
+ * Portability (issue 23): built at install time with portable flags (never -march=native); on
+ * x86-64 Linux with GCC the hot loops are compiled three times (AVX-512F, AVX2, baseline) with
+ * target_clones and the loader picks one at run time (ifunc). `#pragma omp simd` needs only -fopenmp-simd: no OpenMP
+ * runtime is linked (torch ships its own; two runtimes in one process clash). Threads, when asked
+ * for, are plain pthreads. No allocation is left unchecked: a failed one falls back to one thread.
+ * Accuracy: every sum accumulates in float64 (float32 inputs widen exactly), so each sum's error is
+ * at most n * 2**-52 * sum(|x|) (the float64 recursive-summation bound); tests check it against
+ * math.fsum on adversarial inputs.
  */
 #include <math.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+
+#if defined(__x86_64__) && defined(__linux__) && defined(__GNUC__) && !defined(__clang__) && \
+    !defined(STEPSCOPE_NO_CLONES)
+#define SS_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define SS_CLONES
+#endif
+#define SS_MAX_THREADS 64
+#define SS_PAR_MIN 262144 /* below this, one thread: spawning costs more than it saves */
 
 typedef struct {
     int64_t zero, neg, nan, pinf, ninf;
@@ -55,7 +74,7 @@ static void finish(const part_t *p, int64_t n, double K, double *out) {
 
 /* Branch-free body (bit selects instead of ternaries) so that GCC vectorizes the whole loop. */
 #define SPINE_RANGE(NAME, T, U, ABSMASK, EXPMASK, SIGNSHIFT)                                   \
-    static void NAME##_block(const T *restrict x, int64_t lo, int64_t hi, double K, part_t *p) { \
+    SS_CLONES static void NAME##_block(const T *restrict x, int64_t lo, int64_t hi, double K, part_t *p) { \
         /* int32 counters vectorize well; blocks are < 2**31 elements */                      \
         int32_t zero = 0, neg = 0, nan_ = 0, pinf = 0, ninf = 0;                              \
         double sd = 0, sd2 = 0, sq = 0, sa = 0;                                               \
@@ -106,35 +125,81 @@ static void finish(const part_t *p, int64_t n, double K, double *out) {
 SPINE_RANGE(spine_range_f32, float, uint32_t, 0x7fffffffu, 0x7f800000u, 31)
 SPINE_RANGE(spine_range_f64, double, uint64_t, 0x7fffffffffffffffull, 0x7ff0000000000000ull, 63)
 
+/* Runs fn over [0, n) split into nthreads contiguous ranges; the calling thread takes range 0 and
+ * a thread that cannot be created runs its range inline (results never depend on thread counts
+ * for counts; float sums differ only by summation order). */
+typedef void (*range_fn)(void *ctx, int64_t lo, int64_t hi, int t);
+typedef struct {
+    range_fn fn;
+    void *ctx;
+    int64_t lo, hi;
+    int t;
+} job_t;
+
+static void *job_run(void *p) {
+    job_t *j = (job_t *)p;
+    j->fn(j->ctx, j->lo, j->hi, j->t);
+    return NULL;
+}
+
+static void run_split(range_fn fn, void *ctx, int64_t n, int nthreads) {
+    job_t jobs[SS_MAX_THREADS];
+    pthread_t tid[SS_MAX_THREADS];
+    int started[SS_MAX_THREADS];
+    for (int t = 0; t < nthreads; t++) {
+        jobs[t].fn = fn; jobs[t].ctx = ctx; jobs[t].t = t;
+        jobs[t].lo = n * t / nthreads; jobs[t].hi = n * (t + 1) / nthreads;
+    }
+    for (int t = 1; t < nthreads; t++) {
+        started[t] = pthread_create(&tid[t], NULL, job_run, &jobs[t]) == 0;
+        if (!started[t]) job_run(&jobs[t]);
+    }
+    job_run(&jobs[0]);
+    for (int t = 1; t < nthreads; t++)
+        if (started[t]) pthread_join(tid[t], NULL);
+}
+
+static int clamp_threads(int nthreads, int64_t n) {
+    if (nthreads < 1 || n < SS_PAR_MIN) return 1;
+    return nthreads > SS_MAX_THREADS ? SS_MAX_THREADS : nthreads;
+}
+
 #define SPINE_ENTRY(NAME, RANGE, T)                                                           \
+    typedef struct { const T *x; double K; part_t *parts; } NAME##_ctx;                       \
+    static void NAME##_job(void *c, int64_t lo, int64_t hi, int t) {                          \
+        NAME##_ctx *ctx = (NAME##_ctx *)c;                                                    \
+        RANGE(ctx->x, lo, hi, ctx->K, &ctx->parts[t]);                                        \
+    }                                                                                         \
     void NAME(const T *x, int64_t n, int nthreads, double *out) {                             \
         double K = 0.0;                                                                       \
         for (int64_t i = 0; i < n; i++) {                                                     \
             if (isfinite(x[i])) { K = (double)x[i]; break; }                                  \
         }                                                                                     \
-        part_t total;                                                                         \
+        part_t parts[SS_MAX_THREADS], total; /* on the stack: nothing to allocate */          \
         part_init(&total);                                                                    \
-        if (nthreads < 1 || n < 65536) nthreads = 1;                                          \
-        if (nthreads == 1) { /* no parallel region for small tensors: ~1 us saved per call */ \
-            part_t one;                                                                       \
-            RANGE(x, 0, n, K, &one);                                                          \
-            part_add(&total, &one);                                                           \
-            finish(&total, n, K, out);                                                        \
-            return;                                                                           \
-        }                                                                                     \
-        part_t *parts = (part_t *)calloc((size_t)nthreads, sizeof(part_t));                   \
-        _Pragma("omp parallel for num_threads(nthreads) schedule(static)")                    \
-        for (int t = 0; t < nthreads; t++) {                                                  \
-            int64_t lo = n * t / nthreads, hi = n * (t + 1) / nthreads;                       \
-            RANGE(x, lo, hi, K, &parts[t]);                                                   \
+        nthreads = clamp_threads(nthreads, n);                                                \
+        if (nthreads == 1) { /* no thread for small tensors */                                \
+            RANGE(x, 0, n, K, &parts[0]);                                                     \
+        } else {                                                                              \
+            NAME##_ctx ctx = {x, K, parts};                                                   \
+            run_split(NAME##_job, &ctx, n, nthreads);                                         \
         }                                                                                     \
         for (int t = 0; t < nthreads; t++) part_add(&total, &parts[t]);                       \
-        free(parts);                                                                          \
         finish(&total, n, K, out);                                                            \
     }
 
 SPINE_ENTRY(stepscope_spine_f32, spine_range_f32, float)
 SPINE_ENTRY(stepscope_spine_f64, spine_range_f64, double)
+
+/* Many tensors in one call (a stream's due tensors of one step): kinds[i] is 0 for float32 and 1
+ * for float64; outs[i] points at that tensor's 15-double row. */
+void stepscope_spine_many(int64_t count, const void *const *ptrs, const int64_t *ns,
+                          const int32_t *kinds, int nthreads, double *const *outs) {
+    for (int64_t i = 0; i < count; i++) {
+        if (kinds[i]) stepscope_spine_f64((const double *)ptrs[i], ns[i], nthreads, outs[i]);
+        else stepscope_spine_f32((const float *)ptrs[i], ns[i], nthreads, outs[i]);
+    }
+}
 
 /* Histogram. table[se] (se = sign and exponent bits) holds the slot for that exponent, with bit 30
  * set when the mantissa thresholds refine it (in-window exponents). Special slots: nb2 + {0 zero,
@@ -143,7 +208,7 @@ SPINE_ENTRY(stepscope_spine_f64, spine_range_f64, double)
  * phase 2 increments two interleaved private histograms (fewer store-to-load stalls). */
 #define HBLOCK 512
 #define HIST_RANGE(NAME, T, U, EBITS, MBITS)                                                  \
-    static void NAME(const T *restrict x, int64_t lo, int64_t hi, const int32_t *table,       \
+    SS_CLONES static void NAME(const T *restrict x, int64_t lo, int64_t hi, const int32_t *table,       \
                      const U *thr, int nthr, int64_t nb2, int64_t *h0, int64_t *h1) {         \
         const U emax = ((U)1 << EBITS) - 1;                                                   \
         const U mmask = ((U)1 << MBITS) - 1;                                                  \
@@ -186,16 +251,30 @@ HIST_RANGE(hist_range_f32, float, uint32_t, 8, 23)
 HIST_RANGE(hist_range_f64, double, uint64_t, 11, 52)
 
 #define HIST_ENTRY(NAME, RANGE, T, U)                                                         \
-    void NAME(const T *x, int64_t n, const int32_t *table,                                  \
+    typedef struct {                                                                          \
+        const T *x; const int32_t *table; const U *thr; int nthr; int64_t nb2, width;         \
+        int64_t *local;                                                                       \
+    } NAME##_ctx;                                                                             \
+    static void NAME##_job(void *c, int64_t lo, int64_t hi, int t) {                          \
+        NAME##_ctx *k = (NAME##_ctx *)c;                                                      \
+        int64_t *h0 = k->local + (size_t)t * 2 * k->width;                                    \
+        RANGE(k->x, lo, hi, k->table, k->thr, k->nthr, k->nb2, h0, h0 + k->width);            \
+    }                                                                                         \
+    void NAME(const T *x, int64_t n, const int32_t *table,                                    \
               const U *thr, int nthr, int64_t nb2, int64_t width, int nthreads, int64_t *out) { \
-        if (nthreads < 1 || n < 65536) nthreads = 1;                                          \
+        nthreads = clamp_threads(nthreads, n);                                                \
         int64_t *local = (int64_t *)calloc((size_t)nthreads * 2 * (size_t)width, sizeof(int64_t)); \
-        _Pragma("omp parallel for num_threads(nthreads) schedule(static)")                    \
-        for (int t = 0; t < nthreads; t++) {                                                  \
-            int64_t lo = n * t / nthreads, hi = n * (t + 1) / nthreads;                       \
-            int64_t *h0 = local + (size_t)t * 2 * width;                                      \
-            RANGE(x, lo, hi, table, thr, nthr, nb2, h0, h0 + width);                   \
+        if (local == NULL && nthreads > 1) {                                                  \
+            nthreads = 1;                                                                     \
+            local = (int64_t *)calloc(2 * (size_t)width, sizeof(int64_t));                    \
         }                                                                                     \
+        if (local == NULL) { /* out of memory: count straight into out (same counts, slower) */ \
+            RANGE(x, 0, n, table, thr, nthr, nb2, out, out);                                  \
+            return;                                                                           \
+        }                                                                                     \
+        NAME##_ctx ctx = {x, table, thr, nthr, nb2, width, local};                            \
+        if (nthreads == 1) NAME##_job(&ctx, 0, n, 0);                                         \
+        else run_split(NAME##_job, &ctx, n, nthreads);                                        \
         for (int64_t t = 0; t < 2 * (int64_t)nthreads; t++)                                   \
             for (int64_t k = 0; k < width; k++) out[k] += local[t * width + k];               \
         free(local);                                                                          \
@@ -204,4 +283,16 @@ HIST_RANGE(hist_range_f64, double, uint64_t, 11, 52)
 HIST_ENTRY(stepscope_hist_f32, hist_range_f32, float, uint32_t)
 HIST_ENTRY(stepscope_hist_f64, hist_range_f64, double, uint64_t)
 
-int stepscope_kernels_version(void) { return 3; }
+int stepscope_kernels_version(void) { return 4; }
+
+/* Which instruction set the dispatched loops use: 3 = AVX-512F clone, 2 = AVX2 clone, 1 = baseline
+ * clone, 0 = one portable build (no runtime dispatch on this platform/compiler). */
+int stepscope_kernels_isa(void) {
+#if defined(__x86_64__) && defined(__linux__) && defined(__GNUC__) && !defined(__clang__) && \
+    !defined(STEPSCOPE_NO_CLONES)
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") ? 3 : __builtin_cpu_supports("avx2") ? 2 : 1;
+#else
+    return 0;
+#endif
+}

@@ -1,17 +1,28 @@
-"""Build and load the fused C kernels (``_kernels.c``) with the system C compiler, via ctypes.
+"""Load the fused C kernels (``_kernels.c``), compiled into the package at install time, via ctypes.
 
-The shared library is compiled once per source hash into a cache directory
-(``$STEPSCOPE_CACHE`` or ``~/.cache/stepscope``) and reused by later processes. When no compiler
-is available, or ``STEPSCOPE_KERNEL=torch`` is set, :func:`load` returns ``None`` and callers use
-the pure-torch path, which gives identical results (tests check both). :func:`backend_info` says
-which path runs.
+Where the library comes from (``STEPSCOPE_KERNEL``):
+
+- ``auto`` (default) and ``c``: the shared library the install built
+  (``stepscope/stats/_stepscope_kernels*.so``, see ``setup.py``). Nothing is compiled at run time.
+  When it is missing or stale, ``auto`` warns once and uses the pure-torch path (identical
+  results, slower); ``c`` raises.
+- ``jit``: explicit opt-in to compile ``_kernels.c`` with the system C compiler into a cache
+  (``$STEPSCOPE_CACHE`` or ``~/.cache/stepscope``), with the same portable flags as the install.
+  ``STEPSCOPE_NATIVE_ARCH=1`` adds ``-march=native``; the cache key then includes the machine's
+  CPU model and flags, so a home directory shared across CPU types never loads a foreign build.
+- ``torch``: always the pure-torch path.
+
+:func:`backend_info` says which path runs and where the library came from; the collector writes it
+into the run record.
 """
 
 from __future__ import annotations
 
 import ctypes
 import hashlib
+import importlib.util
 import os
+import platform
 import shutil
 import subprocess
 import tempfile
@@ -20,18 +31,24 @@ import warnings
 from pathlib import Path
 
 _SOURCE = Path(__file__).with_name("_kernels.c")
+_EXTENSION = "stepscope.stats._stepscope_kernels"
+#: The ABI the Python side expects (``stepscope_kernels_version()`` in ``_kernels.c``).
+KERNELS_VERSION = 4
 _LOCK = threading.Lock()
 _STATE: dict[str, object] = {}
 
+#: Portable flags, the same as ``setup.py`` (no ``-march=native`` unless explicitly asked for).
 _FLAGS = [
     "-O3",
     "-fPIC",
     "-shared",
-    "-fopenmp",
     "-std=c11",
     "-fno-math-errno",
+    "-fopenmp-simd",
+    "-pthread",
     "-Wl,--no-undefined",
 ]
+_ISA = {0: "portable", 1: "baseline (x86-64)", 2: "avx2", 3: "avx512f"}
 
 
 def _cache_dir() -> Path:
@@ -41,16 +58,35 @@ def _cache_dir() -> Path:
     return Path(root) / "kernels"
 
 
-def _compile(target: Path) -> None:
+def _cpu_fingerprint() -> str:
+    """CPU model and feature flags: part of the JIT cache key when building for this CPU only."""
+    text = platform.machine() + platform.processor()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith(("model name", "flags", "Features")):
+                    text += line
+                if line.strip() == "":
+                    break  # the first processor describes them all
+    except OSError:
+        pass
+    return text
+
+
+def _jit_flags() -> list[str]:
+    flags = list(_FLAGS)
+    if os.environ.get("STEPSCOPE_NATIVE_ARCH") == "1":
+        flags.append("-march=native")
+    return flags
+
+
+def _compile(target: Path, flags: list[str]) -> None:
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if not cc:
         raise RuntimeError("no C compiler found (set CC, or install gcc)")
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
     os.close(fd)
-    flags = list(_FLAGS)
-    if os.environ.get("STEPSCOPE_NATIVE_ARCH", "1") == "1":
-        flags.append("-march=native")
     try:
         subprocess.run(
             [cc, *flags, str(_SOURCE), "-o", tmp, "-lm"],
@@ -67,12 +103,46 @@ def _compile(target: Path) -> None:
             os.unlink(tmp)
 
 
+def _jit_library() -> Path:
+    flags = _jit_flags()
+    key = _SOURCE.read_bytes() + " ".join(flags).encode() + platform.machine().encode()
+    if "-march=native" in flags:
+        key += _cpu_fingerprint().encode()
+    target = _cache_dir() / f"stepscope_kernels_{hashlib.sha256(key).hexdigest()[:16]}.so"
+    if not target.exists():
+        _compile(target, flags)
+    return target
+
+
+def _packaged_library() -> Path:
+    try:
+        spec = importlib.util.find_spec(_EXTENSION)
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None or not spec.origin or not os.path.exists(spec.origin):
+        raise RuntimeError(
+            "the compiled kernel is not installed (the install found no C compiler, or this "
+            "checkout was not re-installed after _kernels.c changed): reinstall stepscope "
+            "(pip install -e . in a checkout), or opt in to STEPSCOPE_KERNEL=jit"
+        )
+    return Path(spec.origin)
+
+
 def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+    lib.stepscope_kernels_version.restype = i32
+    lib.stepscope_kernels_isa.restype = i32
+    version = lib.stepscope_kernels_version()
+    if version != KERNELS_VERSION:
+        raise RuntimeError(
+            f"stale compiled kernel (version {version}, need {KERNELS_VERSION}): reinstall stepscope"
+        )
     for name in ("stepscope_spine_f32", "stepscope_spine_f64"):
         fn = getattr(lib, name)
         fn.argtypes = [p, i64, i32, p]
         fn.restype = None
+    lib.stepscope_spine_many.argtypes = [i64, p, p, p, i32, p]
+    lib.stepscope_spine_many.restype = None
     for name in ("stepscope_hist_f32", "stepscope_hist_f64"):
         fn = getattr(lib, name)
         fn.argtypes = [p, i64, p, p, i32, i64, i64, i32, p]
@@ -81,28 +151,27 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
 
 
 def load() -> ctypes.CDLL | None:
-    """The loaded kernel library, building it if needed; ``None`` if unavailable or disabled."""
+    """The loaded kernel library; ``None`` if unavailable or disabled (see the module docstring)."""
     with _LOCK:
         if "lib" in _STATE:
             return _STATE["lib"]  # type: ignore[return-value]
         lib = None
-        if os.environ.get("STEPSCOPE_KERNEL", "auto") == "torch":
+        mode = os.environ.get("STEPSCOPE_KERNEL", "auto")
+        _STATE["source"] = "none"
+        if mode == "torch":
             _STATE["reason"] = "disabled by STEPSCOPE_KERNEL=torch"
         else:
-            source = _SOURCE.read_bytes()
-            arch = os.environ.get("STEPSCOPE_NATIVE_ARCH", "1")
-            tag = hashlib.sha256(source + " ".join(_FLAGS).encode() + arch.encode()).hexdigest()[
-                :16
-            ]
-            target = _cache_dir() / f"stepscope_kernels_{tag}.so"
             try:
-                if not target.exists():
-                    _compile(target)
-                lib = _bind(ctypes.CDLL(str(target)))
-                _STATE["reason"] = f"compiled C kernel {target}"
+                path = _jit_library() if mode == "jit" else _packaged_library()
+                lib = _bind(ctypes.CDLL(str(path)))
+                _STATE["source"] = "jit" if mode == "jit" else "packaged"
+                _STATE["path"] = str(path)
+                _STATE["isa"] = _ISA.get(lib.stepscope_kernels_isa(), "unknown")
+                _STATE["reason"] = f"{_STATE['source']} C kernel {path.name}"
             except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
+                lib = None
                 _STATE["reason"] = f"C kernel unavailable: {exc}"
-                if os.environ.get("STEPSCOPE_KERNEL") == "c":
+                if mode in ("c", "jit"):
                     raise
                 warnings.warn(
                     f"stepscope: {_STATE['reason']}; using the slower pure-torch kernels",
@@ -113,7 +182,33 @@ def load() -> ctypes.CDLL | None:
         return lib
 
 
+def loaded() -> ctypes.CDLL | None:
+    """:func:`load` without taking the lock once the library is loaded (the per-tensor hot path)."""
+    lib = _STATE.get("lib", _STATE)
+    return load() if lib is _STATE else lib  # type: ignore[return-value]
+
+
 def backend_info() -> dict[str, str]:
-    """Which CPU kernel path runs (``"c"`` or ``"torch"``) and why."""
+    """Which CPU kernel path runs and where it came from.
+
+    Returns
+    -------
+    dict
+        ``cpu``: ``"c"`` or ``"torch"``; ``source``: ``"packaged"`` (built at install time),
+        ``"jit"`` (explicit opt-in) or ``"none"``; ``isa``: the instruction set the dispatched
+        loops use (``"avx512f"``, ``"avx2"``, ``"baseline (x86-64)"``, ``"portable"``; empty without the C
+        kernel); ``detail``: why.
+
+    Examples
+    --------
+    >>> from stepscope.stats import backend_info
+    >>> sorted(backend_info())
+    ['cpu', 'detail', 'isa', 'source']
+    """
     lib = load()
-    return {"cpu": "c" if lib is not None else "torch", "detail": str(_STATE.get("reason", ""))}
+    return {
+        "cpu": "c" if lib is not None else "torch",
+        "source": str(_STATE.get("source", "none")),
+        "isa": str(_STATE.get("isa", "")) if lib is not None else "",
+        "detail": str(_STATE.get("reason", "")),
+    }

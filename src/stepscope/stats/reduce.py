@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from stepscope.errors import Refusal
-from stepscope.stats import _native
+from stepscope.stats import _native, _triton
 from stepscope.stats.descriptor import HistogramDescriptor
 
 SPINE_FIELDS: tuple[str, ...] = (
@@ -67,6 +67,8 @@ def _prepare(t: torch.Tensor) -> torch.Tensor:
             ["pass tensors (torch.as_tensor(x))"],
         )
     t = t.detach()
+    if t.is_neg() or t.is_conj():  # lazy views: the memory holds the un-negated values
+        t = t.resolve_conj().resolve_neg()
     if t.is_complex():
         raise Refusal(
             "stat_dtype_unsupported",
@@ -100,51 +102,48 @@ def _prepare(t: torch.Tensor) -> torch.Tensor:
 # ----------------------------------------------------------------------------------- spines
 
 
-def _torch_spine(x: torch.Tensor) -> torch.Tensor:
-    """The spine row of a flat float tensor with device ops only."""
+def _torch_spine(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """The spine row of a flat float tensor with device ops only.
+
+    Written into ``out`` when given (a contiguous ``[SPINE_WIDTH]`` float64 view).
+    Sync-free by construction (a test replays it on a fake CUDA tensor): no ``.item()``, no
+    tensor built from host data, no data-dependent shape. Passes over the data: one mask pass,
+    one stacked count reduction, one ``aminmax`` over the finite values (non-finite ones replaced by
+    the first finite element, found with ``argmax``), and the float64 sums.
+    """
+    x = x.reshape(-1)  # a view: callers pass contiguous tensors of any shape
     n = x.numel()
-    out = torch.empty(SPINE_WIDTH, dtype=torch.float64, device=x.device)
-    if n == 0:
-        out.copy_(torch.tensor([0.0] * 7 + [float("nan")] * 3 + [0.0] * 3 + [float("nan")] * 2))
-        return out
+    f64 = torch.float64
+    nan = float("nan")
+    if n == 0:  # counts and sums exactly zero, the rest undefined (built on the device)
+        z, u = x.new_zeros((), dtype=f64), x.new_full((), nan, dtype=f64)
+        return torch.stack((*[z] * 7, u, u, u, z, z, z, u, u), out=out)
     fin = torch.isfinite(x)
-    isinf = torch.isinf(x)
-    finite = fin.sum()
-    w = torch.where(fin, x, torch.zeros((), dtype=x.dtype, device=x.device)).to(torch.float64)
-    s = w.sum()
-    fcount = finite.to(torch.float64)
-    mean = s / fcount
-    big = torch.tensor(float("inf"), dtype=x.dtype, device=x.device)
-    mn = torch.where(fin, x, big).min().to(torch.float64)
-    mx = torch.where(fin, x, -big).max().to(torch.float64)
-    nan = torch.tensor(float("nan"), dtype=torch.float64, device=x.device)
+    neg, inf = x < 0, torch.isinf(x)
+    counts = torch.stack((fin, x == 0, neg & fin, torch.isnan(x), inf & (x > 0), inf & neg))
+    counts = counts.sum(dim=1).to(f64)
+    finite = counts.select(0, 0)
     has = finite > 0
-    mn = torch.where(has, mn, nan)
-    mx = torch.where(has, mx, nan)
-    m2 = (
-        torch.where(fin, w - mean, torch.zeros((), dtype=torch.float64, device=x.device))
-        .square()
-        .sum()
-    )
-    parts = [
-        torch.tensor(float(n), dtype=torch.float64, device=x.device),
-        fcount,
-        (x == 0).sum(),
-        ((x < 0) & fin).sum(),
-        torch.isnan(x).sum(),
-        (isinf & (x > 0)).sum(),
-        (isinf & (x < 0)).sum(),
+    # any finite element (x[0] if none), by index on the device: x[t] would read t on the host
+    first = x.index_select(0, fin.to(torch.uint8).argmax().reshape(1)).squeeze(0)
+    mn, mx = (torch.where(has, m.to(f64), nan) for m in torch.where(fin, x, first).aminmax())
+    w = torch.where(fin, x, 0.0).to(f64)
+    s = w.sum()
+    mean = s / finite
+    d = torch.where(fin, w - mean, 0.0)
+    parts = (
+        x.new_full((), n, dtype=f64),
+        *counts.unbind(),
         mn,
         mx,
         torch.maximum(mn.abs(), mx.abs()),
         s,
-        w.square().sum(),
+        torch.dot(w, w),
         w.abs().sum(),
         torch.where(has, mean, nan),
-        torch.where(has, m2, nan),
-    ]
-    torch.stack([p.to(torch.float64) for p in parts], out=out)
-    return out
+        torch.where(has, torch.dot(d, d), nan),
+    )
+    return torch.stack(parts, out=out)  # into the staging row: no copy_, no host index
 
 
 def reduce_spines(
@@ -161,7 +160,8 @@ def reduce_spines(
         Optional preallocated ``[len(tensors), SPINE_WIDTH]`` float64 buffer on that device (the
         collector's staging buffer). Returned when given.
     backend
-        ``"auto"`` (C kernel on the CPU when available), ``"c"`` or ``"torch"``.
+        ``"auto"`` (C kernel on the CPU when available, the fused Triton kernel on CUDA when
+        Triton is installed), ``"c"``, ``"torch"`` or ``"triton"``.
 
     Returns
     -------
@@ -189,8 +189,64 @@ def reduce_spines(
             fn(x.data_ptr(), x.numel(), threads, base + i * SPINE_WIDTH * 8)
         return out
     for i, x in enumerate(flats):
-        out[i] = _torch_spine(x)
+        _device_spine(x, out.select(0, i), backend)
     return out
+
+
+def _use_triton(backend: str, device: torch.device) -> bool:
+    if backend == "triton":
+        if not _triton.available(device):
+            raise Refusal(
+                "settings_invalid",
+                f"the Triton kernel was requested but cannot serve {device} "
+                f"({_triton._STATE['error'] or 'needs CUDA and triton, or TRITON_INTERPRET=1'})",
+                ["use backend='auto'"],
+            )
+        return True
+    return backend == "auto" and device.type == "cuda" and _triton.available(device)
+
+
+def _device_spine(x: torch.Tensor, out: torch.Tensor, backend: str) -> None:
+    """Spine of flat ``x`` off the C kernel: the fused Triton kernel where it serves, else torch."""
+    if _use_triton(backend, x.device):
+        try:
+            fmt = _F64 if x.dtype == torch.float64 else _F32
+            _triton.spine_and_histogram(x.reshape(-1), None, fmt=fmt, out=out)
+            return
+        except Exception as exc:  # telemetry never breaks the step: fall back, warn once
+            if backend == "triton":
+                raise
+            _triton.disable(exc)
+    _torch_spine(x, out)
+
+
+def spine_and_histogram_into(
+    tensor: torch.Tensor,
+    spine_row: torch.Tensor,
+    hist_row: torch.Tensor,
+    descriptor: HistogramDescriptor,
+    backend: str = "auto",
+) -> None:
+    """Spine into ``spine_row`` and histogram counts into ``hist_row`` (overwritten), fused.
+
+    On CUDA with Triton one kernel reads the tensor once for both (plus a tiny combine); on the
+    CPU the two C kernels run; elsewhere the pure-torch paths.
+    """
+    x = _prepare(tensor)
+    if _use_triton(backend, x.device):
+        try:
+            xf, fmt = _format_for(x, descriptor)
+            table, thr = _device_tables(descriptor, fmt, x.device)
+            _, counts = _triton.spine_and_histogram(xf, descriptor, table, thr, fmt, out=spine_row)
+            hist_row.copy_(counts)
+            return
+        except Exception as exc:
+            if backend == "triton":
+                raise
+            _triton.disable(exc)
+            backend = "torch"
+    spine_into(x, spine_row, backend)
+    hist_row.copy_(reduce_histograms([x], descriptor, backend=backend).select(0, 0))
 
 
 def spine_into(tensor: torch.Tensor, out_row: torch.Tensor, backend: str = "auto") -> None:
@@ -199,25 +255,94 @@ def spine_into(tensor: torch.Tensor, out_row: torch.Tensor, backend: str = "auto
     The collector's hot path: the same result as :func:`reduce_spines` with less per-call work.
     """
     dtype = tensor.dtype
-    if (dtype is torch.float32 or dtype is torch.float64) and tensor.is_contiguous():
+    if (
+        (dtype is torch.float32 or dtype is torch.float64)
+        and tensor.is_contiguous()
+        and not tensor.is_neg()
+    ):
         x = tensor.detach()  # already flat-addressable: skip the reshape/copy checks
     else:
         x = _prepare(tensor)
     if x.device.type == "cpu" and backend != "torch":
-        lib = _native.load() if backend == "auto" else _select(backend, x.device)
+        lib = _native.loaded() if backend == "auto" else _select(backend, x.device)
         if lib is not None:
             fn = lib.stepscope_spine_f32 if x.dtype == torch.float32 else lib.stepscope_spine_f64
             fn(x.data_ptr(), x.numel(), torch.get_num_threads(), out_row.data_ptr())
             return
-    out_row.copy_(_torch_spine(x))
+    _device_spine(x, out_row, backend)
+
+
+def spines_into(
+    tensors: Sequence[torch.Tensor],
+    out: torch.Tensor,
+    rows: Sequence[int],
+    backend: str = "auto",
+) -> None:
+    """Spines of many tensors into rows of ``out``, in one native call on the CPU.
+
+    The multi-tensor form of :func:`spine_into` (like ``torch._foreach_*``): the collector hands
+    it every due tensor of a parameter-sized stream (gradient, parameter, update) at once, so the
+    per-tensor Python and ctypes overhead is paid once per stream and step, not once per tensor.
+
+    Parameters
+    ----------
+    tensors
+        The tensors, any real dtype (CPU ones go to the C kernel; others use :func:`spine_into`).
+    out
+        A contiguous ``[n_rows, SPINE_WIDTH]`` float64 buffer (the staging buffer).
+    rows
+        ``out`` row of each tensor.
+    backend
+        ``"auto"``, ``"c"`` or ``"torch"``.
+
+    Examples
+    --------
+    >>> import torch
+    >>> out = torch.zeros(3, SPINE_WIDTH, dtype=torch.float64)
+    >>> spines_into([torch.ones(4), torch.arange(3.0)], out, [2, 0])
+    >>> out[2, 0].item(), out[0, 10].item()  # total of row 2, sum of row 0
+    (4.0, 3.0)
+    """
+    lib = None
+    if backend != "torch" and out.device.type == "cpu" and out.is_contiguous():
+        lib = _native.loaded() if backend == "auto" else _select(backend, out.device)
+    if lib is None or out.dtype != torch.float64:
+        for t, r in zip(tensors, rows):
+            spine_into(t, out.select(0, r), backend)
+        return
+    keep, ptrs, kinds, outs = [], [], [], []  # keep: widened copies alive until the call returns
+    base, stride = out.data_ptr(), SPINE_WIDTH * 8
+    f32, f64 = torch.float32, torch.float64
+    for t, r in zip(tensors, rows):
+        if t.device.type != "cpu":
+            spine_into(t, out.select(0, r), backend)
+            continue
+        if not ((t.dtype is f32 or t.dtype is f64) and t.is_contiguous() and not t.is_neg()):
+            t = _prepare(t)
+            keep.append(t)
+        ptrs.append((t.data_ptr(), t.numel()))
+        kinds.append(t.dtype is f64)
+        outs.append(base + r * stride)
+    if not ptrs:
+        return
+    pn = np.array(ptrs, dtype=np.int64)  # [k, 2]: pointer, numel (user-space pointers < 2**63)
+    p = np.ascontiguousarray(pn[:, 0])
+    n = np.ascontiguousarray(pn[:, 1])
+    k = np.array(kinds, dtype=np.int32)
+    o = np.array(outs, dtype=np.int64)
+    lib.stepscope_spine_many(
+        len(ptrs), p.ctypes.data, n.ctypes.data, k.ctypes.data, torch.get_num_threads(), o.ctypes.data
+    )
 
 
 def _select(backend: str, device: torch.device):
-    if backend not in ("auto", "c", "torch"):
+    if backend not in ("auto", "c", "torch", "triton"):
         raise Refusal(
-            "settings_invalid", f"unknown kernel backend {backend!r}", ["use auto, c or torch"]
+            "settings_invalid",
+            f"unknown kernel backend {backend!r}",
+            ["use auto, c, torch or triton"],
         )
-    if backend == "torch" or device.type != "cpu":
+    if backend in ("torch", "triton") or device.type != "cpu":
         return None
     lib = _native.load()
     if lib is None and backend == "c":
@@ -295,7 +420,7 @@ def _torch_histogram(x: torch.Tensor, desc: HistogramDescriptor, row: torch.Tens
     m = bits & ((1 << mbits) - 1)
     nb2 = 2 * desc.n_bins
     j = torch.bucketize(m, thr, right=True) if thr.numel() else torch.zeros_like(m)
-    entry = table[se]
+    entry = table.index_select(0, se)
     idx = (entry & (_INWIN - 1)) + ((entry >> 30) & 1) * j
     idx = torch.where((e == emax) & (m != 0), torch.full_like(idx, nb2 + 5), idx)
     idx = torch.where((e == 0) & (m == 0), torch.full_like(idx, nb2), idx)
@@ -360,7 +485,18 @@ def reduce_histograms(
             )
         return out
     for i, x in enumerate(flats):
-        _torch_histogram(x, desc, out[i])
+        row = out.select(0, i)
+        if _use_triton(backend, x.device):
+            try:
+                xf, fmt = _format_for(x, desc)
+                table, thr = _device_tables(desc, fmt, x.device)
+                row.add_(_triton.spine_and_histogram(xf, desc, table, thr, fmt)[1])
+                continue
+            except Exception as exc:
+                if backend == "triton":
+                    raise
+                _triton.disable(exc)
+        _torch_histogram(x, desc, row)
     return out
 
 

@@ -5,7 +5,8 @@ Definitions (over all elements seen so far):
 - ``total``: number of elements; ``finite``: not NaN and not +/-inf; ``zero``: exactly 0 (either
   sign); ``negative``: finite and < 0; ``nan``, ``posinf``, ``neginf``: the specials.
   ``total == finite + nan + posinf + neginf``. All exact Python ints.
-- Over finite values only: ``min``, ``max``, ``absmax`` (exact), ``sum``, ``sum_squares``,
+- Over finite values only: ``min``, ``max``, ``absmax`` (exact; an int64 extreme that float64
+  cannot hold, above 2**53, is kept as a Python int), ``sum``, ``sum_squares``,
   ``sum_abs`` (float64 accumulations), ``mean`` and ``m2 = sum((x - mean)**2)`` (merged with Chan's
   pairwise formulas), ``var = m2 / finite`` (population variance). Each is ``None`` when no
   finite value has been seen — never 0 (sums of nothing are exactly 0.0).
@@ -53,6 +54,11 @@ def _enc(value: float | None) -> float | str | None:
     return repr(value)  # 'inf' / '-inf' / 'nan'
 
 
+def _exact(value: int) -> int | float:
+    """``value`` as a float when float64 holds it exactly, else the exact int (int64 extremes)."""
+    return float(value) if float(value) == value else value
+
+
 def _dec(value: Any, name: str) -> float | None:
     if value is None:
         return None
@@ -60,6 +66,10 @@ def _dec(value: Any, name: str) -> float | None:
         return float(value)
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise Refusal("stat_payload_invalid", f"field {name!r} must be a number, got {value!r}")
+    if isinstance(value, int) and not -(2**63) <= value <= 2**63:
+        raise Refusal("stat_payload_invalid", f"field {name!r} is out of range: {value}")
+    if isinstance(value, int) and name in ("min", "max", "absmax"):
+        return _exact(value)  # integer extremes beyond float64 stay exact
     return float(value)
 
 
@@ -98,7 +108,12 @@ class RunningStats:
     def update(self, tensor: torch.Tensor) -> None:
         """Fold every element of ``tensor`` into the spine (in place)."""
         row = reduce_spines([tensor])[0].cpu().numpy()
-        merged = self.merge(RunningStats.from_vector(row, reduction_dtype=self.reduction_dtype))
+        part = RunningStats.from_vector(row, reduction_dtype=self.reduction_dtype)
+        if tensor.dtype is torch.int64 and part._c["total"]:
+            # the float64 row rounds integers above 2**53: take the extremes in int64 (exact)
+            lo, hi = (int(v) for v in torch.aminmax(tensor.detach()))
+            part._f.update(min=_exact(lo), max=_exact(hi), absmax=_exact(max(-lo, hi)))
+        merged = self.merge(part)
         self._c, self._f = merged._c, merged._f
 
     def merge(self, other: RunningStats) -> RunningStats:
@@ -108,7 +123,13 @@ class RunningStats:
                 "stat_kind_mismatch", f"cannot merge RunningStats with {type(other).__name__}"
             )
         merged = merge_spine_rows(self.to_vector(), other.to_vector())
-        return RunningStats.from_vector(merged, reduction_dtype=self.reduction_dtype)
+        out = RunningStats.from_vector(merged, reduction_dtype=self.reduction_dtype)
+        for name, pick in (("min", min), ("max", max), ("absmax", max)):
+            # Python compares int with float exactly: integer extremes above 2**53 survive
+            vals = [v for v in (self._f[name], other._f[name]) if v is not None]
+            if vals:
+                out._f[name] = pick(vals)
+        return out
 
     # ---- vectors and dicts
     def to_vector(self) -> np.ndarray:

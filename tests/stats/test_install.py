@@ -1,0 +1,153 @@
+"""A real install carries the compiled kernel: build a wheel from a clean copy of the sources,
+install it into a fresh virtualenv and ask that interpreter which backend runs.
+
+Also: the kernel library links no OpenMP runtime, carries no ``-march=native`` code path by
+default, and the JIT build is an explicit opt-in whose cache key includes the CPU.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import venv
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+
+from stepscope.stats import _native
+
+ROOT = Path(__file__).resolve().parents[2]
+PIP = [sys.executable, "-m", "pip"]
+
+
+def clean_copy(dst: Path) -> Path:
+    """The files a fresh clone has (no build outputs, no compiled library)."""
+    for name in ("setup.py", "pyproject.toml", "README.md"):
+        shutil.copy2(ROOT / name, dst / name)
+    shutil.copytree(
+        ROOT / "src",
+        dst / "src",
+        ignore=shutil.ignore_patterns("*.so", "__pycache__", "*.egg-info"),
+    )
+    return dst
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    src = clean_copy(tmp_path_factory.mktemp("clone"))
+    out = tmp_path_factory.mktemp("wheels")
+    subprocess.run(
+        [*PIP, "wheel", str(src), "-w", str(out), "--no-deps", "--no-build-isolation", "-q"],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    (whl,) = out.glob("stepscope-*.whl")
+    return whl
+
+
+def test_wheel_contains_the_compiled_kernel_and_its_source(wheel):
+    names = zipfile.ZipFile(wheel).namelist()
+    assert any(n.startswith("stepscope/stats/_stepscope_kernels") and n.endswith(".so") for n in names)
+    assert "stepscope/stats/_kernels.c" in names  # for the explicit JIT opt-in
+
+
+def test_fresh_virtualenv_from_the_wheel_runs_the_packaged_native_kernel(wheel, tmp_path):
+    env_dir = tmp_path / "venv"
+    venv.create(env_dir, with_pip=False)
+    py = env_dir / "bin" / "python"
+    site = Path(
+        subprocess.run(
+            [py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+    )
+    # torch and numpy from this interpreter (a plain path entry: no .pth in it is executed, so
+    # the editable stepscope of the test environment stays invisible)
+    deps = {str(Path(torch.__file__).parents[1]), sysconfig.get_paths()["purelib"]}
+    (site / "deps.pth").write_text("\n".join(sorted(deps)) + "\n")
+    subprocess.run(
+        [sys.executable, "-m", "pip", "--python", str(py), "install", "--no-deps", "-q", wheel],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    probe = (
+        "import json, torch, stepscope\n"
+        "from stepscope.stats import backend_info, reduce_spines\n"
+        "x = torch.randn(10000)\n"
+        "same = torch.equal(reduce_spines([x]), reduce_spines([x], backend='c'))\n"
+        "print(json.dumps({'file': stepscope.__file__, 'info': backend_info(), 'same': same}))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "STEPSCOPE"))}
+    res = subprocess.run(
+        [py, "-c", probe], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert res.returncode == 0, res.stderr
+    got = json.loads(res.stdout.strip().splitlines()[-1])
+    assert Path(got["file"]).resolve().is_relative_to(env_dir.resolve())  # the wheel, not src/
+    assert got["info"]["cpu"] == "c" and got["info"]["source"] == "packaged", got["info"]
+    assert got["same"]
+    assert "RuntimeWarning" not in res.stderr
+
+
+def test_the_kernel_library_links_no_openmp_runtime():
+    info = _native.backend_info()
+    if info["cpu"] != "c":
+        pytest.skip(info["detail"])
+    lib = Path(str(_native._STATE["path"]))
+    ldd = shutil.which("ldd")
+    if ldd is None:
+        pytest.skip("no ldd")
+    linked = subprocess.run([ldd, lib], capture_output=True, text=True).stdout
+    assert "gomp" not in linked and "libomp" not in linked and "iomp" not in linked
+
+
+def test_jit_is_opt_in_and_keys_its_cache_on_the_cpu_when_native(monkeypatch, tmp_path):
+    flags = _native._jit_flags()
+    assert "-march=native" not in flags and "-march=native" not in " ".join(_native._FLAGS)
+    monkeypatch.setenv("STEPSCOPE_NATIVE_ARCH", "1")
+    assert "-march=native" in _native._jit_flags()
+    built: list[Path] = []
+    monkeypatch.setattr(_native, "_compile", lambda target, flags: built.append(target))
+    monkeypatch.setenv("STEPSCOPE_CACHE", str(tmp_path))
+    monkeypatch.setattr(_native, "_cpu_fingerprint", lambda: "cpu A")
+    a = _native._jit_library()
+    monkeypatch.setattr(_native, "_cpu_fingerprint", lambda: "cpu B")
+    b = _native._jit_library()
+    assert a != b and built == [a, b]  # a home shared across CPU types never reuses a build
+
+
+def test_missing_packaged_library_falls_back_with_a_warning(monkeypatch):
+    monkeypatch.setattr(_native, "_STATE", {})
+    monkeypatch.setattr(_native, "_EXTENSION", "stepscope.stats._no_such_kernel")
+    monkeypatch.delenv("STEPSCOPE_KERNEL", raising=False)
+    with pytest.warns(RuntimeWarning, match="not installed"):
+        assert _native.load() is None
+    info = _native.backend_info()
+    assert info["cpu"] == "torch" and info["source"] == "none"
+    monkeypatch.setattr(_native, "_STATE", {})
+    monkeypatch.setenv("STEPSCOPE_KERNEL", "c")
+    with pytest.raises(RuntimeError, match="not installed"):
+        _native.load()
+
+
+def test_run_record_names_the_kernel_backend(tmp_path):
+    from stepscope import open_history
+    from stepscope.collect import HistoryCollector, WatchSettings
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU(), torch.nn.Linear(3, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    col = HistoryCollector(model, settings=WatchSettings(output_dir=str(tmp_path / "run")))
+    with col.step(opt):
+        model(torch.randn(5, 4)).sum().backward()
+        opt.step()
+    col.close()
+    recorded = open_history(tmp_path / "run").run.extra["kernel_backend"]
+    assert recorded == _native.backend_info() and recorded["cpu"] in ("c", "torch")
