@@ -15,6 +15,7 @@ Cadence(spine=10, histogram=100)
 from __future__ import annotations
 
 import enum
+import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -176,7 +177,7 @@ class WatchSettings:
         JSON-safe fields copied into the run record.
     """
 
-    output_dir: str | None = None
+    output_dir: str | os.PathLike[str] | None = None
     run_id: str | None = None
     resume: bool = False
     ram_capacity: int = 256

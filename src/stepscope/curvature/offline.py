@@ -26,6 +26,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -46,7 +47,7 @@ DEFAULT_WORK_LIMIT_S = 420.0
 ProgressCallback = Callable[[int, Path, dict[str, Any]], None]
 
 
-def sha256_file(path: str | Path) -> str:
+def sha256_file(path: str | os.PathLike[str]) -> str:
     """sha256 of a file's bytes."""
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
@@ -59,7 +60,7 @@ def atomic_write_json(path: Path, payload: Any) -> None:
     atomic_write_bytes(path, json.dumps(payload, indent=1, allow_nan=False).encode())
 
 
-def load_probe(path: str | Path) -> tuple[Tensor, Tensor]:
+def load_probe(path: str | os.PathLike[str]) -> tuple[Tensor, Tensor]:
     """Load ``x`` and ``y`` from ``.npz`` (no pickle) or a ``torch.save`` dict (weights_only)."""
     path = Path(path)
     if path.suffix == ".npz":
@@ -76,9 +77,9 @@ def load_probe(path: str | Path) -> tuple[Tensor, Tensor]:
 
 
 def make_panel_pins(
-    source_files: Sequence[str | Path],
-    checkpoints: Mapping[int, str | Path],
-    probe: str | Path | tuple[Tensor, Tensor],
+    source_files: Sequence[str | os.PathLike[str]],
+    checkpoints: Mapping[int, str | os.PathLike[str]],
+    probe: str | os.PathLike[str] | tuple[Tensor, Tensor],
 ) -> dict[str, Any]:
     """Compute the pins a panel verifies (store them before the run, e.g. in ``pins.json``)."""
     x, y = load_probe(probe) if isinstance(probe, (str, Path)) else probe
@@ -159,9 +160,9 @@ def _extras(
 
 def run_curvature_panel(
     model_factory: Callable[[], nn.Module],
-    checkpoints: Mapping[int, str | Path],
-    probe: str | Path | tuple[Tensor, Tensor],
-    output_dir: str | Path,
+    checkpoints: Mapping[int, str | os.PathLike[str]],
+    probe: str | os.PathLike[str] | tuple[Tensor, Tensor],
+    output_dir: str | os.PathLike[str],
     pins: Mapping[str, Any],
     *,
     mode: str = "exact",

@@ -15,6 +15,7 @@ Example
 from __future__ import annotations
 
 import gzip
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -118,7 +119,7 @@ def from_profiler(prof: Any, *, force_fallback: bool = False) -> ProfileResult:
     )
 
 
-def load_trace(path: str | Path, *, max_bytes: int = MAX_TRACE_BYTES) -> ProfileResult:
+def load_trace(path: str | os.PathLike[str], *, max_bytes: int = MAX_TRACE_BYTES) -> ProfileResult:
     """Join a saved chrome trace (plain or gzipped JSON) from any torch profiler version.
 
     Device events join to their launch by correlation id, then to the innermost op enclosing

@@ -18,6 +18,7 @@ Example
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
@@ -295,7 +296,7 @@ class ProfileResult:
             "unjoined_statuses": [s.value for s in JoinStatus if s.value in acc.residual_ns],
         }
 
-    def export_chrome_trace(self, path: str | Path) -> tuple[Path, Path]:
+    def export_chrome_trace(self, path: str | os.PathLike[str]) -> tuple[Path, Path]:
         """Write the chrome trace to ``path`` and the id mapping to ``<path>.ids.json``.
 
         Returns the two paths. Refuses ``profiler_session_inactive`` when the result has no

@@ -6,7 +6,10 @@
 * **Borrowed** mode (``session(profiler=prof)``) only adds stepscope's markers -- a
   ``stepscope.session/<n>`` bracket, region brackets, spans -- inside a profiler the caller
   started; it never steps, stops or reads that profiler (read it later with
-  :func:`stepscope.profile.from_profiler`).
+  :func:`stepscope.profile.from_profiler`). A profiler built with
+  ``schedule=torch.profiler.schedule(wait=..., warmup=..., active=...)`` is accepted in any
+  phase, ``wait`` included: the markers of work done in its active windows land in its traces,
+  and those of its wait/warm-up steps are dropped by torch, as for any other op.
 
 One session may be active per process: opening a second refuses ``profiler_session_nested``.
 Every marker, mode, hook and the active-session slot itself sit on one exit stack that unwinds on
@@ -71,12 +74,26 @@ def _check_borrowed(profiler: Any) -> None:
             f"profiler= must be a started torch.profiler.profile, got {type(profiler).__name__}.",
             ["pass the object returned by `with torch.profiler.profile(...) as prof:`"],
         )
-    if getattr(profiler, "profiler", None) is None:
+    running = getattr(profiler, "profiler", None) is not None and (
+        torch.autograd._profiler_enabled()
+    )
+    if not running and not _scheduled_and_started(profiler):
         raise Refusal(
             "profiler_session_inactive",
-            "the borrowed profiler has not been started.",
+            "the borrowed profiler is not running (never started, or already stopped).",
             ["open stepscope.session(profiler=prof) inside `with prof:` (or after prof.start())"],
         )
+
+
+def _scheduled_and_started(profiler: Any) -> bool:
+    """A scheduled profiler between ``start()`` and ``stop()``, whatever its current phase.
+
+    During ``wait`` torch has not built its inner profiler yet (``profiler.profiler is None``),
+    but ``start()`` has opened its ``ProfilerStep#N`` marker, which ``stop()`` closes.
+    """
+    return bool(getattr(profiler, "record_steps", False)) and (
+        getattr(profiler, "step_rec_fn", None) is not None
+    )
 
 
 class session:  # lower-case: used like a function: ``with ss.session() as s:``

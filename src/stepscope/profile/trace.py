@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 from dataclasses import dataclass
 from decimal import Decimal
 from enum import Enum
@@ -183,7 +184,7 @@ def events_from_chrome(payload: Any, source: str) -> LoadedTrace:
     return LoadedTrace(tuple(events), bool(device_props) or has_runtime, source, disclosures)
 
 
-def read_chrome_trace(path: str | Path, max_bytes: int = MAX_TRACE_BYTES) -> LoadedTrace:
+def read_chrome_trace(path: str | os.PathLike[str], max_bytes: int = MAX_TRACE_BYTES) -> LoadedTrace:
     """Read a plain or gzipped chrome trace from ``path`` into :class:`TraceEvent` records.
 
     Refuses ``trace_invalid`` when the file is missing, larger than ``max_bytes`` once
