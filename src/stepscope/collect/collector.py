@@ -60,6 +60,7 @@ from stepscope.history import (
     model_fingerprint,
 )
 from stepscope.history.batch import code_of
+from stepscope.profile.scope import internal_scope
 from stepscope.runlog import (
     ArtifactRows,
     EvalRecord,
@@ -327,7 +328,8 @@ class HistoryCollector:
             return
         t0 = time.perf_counter()
         # detached: no graph is built (the C kernel and the torch path only read the tensor)
-        self._staging(tensor.device).write(row.index, tensor.detach(), state.hist_due[row.stream])
+        with internal_scope("collector.reduce"):  # profiled as stepscope's work, not the user's
+            self._staging(tensor.device).write(row.index, tensor.detach(), state.hist_due[row.stream])
         dt = time.perf_counter() - t0
         state.telemetry_s += dt
         state.stream_s[row.stream] = state.stream_s.get(row.stream, 0.0) + dt
@@ -399,7 +401,7 @@ class HistoryCollector:
         self._take_gradients(self._scale_status())
         if "update" in self.streams and state.spine_due["update"]:
             t0 = time.perf_counter()
-            with torch.no_grad():
+            with torch.no_grad(), internal_scope("collector.update_sample"):
                 for row in self._by_stream["update"]:
                     self._update_old[row.index] = self._sample(row)
             dt = time.perf_counter() - t0
@@ -416,7 +418,7 @@ class HistoryCollector:
         if state is None:
             return
         state.stepped = True
-        with torch.no_grad():
+        with torch.no_grad(), internal_scope("collector.post_step"):
             for row in self._by_stream.get("update", []):
                 old = self._update_old.pop(row.index, None)
                 if old is not None:
