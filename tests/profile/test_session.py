@@ -122,7 +122,9 @@ def test_exception_paths_restore_markers_hooks_and_the_slot(exc_type):
             tiny_step()
             raise exc_type("boom")
     assert_restored(s)
-    assert s.result is None
+    with pytest.raises(Refusal) as err:  # no result after an exception, and never a None
+        _ = s.result
+    assert err.value.code == "profiler_session_inactive"
     (span,) = [sp for sp in s.registry.spans if sp.name == "leaked"]
     assert span.closed_by == BOUNDARY_DISCLOSURE
     with ss.session() as again:  # the slot is free again

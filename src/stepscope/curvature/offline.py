@@ -82,7 +82,7 @@ def make_panel_pins(
     probe: str | os.PathLike[str] | tuple[Tensor, Tensor],
 ) -> dict[str, Any]:
     """Compute the pins a panel verifies (store them before the run, e.g. in ``pins.json``)."""
-    x, y = load_probe(probe) if isinstance(probe, (str, Path)) else probe
+    x, y = load_probe(probe) if isinstance(probe, (str, os.PathLike)) else probe
     return {
         "source_sha256": {str(p): sha256_file(p) for p in source_files},
         "checkpoint_sha256": {str(int(e)): sha256_file(p) for e, p in checkpoints.items()},
@@ -226,7 +226,7 @@ def run_curvature_panel(
     paths = {int(e): Path(p) for e, p in checkpoints.items()}
     if not paths:
         raise Refusal("curvature_input_invalid", "no checkpoints given", ["pass epoch -> path"])
-    x, y = load_probe(probe) if isinstance(probe, (str, Path)) else probe
+    x, y = load_probe(probe) if isinstance(probe, (str, os.PathLike)) else probe
     _verify_pins(pins, paths, x, y)
     out.mkdir(parents=True, exist_ok=True)
     ckpt_pins = {int(k): v for k, v in pins["checkpoint_sha256"].items()}

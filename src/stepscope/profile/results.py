@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
+from typing import Any
 
 from stepscope.errors import Refusal
 from stepscope.profile.accounting import JoinResult, JoinStatus
@@ -268,7 +269,7 @@ class ProfileResult:
 
         device = []
         for a in join.device:
-            entry = {"event": ref(a.event), "status": a.status.value}
+            entry: dict[str, Any] = {"event": ref(a.event), "status": a.status.value}
             entry["launch"] = ref(a.launch)
             entry["owner"] = ref(a.owner)
             entry["group"] = a.group

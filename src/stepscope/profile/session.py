@@ -118,8 +118,9 @@ class session:  # lower-case: used like a function: ``with ss.session() as s:``
     ----------
     registry : SpanRegistry
         The session's spans (regions, captured altitudes, the session span).
-    result : ProfileResult | None
-        Set on a normal exit.
+    result : ProfileResult
+        Available after a normal exit; before that, or after an exception escaped the block,
+        reading it refuses ``profiler_session_inactive`` (never ``None``).
     """
 
     def __init__(
@@ -156,7 +157,7 @@ class session:  # lower-case: used like a function: ``with ss.session() as s:``
         self._activities: list[Any] = []
         self._stack: ExitStack | None = None
         self.registry = SpanRegistry()
-        self.result: ProfileResult | None = None
+        self._result: ProfileResult | None = None
         self.capture: AltitudeCapture | None = None
 
     def __enter__(self) -> session:
@@ -177,7 +178,7 @@ class session:  # lower-case: used like a function: ``with ss.session() as s:``
                 ["pass it in: stepscope.session(profiler=prof) adds markers to your profiler"],
             )
         self.registry = SpanRegistry()  # a reused session object starts with fresh spans
-        self.result = None
+        self._result = None
         stack = ExitStack()
         self._stack = stack
         try:
@@ -206,18 +207,28 @@ class session:  # lower-case: used like a function: ``with ss.session() as s:``
         self.registry.close_all(BOUNDARY_DISCLOSURE, keep=session_span)
         self.registry.close(session_span)
 
-    def __exit__(self, exc_type, exc, tb) -> bool:
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         stack, self._stack = self._stack, None
         if stack is not None:
             stack.close()  # markers, hooks, slot; then the owned profiler stops
         if exc_type is None:
-            self.result = self._build_result()
-        return False
+            self._result = self._build_result()
+
+    @property
+    def result(self) -> ProfileResult:
+        """The session's :class:`ProfileResult` (refuses until the block exited normally)."""
+        if self._result is None:
+            raise Refusal(
+                "profiler_session_inactive",
+                "this session has no result: it is still open, or its block raised.",
+                ["read .result after the `with` block ends normally"],
+            )
+        return self._result
 
     def _build_result(self) -> ProfileResult:
         spans = self.registry.spans
         leaked = sum(1 for s in spans if s.closed_by == BOUNDARY_DISCLOSURE)
-        notes = (f"{leaked} span(s) {BOUNDARY_DISCLOSURE}",) if leaked else ()
+        notes: tuple[str, ...] = (f"{leaked} span(s) {BOUNDARY_DISCLOSURE}",) if leaked else ()
         if self.borrowed:
             notes += ("borrowed profiler: events are read by its owner (from_profiler)",)
             return ProfileResult(None, Availability.NOT_REQUESTED, "borrowed", notes, spans)

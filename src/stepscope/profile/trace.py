@@ -151,7 +151,8 @@ def events_from_chrome(payload: Any, source: str) -> LoadedTrace:
         if not isinstance(record, dict) or record.get("ph") != "X":
             continue
         category = str(record.get("cat", ""))
-        args = record.get("args") if isinstance(record.get("args"), dict) else {}
+        raw_args = record.get("args")
+        args: dict[str, Any] = raw_args if isinstance(raw_args, dict) else {}
         try:
             start = _us_to_ns(record["ts"], "ts")
             dur = _us_to_ns(record.get("dur", 0), "dur")
