@@ -1,5 +1,10 @@
 """Assemble the report into one self-contained HTML file (PNG images embedded as base64).
 
+Layout: a ``viewport`` meta so phones lay the page out at their own width, images scaled to
+the column (their PNGs are rendered at twice the displayed size for HiDPI screens), tables in
+horizontal scrollers, and a caption shared by several plots of a section printed once above
+them (each figure keeps its own x-axis line).
+
 Example
 -------
 >>> from stepscope.report import render_report
@@ -12,7 +17,9 @@ from __future__ import annotations
 import base64
 import html
 import os
+import struct
 import time
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -20,7 +27,7 @@ from stepscope.errors import Refusal
 from stepscope.report.curvature import curvature_section
 from stepscope.report.endpoints import default_endpoints, endpoints_section
 from stepscope.report.model import Item, Note, RunView, Section, Table
-from stepscope.report.plots import Plot
+from stepscope.report.plots import PNG_SCALE, Plot
 from stepscope.report.record import record_section
 from stepscope.report.sections import (
     branch_section,
@@ -43,13 +50,21 @@ SECTION_KEYS: tuple[str, ...] = (
 )
 
 _CSS = """
-body{font-family:system-ui,sans-serif;margin:1.5em auto;max-width:70em;color:#222}
+*,*::before,*::after{box-sizing:border-box}
+body{font-family:system-ui,sans-serif;margin:0 auto;padding:1em 1.2em;max-width:72em;color:#222;
+line-height:1.45}
 h1{font-size:1.5em} h2{border-bottom:1px solid #ccc;padding-bottom:.2em;margin-top:2em}
+h3{font-size:1em;margin:1em 0 .3em} p,li,h1,h2,h3,figcaption{overflow-wrap:anywhere}
 figure{margin:.5em 1em .8em 0;display:inline-block;vertical-align:top;max-width:100%}
-figure img{max-width:100%} figcaption{font-size:.8em;color:#555;max-width:42em}
-table{border-collapse:collapse;font-size:.8em;margin:.5em 0 1.5em}
-td,th{border:1px solid #ddd;padding:.15em .5em;text-align:left;vertical-align:top}
+figure img{max-width:100%;height:auto;display:block}
+figcaption{font-size:.85em;color:#555;max-width:42em}
+.caption{font-size:.9em;color:#444;max-width:48em}
+.scroll{overflow-x:auto;max-width:100%;margin:.3em 0 1.5em}
+table{border-collapse:collapse;font-size:.85em}
+td,th{border:1px solid #ddd;padding:.2em .5em;text-align:left;vertical-align:top}
+th{background:#f6f6f6} td{max-width:40em;overflow-wrap:anywhere}
 .nodata{background:#fff4e5;border-left:4px solid #f0a020;padding:.4em .8em;font-size:.9em}
+@media (max-width:40em){body{padding:.6em} figure{margin:.5em 0}}
 """
 
 
@@ -71,13 +86,26 @@ def build_sections(
     ]
 
 
-def _item_html(item: Item) -> str:
+def png_size(png: bytes) -> tuple[int, int]:
+    """``(width, height)`` in pixels from a PNG's IHDR chunk.
+
+    >>> png_size(b"\\x89PNG\\r\\n\\x1a\\n" + b"\\0\\0\\0\\rIHDR" + bytes([0, 0, 2, 0, 0, 0, 1, 0]))
+    (512, 256)
+    """
+    width, height = struct.unpack(">II", png[16:24])
+    return int(width), int(height)
+
+
+def _item_html(item: Item, shared: frozenset[str] = frozenset()) -> str:
     if isinstance(item, Plot):
         data = base64.b64encode(item.png).decode("ascii")
         alt = html.escape(f"{item.title} (x-axis: {item.xlabel})")
-        cap = html.escape(f"x-axis: {item.xlabel}. {item.caption}".strip())
+        own = "" if item.caption in shared else item.caption
+        cap = html.escape(f"x-axis: {item.xlabel}. {own}".strip())
+        w, h = png_size(item.png)
         return (
-            f'<figure><img alt="{alt}" src="data:image/png;base64,{data}">'
+            f'<figure><img alt="{alt}" src="data:image/png;base64,{data}" '
+            f'width="{w // PNG_SCALE}" height="{h // PNG_SCALE}">'
             f"<figcaption>{cap}</figcaption></figure>"
         )
     if isinstance(item, Table):
@@ -87,8 +115,8 @@ def _item_html(item: Item) -> str:
             for row in item.rows
         )
         return (
-            f"<h3>{html.escape(item.title)}</h3><table><thead><tr>{head}</tr></thead>"
-            f"<tbody>{body}</tbody></table>"
+            f'<h3>{html.escape(item.title)}</h3><div class="scroll"><table><thead><tr>{head}'
+            f"</tr></thead><tbody>{body}</tbody></table></div>"
         )
     if isinstance(item, Note):
         return f'<p class="nodata">{html.escape(item.text)}</p>'
@@ -102,6 +130,7 @@ def to_html(sections: Sequence[Section], runs: Sequence[RunView]) -> str:
     parts = [
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
+        '<meta name="viewport" content="width=device-width, initial-scale=1">',
         f"<title>stepscope report: {names}</title><style>{_CSS}</style></head><body>",
         f"<h1>stepscope report</h1><p>Runs: {names}. Generated "
         f"{time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}. Every plot reads the on-disk "
@@ -109,8 +138,12 @@ def to_html(sections: Sequence[Section], runs: Sequence[RunView]) -> str:
         f"<nav><ol>{toc}</ol></nav>",
     ]
     for s in sections:
-        body = "".join(_item_html(i) for i in s.items)
-        parts.append(f'<section id="{s.key}"><h2>{html.escape(s.title)}</h2>{body}</section>')
+        # a caption under several plots of the section is printed once, above them
+        counts = Counter(i.caption for i in s.items if isinstance(i, Plot) and i.caption)
+        shared = frozenset(c for c, n in counts.items() if n > 1)
+        lead = "".join(f'<p class="caption">{html.escape(c)}</p>' for c in sorted(shared))
+        body = "".join(_item_html(i, shared) for i in s.items)
+        parts.append(f'<section id="{s.key}"><h2>{html.escape(s.title)}</h2>{lead}{body}</section>')
     parts.append("</body></html>")
     return "\n".join(parts)
 
