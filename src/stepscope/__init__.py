@@ -23,14 +23,25 @@ from typing import TYPE_CHECKING, Any
 from stepscope.errors import Refusal
 
 if TYPE_CHECKING:  # what the lazy table below resolves to, spelled out for type checkers
-    from stepscope import curvature, history, profile, stats
-    from stepscope.collect import AutoCadence, Cadence, HistoryCollector, WatchSettings
-    from stepscope.curvature import analyze_curvature
-    from stepscope.events import EventStream, ObserverEvent
-    from stepscope.history import open_history
-    from stepscope.probe import DenseProbe
-    from stepscope.profile import draw, kernel_profile, region, session
-    from stepscope.runlog import RunLog
+    # ``name as name``: an explicit re-export (ruff and mypy read it so)
+    from stepscope import curvature as curvature
+    from stepscope import history as history
+    from stepscope import profile as profile
+    from stepscope import stats as stats
+    from stepscope.collect import AutoCadence as AutoCadence
+    from stepscope.collect import Cadence as Cadence
+    from stepscope.collect import HistoryCollector as HistoryCollector
+    from stepscope.collect import WatchSettings as WatchSettings
+    from stepscope.curvature import analyze_curvature as analyze_curvature
+    from stepscope.events import EventStream as EventStream
+    from stepscope.events import ObserverEvent as ObserverEvent
+    from stepscope.history import open_history as open_history
+    from stepscope.probe import DenseProbe as DenseProbe
+    from stepscope.profile import draw as draw
+    from stepscope.profile import kernel_profile as kernel_profile
+    from stepscope.profile import region as region
+    from stepscope.profile import session as session
+    from stepscope.runlog import RunLog as RunLog
 
 __version__ = "0.1.0"
 

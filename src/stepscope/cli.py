@@ -7,7 +7,9 @@ and returns an exit code. Keeping registration in the areas keeps this file smal
 Exit codes (also printed by ``stepscope --help``): ``0`` success; ``1`` the command ran and
 found a failure (a checksum that does not hold, a tracker that failed); ``2`` usage error
 (argparse); ``3`` refused: a :class:`stepscope.Refusal`, its ``[code]``, message and remedies on
-stderr.
+stderr; ``5`` ``stepscope curvature`` stopped at its work budget (``budget_censored``).
+
+Every sub-command gets an ``examples:`` epilog: its own, or the one in :data:`EXAMPLES`.
 
 Example
 -------
@@ -44,6 +46,7 @@ exit codes:
   1  the command ran and found a failure (verify: a checksum fails; export: a tracker failed)
   2  usage error (unknown option, missing argument)
   3  refused: stepscope.Refusal; "[code] message" and remedies are printed on stderr
+  5  curvature: the panel stopped at its work budget (budget_censored), results so far kept
 
 examples:
   stepscope demo                                  # train the reference model, write runs/demo
@@ -52,6 +55,55 @@ examples:
   stepscope export runs/demo --tensorboard tb     # then: tensorboard --logdir tb
   stepscope COMMAND --help                        # every option of one command
 """
+
+
+#: Example epilogs for sub-commands whose area did not write its own.
+EXAMPLES: dict[str, str] = {
+    "demo": """\
+examples:
+  stepscope demo --quick                          # a tiny run (one seed, small widths)
+  stepscope demo --seeds 0 1 2 --variants plain residual --out runs/demo
+""",
+    "show": """\
+examples:
+  stepscope show runs/demo
+  stepscope show runs/demo --json | python -m json.tool
+""",
+    "verify": """\
+examples:
+  stepscope verify runs/demo                      # exit 0 only when every chunk's sha256 holds
+""",
+    "merge": """\
+examples:
+  stepscope merge runs/ddp/rank000 runs/ddp/rank001 --out runs/ddp-merged
+""",
+    "report": """\
+examples:
+  stepscope report runs/demo/plain-seed0 --out report.html
+  stepscope report runs/a runs/b runs/c --out seeds.html --endpoints 0,990
+""",
+    "curvature": """\
+examples:
+  stepscope curvature-pin --source model.py --checkpoint 10=ckpt/e10.pt --probe probe.npz \\
+      --out pins.json
+  stepscope curvature --model model.py:build --checkpoint 10=ckpt/e10.pt --probe probe.npz \\
+      --pins pins.json --out curvature/
+
+exit codes: 0 complete, 3 refused (e.g. checkpoint_tampered), 5 budget_censored
+""",
+    "curvature-pin": """\
+examples:
+  stepscope curvature-pin --source model.py --checkpoint 10=ckpt/e10.pt --probe probe.npz \\
+      --out pins.json
+""",
+}
+
+
+def _add_epilogs(subparsers: argparse._SubParsersAction) -> None:
+    for name, sub in subparsers.choices.items():
+        if not sub.epilog and name in EXAMPLES:
+            sub.epilog = EXAMPLES[name]
+            sub.formatter_class = argparse.RawDescriptionHelpFormatter
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -74,6 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
                 continue  # area not built in this version
             raise
         module.register(subparsers)
+    _add_epilogs(subparsers)
     return parser
 
 

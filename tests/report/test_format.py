@@ -41,3 +41,16 @@ def test_a_caption_shared_by_several_plots_is_printed_once(runs):
     assert html.count(shared) == 1 and html.count("Only mine.") == 1
     assert html.count("<figcaption>x-axis: optimizer step.") == 5  # each still names its axis
     assert 'width="256" height="128"' in html  # shown at half its pixels: sharp on HiDPI
+
+
+def test_report_reports_progress_per_section(runs, tmp_path, capsys):
+    from stepscope.cli import main
+    from stepscope.report import SECTION_KEYS, render_report
+
+    calls = []
+    render_report([runs["bare"]], tmp_path / "r.html", progress=lambda d, t: calls.append((d, t)))
+    n = len(SECTION_KEYS)
+    assert calls == [(i, n) for i in range(1, n + 1)]
+    assert main(["report", str(runs["bare"]), "--out", str(tmp_path / "c.html")]) == 0
+    err = capsys.readouterr().err
+    assert "report [" in err and f"{n}/{n}" in err

@@ -22,10 +22,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--histogram-limit", type=int, default=40, help="most histogram panels (default: 40)"
     )
+    p.add_argument("--no-progress", action="store_true", help="do not draw the progress bar")
     p.set_defaults(func=_main)
 
 
 def _main(args: argparse.Namespace) -> int:
+    from stepscope.cli import progress_bar
     from stepscope.report.html import render_report
 
     endpoints = None
@@ -39,7 +41,11 @@ def _main(args: argparse.Namespace) -> int:
                 ["e.g. --endpoints 0,990"],
             ) from None
     out = render_report(
-        args.runs, args.out, endpoints=endpoints, histogram_limit=args.histogram_limit
+        args.runs,
+        args.out,
+        endpoints=endpoints,
+        histogram_limit=args.histogram_limit,
+        progress=None if args.no_progress else progress_bar("report"),
     )
     print(f"wrote {out}")
     return 0

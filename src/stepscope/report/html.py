@@ -20,7 +20,7 @@ import os
 import struct
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from stepscope.errors import Refusal
@@ -69,21 +69,33 @@ th{background:#f6f6f6} td{max-width:40em;overflow-wrap:anywhere}
 
 
 def build_sections(
-    runs: Sequence[RunView], endpoints: Sequence[int] | None = None, histogram_limit: int = 40
+    runs: Sequence[RunView],
+    endpoints: Sequence[int] | None = None,
+    histogram_limit: int = 40,
+    progress: Callable[[int, int], None] | None = None,
 ) -> list[Section]:
-    """Every section of the report, in :data:`SECTION_KEYS` order."""
+    """Every section of the report, in :data:`SECTION_KEYS` order.
+
+    ``progress(done, total)`` is called after each section when given.
+    """
     runs = list(runs)
     ends = sorted(set(endpoints)) if endpoints else default_endpoints(runs)
-    return [
-        curves_section(runs, ends),
-        branch_section(runs),
-        endpoints_section(runs, ends),
-        layers_section(runs),
-        moments_section(runs),
-        histograms_section(runs, histogram_limit),
-        curvature_section(runs),
-        record_section(runs),
+    builders: list[Callable[[], Section]] = [
+        lambda: curves_section(runs, ends),
+        lambda: branch_section(runs),
+        lambda: endpoints_section(runs, ends),
+        lambda: layers_section(runs),
+        lambda: moments_section(runs),
+        lambda: histograms_section(runs, histogram_limit),
+        lambda: curvature_section(runs),
+        lambda: record_section(runs),
     ]
+    sections = []
+    for build in builders:
+        sections.append(build())
+        if progress is not None:
+            progress(len(sections), len(builders))
+    return sections
 
 
 def png_size(png: bytes) -> tuple[int, int]:
@@ -154,6 +166,7 @@ def render_report(
     *,
     endpoints: Sequence[int] | None = None,
     histogram_limit: int = 40,
+    progress: Callable[[int, int], None] | None = None,
 ) -> Path:
     """Write one self-contained HTML report over one or more run artifacts.
 
@@ -169,6 +182,8 @@ def render_report(
         (default: the first and last probe step).
     histogram_limit
         At most this many histogram-over-time panels.
+    progress
+        ``progress(done, total)`` after each section is built.
 
     Returns
     -------
@@ -191,7 +206,8 @@ def render_report(
     if endpoints is not None and any(int(e) < 0 for e in endpoints):
         raise Refusal("report_input_invalid", f"endpoints {list(endpoints)} must be >= 0.", [])
     views = [RunView.open(p) for p in runs]
-    return write_report(build_sections(views, endpoints, histogram_limit), views, out)
+    sections = build_sections(views, endpoints, histogram_limit, progress)
+    return write_report(sections, views, out)
 
 
 def write_report(
