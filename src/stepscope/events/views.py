@@ -98,17 +98,30 @@ def exponent_view_raw(payload: HistogramPayload) -> dict[str, Any] | None:
     indices and ``sum``/``sum_squares`` are the index moments (exact integers).
     """
     index, counts = exponent_view(payload)
-    nz = np.flatnonzero(counts)
-    if not len(nz):
+    sl = _occupied(counts)
+    if sl is None:
         return None
-    index, counts = index[nz[0] : nz[-1] + 1], counts[nz[0] : nz[-1] + 1]
+    index, counts = index[sl].astype(np.float64), counts[sl]
+    return _raw_args(index[0], index[-1], index, index + 0.5, counts)
+
+
+def _occupied(counts: np.ndarray) -> slice | None:
+    """The slice from the first to the last non-zero count (``None`` when all are zero)."""
+    nz = np.flatnonzero(counts)
+    return slice(nz[0], nz[-1] + 1) if len(nz) else None
+
+
+def _raw_args(
+    lo: float, hi: float, centers: np.ndarray, rights: np.ndarray, counts: np.ndarray
+) -> dict[str, Any]:
+    """``add_histogram_raw`` arguments: buckets ending at ``rights``, moments from ``centers``."""
     return {
-        "min": float(index[0]),
-        "max": float(index[-1]),
+        "min": float(lo),
+        "max": float(hi),
         "num": int(counts.sum()),
-        "sum": float((index * counts).sum()),
-        "sum_squares": float((index * index * counts).sum()),
-        "bucket_limits": [float(i) + 0.5 for i in index],
+        "sum": float((centers * counts).sum()),
+        "sum_squares": float((centers * centers * counts).sum()),
+        "bucket_limits": [float(r) for r in rights],
         "bucket_counts": [int(v) for v in counts],
     }
 
@@ -178,21 +191,11 @@ def log2_abs_view_raw(payload: HistogramPayload, sign: int) -> dict[str, Any] | 
     inner = d.lo_exp + np.arange(nb + 1, dtype=np.float64) / d.bins_per_octave
     lefts = np.concatenate([[d.lo_exp - 1.0], inner])
     rights = np.concatenate([inner, [d.hi_exp + 1.0]])
-    nz = np.flatnonzero(counts)
-    if not len(nz):
+    sl = _occupied(counts)
+    if sl is None:
         return None
-    sl = slice(nz[0], nz[-1] + 1)
     counts, lefts, rights = counts[sl], lefts[sl], rights[sl]
-    mids = (lefts + rights) / 2
-    return {
-        "min": float(lefts[0]),
-        "max": float(rights[-1]),
-        "num": int(counts.sum()),
-        "sum": float((mids * counts).sum()),
-        "sum_squares": float((mids * mids * counts).sum()),
-        "bucket_limits": [float(r) for r in rights],
-        "bucket_counts": [int(v) for v in counts],
-    }
+    return _raw_args(lefts[0], rights[-1], (lefts + rights) / 2, rights, counts)
 
 
 def nonfinite_counts(payload: HistogramPayload) -> dict[str, int]:
@@ -205,18 +208,10 @@ def nonfinite_raw(payload: HistogramPayload) -> dict[str, Any] | None:
 
     Band ``i`` spans ``(i - 0.5, i + 0.5]``; counts are exact.
     """
-    counts = [nonfinite_counts(payload)[n] for n in NONFINITE_FIELDS]
-    total = sum(counts)
-    if not total:
+    found = nonfinite_counts(payload)
+    counts = np.array([found[n] for n in NONFINITE_FIELDS], dtype=np.int64)
+    sl = _occupied(counts)
+    if sl is None:
         return None
-    index = [-1.0, 0.0, 1.0]
-    occupied = [i for i, c in zip(index, counts) if c]
-    return {
-        "min": occupied[0] - 0.5,
-        "max": occupied[-1] + 0.5,
-        "num": total,
-        "sum": float(sum(i * c for i, c in zip(index, counts))),
-        "sum_squares": float(sum(i * i * c for i, c in zip(index, counts))),
-        "bucket_limits": [i + 0.5 for i in index],
-        "bucket_counts": counts,
-    }
+    index = np.array([-1.0, 0.0, 1.0])
+    return _raw_args(index[sl][0] - 0.5, index[sl][-1] + 0.5, index, index + 0.5, counts)
