@@ -126,6 +126,7 @@ class TensorBoardTracker(Tracker):
         self.exponent_view = exponent_view
         self.flush_every_batch = flush_every_batch
         self.skipped_no_finite = 0
+        self.hparams_error: str | None = None  # why the run record's hparams were not written
         self.writer.add_text("stepscope/axis", f"x-axis: {self.axis.value}", 0)
 
     def write_run_record(self, record: Mapping[str, Any]) -> None:
@@ -142,8 +143,8 @@ class TensorBoardTracker(Tracker):
             fw = self.writer._get_file_writer()
             for summary in (exp, ssi, sei):
                 fw.add_summary(summary)
-        except Exception:  # hparams are a convenience; the text entry holds the record
-            pass
+        except Exception as exc:  # hparams are a convenience; the text entry holds the record
+            self.hparams_error = f"{type(exc).__name__}: {exc}"
 
     def write_scalar(self, event: ObserverEvent, x: int) -> None:
         """``add_scalar(name, value, x)`` as a float32 ``simple_value``."""
