@@ -62,7 +62,7 @@ figcaption{font-size:.85em;color:#555;max-width:42em}
 .scroll{overflow-x:auto;max-width:100%;margin:.3em 0 1.5em}
 table{border-collapse:collapse;font-size:.85em}
 td,th{border:1px solid #ddd;padding:.2em .5em;text-align:left;vertical-align:top}
-th{background:#f6f6f6} td{max-width:40em;overflow-wrap:anywhere}
+th{background:#f6f6f6} td{max-width:40em;overflow-wrap:break-word}  /* words whole: the table scrolls */
 .nodata{background:#fff4e5;border-left:4px solid #f0a020;padding:.4em .8em;font-size:.9em}
 @media (max-width:40em){body{padding:.6em} figure{margin:.5em 0}}
 """
