@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip install --constraint constraints.txt
 DEMO_ARGS ?=
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test lint typecheck bench clean
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -27,11 +27,16 @@ demo: $(VENV)/.demo-installed
 
 test: $(VENV)/.dev-installed
 	$(PY) -m ruff check src tests benchmarks examples
-	$(PY) -m pytest -q
+	$(PY) -m mypy src/stepscope
+	$(PY) -m pytest -q  # tests/test_typing.py: mypy over the README and docs examples
 
 lint: $(VENV)/.dev-installed
 	$(PY) -m ruff check src tests benchmarks examples
 	$(PY) -m ruff format --check src tests benchmarks
+
+typecheck: $(VENV)/.dev-installed
+	$(PY) -m mypy src/stepscope
+	$(PY) -m pytest -q tests/test_typing.py
 
 bench: $(VENV)/.dev-installed
 	$(PY) benchmarks/kernels.py

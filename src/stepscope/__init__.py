@@ -1,7 +1,9 @@
 """stepscope: see inside PyTorch training, step by step.
 
 Names are re-exported lazily so that ``import stepscope`` stays fast and an area's optional
-dependencies are only imported when that area is used.
+dependencies are only imported when that area is used. Type checkers see the same names through
+the ``TYPE_CHECKING`` imports below (so ``ss.HistoryCollector`` has its real type and
+``ss.NoSuchThing`` is an error); a test keeps the two lists equal.
 
 Example
 -------
@@ -16,9 +18,30 @@ Example
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stepscope.errors import Refusal
+
+if TYPE_CHECKING:  # what the lazy table below resolves to, spelled out for type checkers
+    # ``name as name``: an explicit re-export (ruff and mypy read it so)
+    from stepscope import curvature as curvature
+    from stepscope import history as history
+    from stepscope import profile as profile
+    from stepscope import stats as stats
+    from stepscope.collect import AutoCadence as AutoCadence
+    from stepscope.collect import Cadence as Cadence
+    from stepscope.collect import HistoryCollector as HistoryCollector
+    from stepscope.collect import WatchSettings as WatchSettings
+    from stepscope.curvature import analyze_curvature as analyze_curvature
+    from stepscope.events import EventStream as EventStream
+    from stepscope.events import ObserverEvent as ObserverEvent
+    from stepscope.history import open_history as open_history
+    from stepscope.probe import DenseProbe as DenseProbe
+    from stepscope.profile import draw as draw
+    from stepscope.profile import kernel_profile as kernel_profile
+    from stepscope.profile import region as region
+    from stepscope.profile import session as session
+    from stepscope.runlog import RunLog as RunLog
 
 __version__ = "0.1.0"
 
@@ -31,12 +54,15 @@ _EXPORTS: dict[str, str] = {
     "open_history": "stepscope.history:open_history",
     "HistoryCollector": "stepscope.collect:HistoryCollector",
     "WatchSettings": "stepscope.collect:WatchSettings",
+    "Cadence": "stepscope.collect:Cadence",
+    "AutoCadence": "stepscope.collect:AutoCadence",
     "EventStream": "stepscope.events:EventStream",
     "ObserverEvent": "stepscope.events:ObserverEvent",
     "RunLog": "stepscope.runlog:RunLog",
     "region": "stepscope.profile:region",
     "session": "stepscope.profile:session",
     "kernel_profile": "stepscope.profile:kernel_profile",
+    "draw": "stepscope.profile:draw",
     "DenseProbe": "stepscope.probe:DenseProbe",
     "analyze_curvature": "stepscope.curvature:analyze_curvature",
 }
@@ -44,15 +70,17 @@ _EXPORTS: dict[str, str] = {
 __all__ = ["Refusal", "__version__", *_EXPORTS]
 
 
-def __getattr__(name: str) -> Any:
-    target = _EXPORTS.get(name)
-    if target is None:
-        raise AttributeError(f"module 'stepscope' has no attribute {name!r}")
-    module_name, _, attr = target.partition(":")
-    module = importlib.import_module(module_name)
-    value = getattr(module, attr) if attr else module
-    globals()[name] = value
-    return value
+if not TYPE_CHECKING:  # hidden from type checkers, so that a misspelt name is an error there
+
+    def __getattr__(name: str) -> Any:
+        target = _EXPORTS.get(name)
+        if target is None:
+            raise AttributeError(f"module 'stepscope' has no attribute {name!r}")
+        module_name, _, attr = target.partition(":")
+        module = importlib.import_module(module_name)
+        value = getattr(module, attr) if attr else module
+        globals()[name] = value
+        return value
 
 
 def __dir__() -> list[str]:

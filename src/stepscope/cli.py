@@ -4,10 +4,18 @@ Each area registers its own sub-commands: a module listed in :data:`COMMAND_MODU
 ``register(subparsers)`` which adds parsers whose ``func`` attribute takes the parsed namespace
 and returns an exit code. Keeping registration in the areas keeps this file small.
 
+Exit codes (also printed by ``stepscope --help``): ``0`` success; ``1`` the command ran and
+found a failure (a checksum that does not hold, a tracker that failed); ``2`` usage error
+(argparse); ``3`` refused: a :class:`stepscope.Refusal`, its ``[code]``, message and remedies on
+stderr; ``5`` ``stepscope curvature`` stopped at its work budget (``budget_censored``).
+
+Every sub-command gets an ``examples:`` epilog: its own, or the one in :data:`EXAMPLES`.
+
 Example
 -------
 >>> from stepscope.cli import main
->>> main(["--version"])  # doctest: +SKIP
+>>> main(["show", "no/such/run"])
+3
 """
 
 from __future__ import annotations
@@ -15,7 +23,8 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import TextIO
 
 from stepscope.errors import Refusal
 
@@ -30,12 +39,82 @@ COMMAND_MODULES: tuple[str, ...] = (
 )
 
 
+#: The ``stepscope --help`` epilog: exit codes and a first session.
+EPILOG = """\
+exit codes:
+  0  success
+  1  the command ran and found a failure (verify: a checksum fails; export: a tracker failed)
+  2  usage error (unknown option, missing argument)
+  3  refused: stepscope.Refusal; "[code] message" and remedies are printed on stderr
+  5  curvature: the panel stopped at its work budget (budget_censored), results so far kept
+
+examples:
+  stepscope demo                                  # train the reference model, write runs/demo
+  stepscope show runs/demo --json                 # the run record, sites, streams as JSON
+  stepscope report runs/demo --out report.html
+  stepscope export runs/demo --tensorboard tb     # then: tensorboard --logdir tb
+  stepscope COMMAND --help                        # every option of one command
+"""
+
+
+#: Example epilogs for sub-commands whose area did not write its own.
+EXAMPLES: dict[str, str] = {
+    "demo": """\
+examples:
+  stepscope demo --quick                          # a tiny run (one seed, small widths)
+  stepscope demo --seeds 0 1 2 --variants plain residual --out runs/demo
+""",
+    "show": """\
+examples:
+  stepscope show runs/demo
+  stepscope show runs/demo --json | python -m json.tool
+""",
+    "verify": """\
+examples:
+  stepscope verify runs/demo                      # exit 0 only when every chunk's sha256 holds
+""",
+    "merge": """\
+examples:
+  stepscope merge runs/ddp/rank000 runs/ddp/rank001 --out runs/ddp-merged
+""",
+    "report": """\
+examples:
+  stepscope report runs/demo/plain-seed0 --out report.html
+  stepscope report runs/a runs/b runs/c --out seeds.html --endpoints 0,990
+""",
+    "curvature": """\
+examples:
+  stepscope curvature-pin --source model.py --checkpoint 10=ckpt/e10.pt --probe probe.npz \\
+      --out pins.json
+  stepscope curvature --model model.py:build --checkpoint 10=ckpt/e10.pt --probe probe.npz \\
+      --pins pins.json --out curvature/
+
+exit codes: 0 complete, 3 refused (e.g. checkpoint_tampered), 5 budget_censored
+""",
+    "curvature-pin": """\
+examples:
+  stepscope curvature-pin --source model.py --checkpoint 10=ckpt/e10.pt --probe probe.npz \\
+      --out pins.json
+""",
+}
+
+
+def _add_epilogs(subparsers: argparse._SubParsersAction) -> None:
+    for name, sub in subparsers.choices.items():
+        if not sub.epilog and name in EXAMPLES:
+            sub.epilog = EXAMPLES[name]
+            sub.formatter_class = argparse.RawDescriptionHelpFormatter
+
+
 def build_parser() -> argparse.ArgumentParser:
     """Build the argument parser with every available area's sub-commands."""
     from stepscope import __version__
 
     parser = argparse.ArgumentParser(
-        prog="stepscope", description="See inside PyTorch training, step by step."
+        prog="stepscope",
+        description="See inside PyTorch training, step by step.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"stepscope {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -47,6 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
                 continue  # area not built in this version
             raise
         module.register(subparsers)
+    _add_epilogs(subparsers)
     return parser
 
 
@@ -64,6 +144,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         for remedy in err.remedies:
             print(f"  - {remedy}", file=sys.stderr)
         return 3
+
+
+def progress_bar(label: str, stream: TextIO | None = None) -> Callable[[int, int], None]:
+    """A ``progress(done, total)`` callback that draws the demo's progress bar on stderr.
+
+    >>> import io
+    >>> out = io.StringIO()
+    >>> tick = progress_bar("export", out)
+    >>> for i in range(1, 5):
+    ...     tick(i, 4)
+    >>> out.getvalue().splitlines()[-1].startswith("export [###")
+    True
+    """
+    from stepscope.demo.run import Progress
+
+    bars: list[Progress] = []
+
+    def update(done: int, total: int) -> None:
+        if not bars:
+            bars.append(Progress(total, label, stream))
+        bars[0].advance(done - bars[0].done)
+
+    return update
 
 
 if __name__ == "__main__":  # pragma: no cover

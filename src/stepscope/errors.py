@@ -60,6 +60,8 @@ CODES: dict[str, str] = {
     "event_invalid": "an observer event is missing a required field",
     "check_failed": "a check configured to raise found a violation",
     "extra_missing": "an optional dependency is not installed",
+    "export_exists": "an export's run directory already holds events (re-export with overwrite)",
+    "export_run_name_invalid": "a run id cannot name an export run directory",
     # profiling
     "profiler_session_nested": "a profiling session was opened inside another",
     "profiler_session_inactive": "an operation needs an active profiling session",

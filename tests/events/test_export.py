@@ -79,7 +79,11 @@ def test_cli_export_writes_tensorboard_jsonl_and_an_offline_wandb_run(
     assert code == 0
     assert "3 steps" in out and "x-axis: optimizer_step" in out
     _same(read_jsonl(tmp_path / "out.jsonl"), [e for s in run.events for e in s])
-    acc = ea.EventAccumulator(str(tmp_path / "tb"), size_guidance={ea.HISTOGRAMS: 0})
+    # one run directory per exported run, named after the run id
+    assert [p.name for p in (tmp_path / "tb").iterdir()] == ["events-test"]
+    acc = ea.EventAccumulator(
+        str(tmp_path / "tb" / "events-test"), size_guidance={ea.HISTOGRAMS: 0}
+    )
     acc.Reload()
     hist = [e for s in run.events for e in s if e.kind is EventKind.HISTOGRAM_COUNTS]
     for e in hist:
@@ -87,6 +91,41 @@ def test_cli_export_writes_tensorboard_jsonl_and_an_offline_wandb_run(
         assert h.histogram_value.num == e.histogram.stats().finite
         assert h.histogram_value.sum_squares == e.histogram.stats().sum_squares
     assert list((tmp_path / "wb" / "wandb").glob("offline-run-*/run-*.wandb"))
+
+
+def _tb_scalar_steps(run_dir, tag):
+    from tensorboard.backend.event_processing import event_accumulator as ea
+
+    acc = ea.EventAccumulator(str(run_dir), size_guidance={ea.SCALARS: 0})
+    acc.Reload()
+    return [s.step for s in acc.Scalars(tag)]
+
+
+def test_re_export_refuses_unless_overwrite_and_never_doubles_a_series(ev, tmp_path, capsys):
+    pytest.importorskip("tensorboard")
+    ev.train(tmp_path / "run", n_steps=3)
+    args = ["export", str(tmp_path / "run"), "--tensorboard", str(tmp_path / "tb")]
+    assert main(args) == 0
+    run_dir = tmp_path / "tb" / "events-test"
+    assert _tb_scalar_steps(run_dir, "loss") == [0, 1, 2]
+    capsys.readouterr()
+    assert main(args) == 3  # refused: a second export would double every series
+    assert "export_exists" in capsys.readouterr().err
+    assert _tb_scalar_steps(run_dir, "loss") == [0, 1, 2]
+    assert main([*args, "--overwrite"]) == 0
+    assert _tb_scalar_steps(run_dir, "loss") == [0, 1, 2]  # replaced, not appended
+
+
+def test_export_prints_progress_per_step(ev, tmp_path, capsys):
+    ev.train(tmp_path / "run", n_steps=4)
+    assert main(["export", str(tmp_path / "run"), "--jsonl", str(tmp_path / "e.jsonl")]) == 0
+    err = capsys.readouterr().err
+    assert "export [" in err and "4/4" in err
+    calls = []
+    export_run(
+        tmp_path / "run", jsonl=tmp_path / "f.jsonl", progress=lambda d, t: calls.append((d, t))
+    )
+    assert calls == [(1, 4), (2, 4), (3, 4), (4, 4)]
 
 
 KILLED_WRITER = """

@@ -24,10 +24,8 @@ from stepscope.stats import HistogramDescriptor, reduce_histograms, reduce_spine
 
 
 def _scalars(acc, tag) -> list[tuple[int, float]]:
-    """Scalars written as float64 tensor summaries, decoded with TensorBoard's tensor_util."""
-    from tensorboard.util import tensor_util
-
-    return [(t.step, float(tensor_util.make_ndarray(t.tensor_proto))) for t in acc.Tensors(tag)]
+    """Scalars as TensorBoard's Scalars page reads them (float32 ``simple_value``)."""
+    return [(s.step, s.value) for s in acc.Scalars(tag)]
 
 
 def _load(log_dir) -> ea.EventAccumulator:
@@ -60,7 +58,7 @@ def test_every_histogram_reads_back_with_the_spines_exact_moments_and_counts(ev,
         raw = tensorboard_raw(e.histogram)  # bucket for bucket, edges included
         assert counts == raw["bucket_counts"] and list(hv.bucket_limit) == raw["bucket_limits"]
         assert sum(counts) == stats.finite
-        assert e.name + "/exponent_view" in tags
+        assert e.name + "/exponent_view/positive" in tags or hist.negative.any()
 
 
 def test_histogram_moments_equal_numpy_on_the_captured_tensor(tmp_path):
@@ -96,8 +94,7 @@ def test_histogram_moments_equal_numpy_on_the_captured_tensor(tmp_path):
     assert sum(counts) == f.size
 
 
-def test_exponent_view_counts_against_the_signed_bin_index(tmp_path):
-    x = torch.tensor([0.0, 1.0, 1.0, -2.0, 2.0**-60, 3.0])
+def _one_histogram_event(x: torch.Tensor):
     d = HistogramDescriptor()
     batch = ObservationBatch.observed(
         "activation",
@@ -112,29 +109,65 @@ def test_exponent_view_counts_against_the_signed_bin_index(tmp_path):
         for e in events_from_step(StepBlockRecord(1), [batch], [SiteRecord(0, "a", "m", "s")], d)
         if e.kind is EventKind.HISTOGRAM_COUNTS
     ]
+    return event
+
+
+def test_exponent_views_count_each_sign_against_log2_abs_in_octaves(tmp_path):
+    x = torch.tensor([0.0, 1.0, 1.0, -2.0, 2.0**-60, 3.0, -0.3, 2.0**20])
+    event = _one_histogram_event(x)
     with EventStream() as stream:
         stream.subscribe(TensorBoardTracker(tmp_path / "tb"))
         stream.publish([event])
-    (h,) = _load(tmp_path / "tb").Histograms("activation.forward/a/exponent_view")
-    hv = h.histogram_value
+    acc = _load(tmp_path / "tb")
 
-    # independent index of each value: 0 zero, +1 underflow, +-(k+2) for bin k = floor(4*(log2|v|+48))
-    def index(v):
-        if v == 0:
-            return 0
+    # independent right edge (octaves) of each value's bucket: underflow ends at -48, bin k of
+    # [2^(-48 + k/4), 2^(-48 + (k+1)/4)) ends at -48 + (k+1)/4, overflow (>= 2^16) ends at 17
+    def right_edge(v):
         mag = abs(v)
-        i = 1 if mag < 2.0**-48 else math.floor(4 * (math.log2(mag) + 48)) + 2
-        return int(math.copysign(i, v))
+        if mag < 2.0**-48:
+            return -48.0
+        if mag >= 2.0**16:
+            return 17.0
+        return -48 + (math.floor(4 * (math.log2(mag) + 48)) + 1) / 4
 
-    want = sorted(index(float(v)) for v in x)
-    got = []
-    for right, c in zip(hv.bucket_limit, hv.bucket):
-        got += [round(right - 0.5)] * int(c)
-    assert got == want
-    assert (hv.min, hv.max, hv.num) == (min(want), max(want), len(want))
-    assert hv.sum == sum(want) and hv.sum_squares == sum(i * i for i in want)
-    idx, counts = exponent_view(event.histogram)
-    assert counts.sum() == 6 and idx[np.flatnonzero(counts)].tolist() == sorted(set(want))
+    for label, sign in (("positive", 1), ("negative", -1)):
+        (h,) = acc.Histograms(f"activation.forward/a/exponent_view/{label}")
+        hv = h.histogram_value
+        got = []
+        for right, c in zip(hv.bucket_limit, hv.bucket):
+            got += [right] * int(c)
+        want = sorted(right_edge(float(v)) for v in x if v * sign > 0)
+        assert got == want
+        assert hv.num == len(want)
+        # the axis is log2|x| in octaves: every bucket is 1/4 octave wide, inside [-49, 17]
+        assert -49.0 <= hv.min and hv.max <= 17.0
+    # the old signed bin-index axis (-200..200) is gone
+    assert "activation.forward/a/exponent_view" not in acc.Tags()["histograms"]
+    _, counts = exponent_view(event.histogram)  # the W&B index view keeps every finite value
+    assert counts.sum() == 8
+
+
+def test_nan_and_infinities_are_scalars_and_bands(tmp_path):
+    nan, inf = float("nan"), float("inf")
+    x = torch.tensor([1.0, nan, nan, inf, -inf, -inf, -inf, 0.5])
+    event = _one_histogram_event(x)
+    with EventStream() as stream:
+        stream.subscribe(TensorBoardTracker(tmp_path / "tb"))
+        stream.publish([event])
+    acc = _load(tmp_path / "tb")
+    a = x.double().numpy()
+    want = {
+        "nan": int(np.isnan(a).sum()),
+        "posinf": int(np.isposinf(a).sum()),
+        "neginf": int(np.isneginf(a).sum()),
+    }
+    for name, n in want.items():
+        assert _scalars(acc, f"activation.forward/a/{name}_count") == [(1, float(n))]
+    (h,) = acc.Histograms("activation.forward/a/nonfinite")
+    bands = dict(zip(h.histogram_value.bucket_limit, h.histogram_value.bucket))
+    assert bands == {-0.5: want["neginf"], 0.5: want["nan"], 1.5: want["posinf"]}
+    (v,) = acc.Histograms("activation.forward/a")  # the value axis holds the finite values
+    assert v.histogram_value.num == np.isfinite(a).sum()
 
 
 def test_scalars_read_back_on_the_declared_axis(ev, tmp_path):
@@ -151,8 +184,8 @@ def test_scalars_read_back_on_the_declared_axis(ev, tmp_path):
     want = [
         next(e.value for e in step if e.name == "gradient.pre_step/fc1/l2") for step in run.events
     ]
-    assert [v for _, v in l2] == want  # float64, bit for bit
-    assert not any(t.endswith("/exponent_view") for t in b.Tags()["histograms"])
+    assert [v for _, v in l2] == [float(np.float32(w)) for w in want]  # float32 simple_value
+    assert not any("/exponent_view" in t for t in b.Tags()["histograms"])
 
 
 def test_unavailable_values_are_not_written_as_zero(ev, tmp_path):

@@ -18,7 +18,16 @@ import warnings
 import numpy as np
 import pytest
 
-from stepscope.events import EventKind, WandbLogWarning, WandbTracker, np_histogram
+from stepscope.events import (
+    EventKind,
+    WandbLogWarning,
+    WandbTracker,
+    export_run,
+    np_histogram,
+    tensorboard_raw,
+)
+from stepscope.history import open_history
+from stepscope.stats import HistogramDescriptor
 
 BLOCK = 32768
 
@@ -105,7 +114,39 @@ def test_offline_run_holds_one_row_per_step_on_the_optimizer_step_axis(ev, tmp_p
         stored = {k.rsplit("/", 1)[-1]: v for k, v in row.items() if k.startswith(key + "/")}
         assert stored["_type"] == "histogram"
         assert stored["values"] == counts.tolist() and stored["bins"] == edges.tolist()
+        # beside it, the value axis: the exact finite bins TensorBoard gets, min to max
+        pre = hist.name + "/"
+        value = {
+            k[len(pre) :]: v
+            for k, v in row.items()
+            if k.startswith(pre) and "/" not in k[len(pre) :]
+        }
+        raw, st = tensorboard_raw(hist.histogram), hist.histogram.stats()
+        assert value["_type"] == "histogram" and sum(value["values"]) == st.finite
+        assert value["values"] == raw["bucket_counts"]
+        assert value["bins"][0] == st.min and value["bins"][-1] == raw["bucket_limits"][-1]
+        assert value["bins"] == sorted(value["bins"])
     assert tracker.rows_sent == 3 and tracker.failed_rows == 0
+
+
+def test_export_puts_the_run_record_in_the_offline_runs_config(ev, tmp_path, monkeypatch):
+    pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    ev.train(tmp_path / "run", n_steps=2)
+    export_run(tmp_path / "run", wandb=tmp_path / "wb")
+    (path,) = (tmp_path / "wb" / "wandb").glob("offline-run-*/run-*.wandb")
+    records = _wait_for_exit(path)
+    config = {}
+    for r in records:
+        kind = r.WhichOneof("record_type")
+        if kind in ("config", "run"):  # the run record carries the init config
+            items = r.config.update if kind == "config" else r.run.config.update
+            config.update({i.key: json.loads(i.value_json) for i in items})
+    record = config["stepscope_run_record"]
+    assert record["run_id"] == "events-test" and config["stepscope_x_axis"] == "optimizer_step"
+    assert record["histogram_descriptor"] == HistogramDescriptor().to_dict()
+    assert record == json.loads(json.dumps(open_history(tmp_path / "run").run.to_dict()))
 
 
 class FakeRun:

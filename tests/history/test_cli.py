@@ -54,3 +54,19 @@ def test_merge_command_writes_a_merged_artifact(tmp_path, hx):
     totals = merged.series("s0", "activation", "total").values
     single = open_history(paths[0]).series("s0", "activation", "total").values
     assert (totals == 2 * single).all()
+
+
+def test_show_json_prints_the_same_facts_as_one_object(run_dir, hx, capsys):
+    import json
+
+    hx.write_simple_run(run_dir, n_steps=5, n_sites=2, run=RunRecord.new(run_id="demo-run"))
+    assert main(["show", str(run_dir), "--json"]) == 0
+    payload = json.loads(capsys.readouterr().out)
+    h = open_history(run_dir)
+    assert payload["run"] == json.loads(json.dumps(h.run.to_dict()))
+    assert payload["steps"] == {"committed": 5, "first": 0, "last": 4}
+    assert [s["name"] for s in payload["sites"]] == [s.name for s in h.sites]
+    assert payload["streams"]["activation"]["rows"] == 10  # 5 steps x 2 sites
+    assert payload["sizes"] == {k: int(v) for k, v in h.sizes().items()}
+    assert main(["show", str(run_dir)]) == 0  # the text view reads the same payload
+    assert "activation  10" in capsys.readouterr().out

@@ -122,7 +122,9 @@ def test_exception_paths_restore_markers_hooks_and_the_slot(exc_type):
             tiny_step()
             raise exc_type("boom")
     assert_restored(s)
-    assert s.result is None
+    with pytest.raises(Refusal) as err:  # no result after an exception, and never a None
+        _ = s.result
+    assert err.value.code == "profiler_session_inactive"
     (span,) = [sp for sp in s.registry.spans if sp.name == "leaked"]
     assert span.closed_by == BOUNDARY_DISCLOSURE
     with ss.session() as again:  # the slot is free again
@@ -217,4 +219,44 @@ def test_owned_session_inside_a_running_raw_profiler_refuses_and_points_to_borro
         assert err.value.code == "profiler_session_nested"
         assert any("profiler=prof" in r for r in err.value.remedies)
         assert active_session() is None and profiler_on()
+    assert_restored()
+
+
+@pytest.mark.parametrize("wait", [0, 1, 2])
+def test_borrowed_scheduled_profiler_is_accepted_in_any_phase(wait):
+    # the most common torch.profiler use: a schedule; the session opens during its wait phase
+    traces = []
+    sched = torch.profiler.schedule(wait=wait, warmup=1, active=2, repeat=1)
+    with torch.profiler.profile(
+        activities=[torch.profiler.ProfilerActivity.CPU],
+        schedule=sched,
+        on_trace_ready=lambda p: traces.append({e.name for e in p.events()}),
+    ) as prof:
+        with ss.session(profiler=prof):
+            for step in range(wait + 3 + 1):
+                with ss.region(f"step{step}"):
+                    torch.ones(4).sum()
+                prof.step()
+        assert active_session() is None
+    assert_restored()
+    (names,) = traces  # one active window: steps wait+1 and wait+2 (after one warm-up step)
+    regions = {n for n in names if n.startswith("stepscope.region/")}
+    assert regions == {f"stepscope.region/step{wait + 1}", f"stepscope.region/step{wait + 2}"}
+
+
+def test_a_stopped_scheduled_profiler_is_still_refused():
+    prof = torch.profiler.profile(
+        activities=[torch.profiler.ProfilerActivity.CPU],
+        schedule=torch.profiler.schedule(wait=1, warmup=1, active=1),
+    )
+    with pytest.raises(Refusal) as err:  # never started
+        with ss.session(profiler=prof):
+            pass
+    assert err.value.code == "profiler_session_inactive"
+    with prof:
+        prof.step()
+    with pytest.raises(Refusal) as err:  # started and stopped
+        with ss.session(profiler=prof):
+            pass
+    assert err.value.code == "profiler_session_inactive"
     assert_restored()

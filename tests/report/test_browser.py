@@ -57,3 +57,50 @@ def test_every_image_loads_in_chromium_at_its_png_size_and_a_screenshot_is_taken
     done = chromium("--window-size=1280,2400", f"--screenshot={shot}", report["path"].as_uri())
     assert done.returncode == 0, done.stderr[-2000:]
     assert decode_png(shot.read_bytes()) == (1280, 2400)
+
+
+# Measures horizontal overflow after layout: the page, and every element that sticks out of it.
+# The verdict goes into the DOM and, when the report sits in a frame, to the parent page.
+LAYOUT_PROBE = """<script>
+window.addEventListener('load', () => {
+  const doc = document.documentElement;
+  const over = Array.from(document.querySelectorAll('body *'))
+    .filter(e => e.getBoundingClientRect().right > window.innerWidth + 1
+                 && !e.closest('.scroll'))  // inside a horizontal scroller is fine
+    .slice(0, 5).map(e => e.tagName + '.' + e.className);
+  const verdict = JSON.stringify({inner: window.innerWidth, scroll: doc.scrollWidth, over: over});
+  document.body.setAttribute('data-layout', verdict);
+  if (window.parent !== window) window.parent.postMessage(verdict, '*');
+});
+</script>"""
+
+# A phone-width frame: headless Chromium will not open a window narrower than 500 px.
+FRAME = """<!DOCTYPE html><html><body style="margin:0">
+<iframe src="{src}" style="width:{width}px;height:900px;border:0"></iframe>
+<script>window.addEventListener('message', e => document.body.setAttribute('data-layout', e.data));
+</script></body></html>"""
+
+
+@pytest.mark.parametrize("width", [1280, 390])  # a desktop and a phone (iPhone 12-15 width)
+def test_no_horizontal_overflow_at_desktop_and_phone_widths(report, tmp_path, width):
+    html = report["path"].read_text(encoding="utf-8")
+    assert '<meta name="viewport" content="width=device-width, initial-scale=1">' in html
+    page = tmp_path / "report.html"
+    page.write_text(html.replace("</body>", LAYOUT_PROBE + "</body>"), encoding="utf-8")
+    if width >= 500:
+        done = chromium(f"--window-size={width},900", "--dump-dom", page.as_uri())
+    else:
+        frame = tmp_path / "frame.html"
+        frame.write_text(FRAME.format(src=page.name, width=width), encoding="utf-8")
+        done = chromium("--window-size=800,900", "--dump-dom", frame.as_uri())
+    assert done.returncode == 0, done.stderr[-2000:]
+    dom = done.stdout.decode("utf-8", "replace")
+    found = re.search(r"data-layout=\"([^\"]*)\"", dom)
+    assert found, "the load handler did not run"
+    layout = json.loads(found.group(1).replace("&quot;", '"'))
+    assert layout["inner"] == width
+    assert layout["scroll"] <= width and layout["over"] == [], layout
+    if width >= 500:
+        shot = tmp_path / f"report-{width}.png"
+        done = chromium(f"--window-size={width},1800", f"--screenshot={shot}", page.as_uri())
+        assert done.returncode == 0 and decode_png(shot.read_bytes()) == (width, 1800)

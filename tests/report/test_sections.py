@@ -161,8 +161,8 @@ def test_endpoints_show_the_probe_confusion_class_counts_and_gap(report, runs):
     assert rows[(report["views"][0].label, "5", "test")][7] == "14"
     truth = runs["truth0"]
     probe_acc = truth.probe[5]["probe/model/accuracy_fraction"]
-    assert float(row[3]) == np.float64(f"{probe_acc:.6g}")
-    assert float(row[5]) == np.float64(f"{probe_acc - truth.eval_acc[5]:.6g}")
+    assert float(row[3]) == np.float64(f"{probe_acc:.4g}")  # rounded to 4 significant digits
+    assert float(row[5]) == np.float64(f"{probe_acc - truth.eval_acc[5]:.4g}")
 
 
 def test_probe_moments_are_the_recorded_values_per_layer(report, runs):
@@ -235,8 +235,8 @@ def test_measured_overhead_comes_from_the_runlog_summary(report, runs):
     tables = [t for t in report["sections"]["record"].items if isinstance(t, Table)]
     (overhead,) = [t for t in tables if t.title.startswith("measured overhead")][:1]
     fields = dict(overhead.rows)
-    assert float(fields["overhead_fraction"]) == summary["overhead_fraction"]
-    assert float(fields["training_seconds"]) == summary["training_seconds"]
+    for key in ("overhead_fraction", "training_seconds"):  # shown to 4 significant digits
+        assert float(fields[key]) == float(f"{summary[key]:.4g}")
 
 
 def test_runs_of_different_recipes_are_never_averaged_together(report):

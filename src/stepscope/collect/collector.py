@@ -62,6 +62,7 @@ from stepscope.collect.warmup import WarmupMeter
 from stepscope.errors import Refusal
 from stepscope.events.convert import events_from_step
 from stepscope.history import StepBlockRecord, StepProvenance
+from stepscope.profile.scope import internal_scope
 from stepscope.runlog import (
     ArtifactRows,
     MemoryRows,
@@ -272,7 +273,9 @@ class HistoryCollector(UserLog):
             if x is None:
                 state.unsupported[row.index] = note
             else:
-                self._staging(x.device).write(row.index, x, state.hist_due[row.stream])
+                # profiled as stepscope's work, not the user's
+                with internal_scope("collector.reduce"):
+                    self._staging(x.device).write(row.index, x, state.hist_due[row.stream])
                 if note is not None:
                     state.row_notes[row.index] = note
         except Exception as e:  # telemetry never raises into the training step
@@ -311,7 +314,8 @@ class HistoryCollector(UserLog):
         for dev, (idx, ts) in by_device(ready).items():
             staging = self._staging(dev)
             try:
-                staging.write_many(idx, ts, histogram)
+                with internal_scope("collector.reduce"):
+                    staging.write_many(idx, ts, histogram)
             except Exception:  # e.g. a dtype the kernels refuse: record each row on its own
                 for i, t in zip(idx, ts):
                     if staging.fired[i] == 0:
@@ -385,7 +389,8 @@ class HistoryCollector(UserLog):
             self._take_gradients(watch.owned("gradient"), status)
         if "update" in self.streams and state.spine_due["update"]:
             t0 = time.perf_counter()
-            self._updates.snapshot(watch.owned("update"))
+            with internal_scope("collector.update_sample"):
+                self._updates.snapshot(watch.owned("update"))
             state.charge("update", time.perf_counter() - t0)
 
     def _post_step(self, watch: OptimizerWatch) -> None:
@@ -398,7 +403,8 @@ class HistoryCollector(UserLog):
             return
         state.stepped = True
         t0 = time.perf_counter()
-        deltas = list(self._updates.deltas(watch.owned("update")))
+        with internal_scope("collector.post_step"):
+            deltas = list(self._updates.deltas(watch.owned("update")))
         if deltas:  # the sampling is telemetry too (its pre-step half is charged as well)
             state.charge("update", time.perf_counter() - t0)
         self._reduce_many("update", deltas)

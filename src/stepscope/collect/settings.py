@@ -15,6 +15,7 @@ Cadence(spine=10, histogram=100)
 from __future__ import annotations
 
 import enum
+import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -195,7 +196,7 @@ class WatchSettings:
         named use the first tensor depth-first (see :mod:`stepscope.collect.capture`).
     """
 
-    output_dir: str | None = None
+    output_dir: str | os.PathLike[str] | None = None
     run_id: str | None = None
     resume: bool = False
     ram_capacity: int = 256

@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from stepscope.profile.scope import internal_scope
 from stepscope.stats import (
     SPINE_WIDTH,
     HistogramDescriptor,
@@ -29,7 +30,8 @@ TRANSFERS = {"count": 0}
 def to_host(t: torch.Tensor) -> np.ndarray:
     """The one place where staged rows leave the device."""
     TRANSFERS["count"] += 1
-    return np.array(t.detach().to("cpu").numpy(), copy=True)  # own the memory: buffers are reused
+    with internal_scope("collector.host_copy"):  # profiled as stepscope's work
+        return np.array(t.detach().to("cpu").numpy(), copy=True)  # own memory: buffers are reused
 
 
 class Staging:

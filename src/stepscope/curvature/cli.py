@@ -99,9 +99,15 @@ def _run(args: argparse.Namespace) -> int:
 
     pins: dict[str, Any] = json.loads(Path(args.pins).read_text())
 
+    total = len(_checkpoints(args.checkpoint))
+
     def progress(epoch: int, path: Path, aggregate: dict[str, Any]) -> None:
         done = aggregate["completed"][-1]
-        print(f"epoch {epoch}: {path} ({done['snapshot_duration_s']:.2f} s)", flush=True)
+        n = len(aggregate["completed"])
+        print(
+            f"[{n}/{total}] epoch {epoch}: {path} ({done['snapshot_duration_s']:.2f} s)",
+            flush=True,
+        )
 
     result = run_curvature_panel(
         _factory(args.model, pins),
@@ -151,19 +157,43 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--probe", required=True, help="probe file (.npz or torch dict with x, y)")
     p.add_argument("--pins", required=True, help="pins JSON (stepscope curvature-pin)")
     p.add_argument("--out", required=True, help="new output directory")
-    p.add_argument("--mode", default="exact", choices=["exact", "sampled"])
-    p.add_argument("--samples", type=int, default=1)
-    p.add_argument("--seed", type=int, default=20260909)
-    p.add_argument("--probe-id", default=None)
-    p.add_argument("--eig-max-dimension", type=int, default=1536)
-    p.add_argument("--no-directional", action="store_true")
-    p.add_argument("--work-limit-s", type=float, default=420.0)
+    p.add_argument(
+        "--mode",
+        default="exact",
+        choices=["exact", "sampled"],
+        help="exact factors, or sampled (Monte-Carlo) ones (default: exact)",
+    )
+    p.add_argument(
+        "--samples", type=int, default=1, help="samples per example in sampled mode (default: 1)"
+    )
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=20260909,
+        help="seed of the sampled estimators (default: %(default)s)",
+    )
+    p.add_argument("--probe-id", default=None, help="a name for the probe set in the results")
+    p.add_argument(
+        "--eig-max-dimension",
+        type=int,
+        default=1536,
+        help="largest factor dimension eigendecomposed densely (default: 1536)",
+    )
+    p.add_argument(
+        "--no-directional", action="store_true", help="skip the directional curvature quotients"
+    )
+    p.add_argument(
+        "--work-limit-s",
+        type=float,
+        default=420.0,
+        help="work budget in seconds; past it the panel stops with exit code 5 (default: 420)",
+    )
     p.add_argument("--hessian-top-k", type=int, default=0, help="also Hessian top-k eigenvalues")
     p.add_argument("--trace-samples", type=int, default=0, help="also a Hutchinson Hessian trace")
     p.set_defaults(func=_run)
     q = subparsers.add_parser("curvature-pin", help="write sha256 pins for a curvature panel")
     q.add_argument("--source", action="append", required=True, help="model source file (repeat)")
     q.add_argument("--checkpoint", action="append", required=True, help="EPOCH=PATH (repeat)")
-    q.add_argument("--probe", required=True)
+    q.add_argument("--probe", required=True, help="probe file (.npz or torch dict with x, y)")
     q.add_argument("--out", required=True, help="pins JSON path")
     q.set_defaults(func=_pin)

@@ -34,6 +34,7 @@ import hashlib
 import inspect
 import io
 import json
+import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -54,7 +55,7 @@ DEFAULT_WORK_LIMIT_S = 420.0
 ProgressCallback = Callable[[int, Path, dict[str, Any]], None]
 
 
-def sha256_file(path: str | Path) -> str:
+def sha256_file(path: str | os.PathLike[str]) -> str:
     """sha256 of a file's bytes."""
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
@@ -67,7 +68,7 @@ def atomic_write_json(path: Path, payload: Any) -> None:
     atomic_write_bytes(path, json.dumps(payload, indent=1, allow_nan=False).encode())
 
 
-def load_probe(path: str | Path) -> tuple[Tensor, Tensor]:
+def load_probe(path: str | os.PathLike[str]) -> tuple[Tensor, Tensor]:
     """Load ``x`` and ``y`` from ``.npz`` (no pickle) or a ``torch.save`` dict (weights_only)."""
     path = Path(path)
     if path.suffix == ".npz":
@@ -84,12 +85,12 @@ def load_probe(path: str | Path) -> tuple[Tensor, Tensor]:
 
 
 def make_panel_pins(
-    source_files: Sequence[str | Path],
-    checkpoints: Mapping[int, str | Path],
-    probe: str | Path | tuple[Tensor, Tensor],
+    source_files: Sequence[str | os.PathLike[str]],
+    checkpoints: Mapping[int, str | os.PathLike[str]],
+    probe: str | os.PathLike[str] | tuple[Tensor, Tensor],
 ) -> dict[str, Any]:
     """Compute the pins a panel verifies (store them before the run, e.g. in ``pins.json``)."""
-    x, y = load_probe(probe) if isinstance(probe, (str, Path)) else probe
+    x, y = load_probe(probe) if isinstance(probe, (str, os.PathLike)) else probe
     return {
         "source_sha256": {str(p): sha256_file(p) for p in source_files},
         "checkpoint_sha256": {str(int(e)): sha256_file(p) for e, p in checkpoints.items()},
@@ -244,9 +245,9 @@ def _version() -> str:
 
 def run_curvature_panel(
     model_factory: Callable[[], nn.Module],
-    checkpoints: Mapping[int, str | Path],
-    probe: str | Path | tuple[Tensor, Tensor],
-    output_dir: str | Path,
+    checkpoints: Mapping[int, str | os.PathLike[str]],
+    probe: str | os.PathLike[str] | tuple[Tensor, Tensor],
+    output_dir: str | os.PathLike[str],
     pins: Mapping[str, Any],
     *,
     mode: str = "exact",
@@ -318,7 +319,7 @@ def run_curvature_panel(
     paths = {int(e): Path(p) for e, p in checkpoints.items()}
     if not paths:
         raise Refusal("curvature_input_invalid", "no checkpoints given", ["pass epoch -> path"])
-    x, y = load_probe(probe) if isinstance(probe, (str, Path)) else probe
+    x, y = load_probe(probe) if isinstance(probe, (str, os.PathLike)) else probe
     _verify_pins(pins, paths, x, y, model_factory)
     _check_recorder_probe(recorder_probe, x, y)
     out.mkdir(parents=True, exist_ok=True)

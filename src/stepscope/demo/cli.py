@@ -15,16 +15,29 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     d = StudyConfig()
     p.add_argument("--out", default=d.out_dir, help="output directory (default: %(default)s)")
-    p.add_argument("--seeds", type=int, nargs="+", default=list(d.seeds))
-    p.add_argument("--variants", nargs="+", default=list(d.variants), choices=["plain", "residual"])
-    p.add_argument("--epochs", type=int, default=d.epochs)
+    p.add_argument(
+        "--seeds", type=int, nargs="+", default=list(d.seeds), help="seeds (default: %(default)s)"
+    )
+    p.add_argument(
+        "--variants",
+        nargs="+",
+        default=list(d.variants),
+        choices=["plain", "residual"],
+        help="model variants (default: %(default)s)",
+    )
+    p.add_argument("--epochs", type=int, default=d.epochs, help="epochs (default: %(default)s)")
     p.add_argument(
         "--width-scale", type=float, default=d.width_scale, help="scale of the Ciresan widths"
     )
     p.add_argument(
         "--probe-every", type=int, default=d.probe_every, help="dense probe cadence in steps"
     )
-    p.add_argument("--data", default=d.data_source, choices=["auto", "mnist", "digits"])
+    p.add_argument(
+        "--data",
+        default=d.data_source,
+        choices=["auto", "mnist", "digits"],
+        help="dataset: auto = MNIST when present locally, else the bundled digits",
+    )
     p.add_argument("--no-report", action="store_true", help="skip the HTML report")
     p.add_argument(
         "--overlay",

@@ -46,7 +46,16 @@ from stepscope.events.trackers import (
     WandbTracker,
     read_jsonl,
 )
-from stepscope.events.views import exponent_view, exponent_view_raw, np_histogram, tensorboard_raw
+from stepscope.events.views import (
+    exponent_view,
+    exponent_view_raw,
+    log2_abs_view_raw,
+    nonfinite_counts,
+    nonfinite_raw,
+    np_histogram,
+    tensorboard_raw,
+    value_np_histogram,
+)
 
 __all__ = [
     "MAX_CONSECUTIVE_FAILURES",
@@ -84,10 +93,14 @@ __all__ = [
     "exponent_view",
     "exponent_view_raw",
     "export_run",
+    "log2_abs_view_raw",
+    "nonfinite_counts",
+    "nonfinite_raw",
     "np_histogram",
     "read_jsonl",
     "replay",
     "spine_scalars",
     "step_events",
     "tensorboard_raw",
+    "value_np_histogram",
 ]

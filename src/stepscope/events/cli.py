@@ -17,30 +17,59 @@ from typing import Any
 
 from stepscope.events.event import Axis
 
+EPILOG = """\
+examples:
+  stepscope export runs/demo --tensorboard tb          # writes tb/<run id>/
+  tensorboard --logdir tb                               # then open the Scalars page
+  stepscope export runs/demo --tensorboard tb --overwrite
+  stepscope export runs/demo --jsonl demo.jsonl --wandb wb && wandb sync wb/wandb/offline-run-*
+
+exit codes: 0 exported, 1 a tracker failed, 3 refused (e.g. export_exists)
+"""
+
 
 def register(subparsers: Any) -> None:
     """Add the ``export`` sub-command to the ``stepscope`` parser."""
     p = subparsers.add_parser(
-        "export", help="replay a history artifact into TensorBoard, JSONL and/or W&B (offline)"
+        "export",
+        help="replay a history artifact into TensorBoard, JSONL and/or W&B (offline)",
+        description="Replay a history artifact through the same trackers used in training.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("run", help="artifact directory")
-    p.add_argument("--tensorboard", metavar="DIR", help="TensorBoard log directory")
+    p.add_argument("run", help="artifact directory (finished, live or left by a killed run)")
+    p.add_argument(
+        "--tensorboard",
+        metavar="DIR",
+        help="TensorBoard log directory; the run is written to DIR/<run id>",
+    )
     p.add_argument("--jsonl", metavar="FILE", help="JSONL file, one event per line")
     p.add_argument("--wandb", metavar="DIR", help="directory for an offline W&B run")
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace an earlier TensorBoard export of this run (default: refuse export_exists)",
+    )
+    p.add_argument("--no-progress", action="store_true", help="do not draw the progress bar")
     p.add_argument(
         "--axis",
         choices=[a.value for a in Axis],
         default=Axis.OPTIMIZER_STEP.value,
         help="x-axis of TensorBoard and W&B (default: optimizer_step)",
     )
-    p.add_argument("--wandb-project", default="stepscope", help="W&B project name")
     p.add_argument(
-        "--no-exponent-view", action="store_true", help="skip the TensorBoard exponent view"
+        "--wandb-project", default="stepscope", help="W&B project name (default: stepscope)"
+    )
+    p.add_argument(
+        "--no-exponent-view",
+        action="store_true",
+        help="skip the TensorBoard per-sign log2|x| exponent views",
     )
     p.set_defaults(func=_export)
 
 
 def _export(args: argparse.Namespace) -> int:
+    from stepscope.cli import progress_bar
     from stepscope.events.export import export_run
 
     report = export_run(
@@ -51,6 +80,8 @@ def _export(args: argparse.Namespace) -> int:
         axis=args.axis,
         wandb_project=args.wandb_project,
         exponent_view=not args.no_exponent_view,
+        overwrite=args.overwrite,
+        progress=None if args.no_progress else progress_bar("export"),
     )
     kinds = ", ".join(f"{k} {n}" for k, n in sorted(report.by_kind.items()))
     print(f"exported run {report.run_id}: {report.steps} steps, {report.events} events ({kinds})")

@@ -5,6 +5,12 @@ step, exactly the events :func:`events_from_step` makes during training — same
 trackers — so a run can be sent to TensorBoard / W&B / JSONL later. :func:`export_run` builds the
 trackers from paths (the ``stepscope export`` command).
 
+TensorBoard output goes to ``DIR/<run_id>`` (one run directory per exported run, so
+TensorBoard names the run after it and several runs share one ``--logdir``), with the run record
+as a text entry and hparams. Exporting into a run directory that already holds event files
+refuses ``export_exists`` (it would double every series) unless ``overwrite=True``, which
+replaces it.
+
 Steps are read in windows of ``window`` steps, so memory does not grow with the run. A user
 scalar logged at a step without a step block gets a block with unknown ``examples_seen`` and
 ``epoch`` (``None``), never 0.
@@ -19,9 +25,11 @@ Example
 from __future__ import annotations
 
 import os
+import shutil
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
@@ -29,7 +37,17 @@ from stepscope.events.convert import events_from_step
 from stepscope.events.event import Axis, ObserverEvent
 from stepscope.events.stream import EventStream
 
-__all__ = ["ExportReport", "export_run", "replay", "step_events"]
+__all__ = [
+    "ExportReport",
+    "export_run",
+    "replay",
+    "step_count",
+    "step_events",
+    "tensorboard_run_dir",
+]
+
+#: ``progress(done_steps, total_steps)``, called after each replayed step.
+ProgressCallback = Callable[[int, int], None]
 
 
 @dataclass(frozen=True)
@@ -45,15 +63,27 @@ class ExportReport:
     subscriber_failures: dict[str, int] = field(default_factory=dict)
 
 
+def _steps_of(reader: object) -> tuple[dict[int, object], np.ndarray, np.ndarray]:
+    blocks = {b.optimizer_step: b for b in reader.step_blocks()}  # type: ignore[attr-defined]
+    scalar_rows = reader.table("scalars")  # type: ignore[attr-defined]
+    all_steps = np.union1d(np.fromiter(blocks, np.int64, len(blocks)), scalar_rows["step"])
+    return blocks, scalar_rows, all_steps
+
+
+def step_count(path: str | os.PathLike[str]) -> int:
+    """How many steps :func:`step_events` yields for ``path`` (steps with a block or a scalar)."""
+    from stepscope.history import open_history
+
+    return len(_steps_of(open_history(path))[2])
+
+
 def step_events(path: str | os.PathLike[str], window: int = 256) -> Iterator[list[ObserverEvent]]:
     """The events of each committed step of an artifact, in step order (one list per step)."""
     from stepscope.history import StepBlockRecord, open_history
     from stepscope.history.decode import batches_from_rows
 
     reader = open_history(path)
-    blocks = {b.optimizer_step: b for b in reader.step_blocks()}
-    scalar_rows = reader.table("scalars")
-    all_steps = np.union1d(np.fromiter(blocks, np.int64, len(blocks)), scalar_rows["step"])
+    blocks, scalar_rows, all_steps = _steps_of(reader)
     for lo_i in range(0, len(all_steps), window):
         steps = all_steps[lo_i : lo_i + window]
         span = (int(steps[0]), int(steps[-1]))
@@ -63,6 +93,7 @@ def step_events(path: str | os.PathLike[str], window: int = 256) -> Iterator[lis
         sc = scalar_rows[(scalar_rows["step"] >= span[0]) & (scalar_rows["step"] <= span[1])]
         for step in steps.tolist():
             block = blocks.get(step) or StepBlockRecord(step)
+            assert isinstance(block, StepBlockRecord)  # narrows the type for mypy
             rows = sc[sc["step"] == step]
             scalars = {reader.scalar_names[int(r["name"])]: float(r["value"]) for r in rows}
             yield events_from_step(
@@ -70,16 +101,27 @@ def step_events(path: str | os.PathLike[str], window: int = 256) -> Iterator[lis
             )
 
 
-def replay(path: str | os.PathLike[str], stream: EventStream, window: int = 256) -> ExportReport:
-    """Publish every committed step of ``path`` on ``stream`` (does not close it)."""
+def replay(
+    path: str | os.PathLike[str],
+    stream: EventStream,
+    window: int = 256,
+    progress: ProgressCallback | None = None,
+) -> ExportReport:
+    """Publish every committed step of ``path`` on ``stream`` (does not close it).
+
+    ``progress(done, total)`` is called after each step when given.
+    """
     from stepscope.history import open_history
 
     kinds: Counter[str] = Counter()
     n_steps = 0
+    total = step_count(path) if progress is not None else 0
     for events in step_events(path, window):
         stream.publish(events)
         kinds.update(e.kind.value for e in events)
         n_steps += 1
+        if progress is not None:
+            progress(n_steps, total)
     axes = {a for s in stream.subscribers if isinstance(a := getattr(s, "axis", None), Axis)}
     failures = {
         type(s).__name__: stream.status(s).failures
@@ -106,6 +148,8 @@ def export_run(
     wandb_project: str = "stepscope",
     wandb_mode: str = "offline",
     exponent_view: bool = True,
+    overwrite: bool = False,
+    progress: ProgressCallback | None = None,
 ) -> ExportReport:
     """Replay an artifact into the requested outputs (at least one).
 
@@ -114,10 +158,14 @@ def export_run(
     path
         The artifact directory.
     tensorboard, jsonl, wandb
-        A TensorBoard log directory, a JSONL file, a W&B directory (``wandb_mode`` run, offline
-        by default: send it later with ``wandb sync``).
+        A TensorBoard log directory (the run goes to ``tensorboard/<run_id>``), a JSONL file, a
+        W&B directory (``wandb_mode`` run, offline by default: send it later with ``wandb sync``).
     axis
         The x-axis of TensorBoard and W&B (JSONL lines carry all three axes).
+    overwrite
+        Replace an earlier TensorBoard export of this run (otherwise refuse ``export_exists``).
+    progress
+        ``progress(done_steps, total_steps)`` after each step.
     """
     from stepscope.errors import Refusal
     from stepscope.history import open_history
@@ -128,16 +176,27 @@ def export_run(
             "export needs at least one output.",
             ["pass --tensorboard DIR, --jsonl FILE or --wandb DIR"],
         )
-    run_id = open_history(path).run.run_id  # refuses before any output is created
+    record = open_history(path).run  # refuses before any output is created
+    run_id = record.run_id
+    tb_run_dir = None if tensorboard is None else tensorboard_run_dir(tensorboard, run_id)
+    if tb_run_dir is not None and tb_run_dir.exists() and any(tb_run_dir.iterdir()):
+        if not overwrite:
+            raise Refusal(
+                "export_exists",
+                f"{tb_run_dir} already holds a TensorBoard export of run {run_id!r}; writing "
+                "again would double every series.",
+                ["pass --overwrite (overwrite=True) to replace it", "export into another DIR"],
+            )
+        shutil.rmtree(tb_run_dir)
     outputs: dict[str, str] = {}
     with EventStream(capacity=1) as stream:
-        if tensorboard is not None:
+        if tb_run_dir is not None:
             from stepscope.events.trackers.tensorboard import TensorBoardTracker
 
-            stream.subscribe(
-                TensorBoardTracker(tensorboard, axis=axis, exponent_view=exponent_view)
-            )
-            outputs["tensorboard"] = str(tensorboard)
+            tb = TensorBoardTracker(tb_run_dir, axis=axis, exponent_view=exponent_view)
+            tb.write_run_record(record.to_dict())
+            stream.subscribe(tb)
+            outputs["tensorboard"] = str(tb_run_dir)
         if jsonl is not None:
             from stepscope.events.trackers.jsonl import JsonlTracker
 
@@ -148,11 +207,16 @@ def export_run(
 
             stream.subscribe(
                 WandbTracker(
-                    axis=axis, project=wandb_project, dir=wandb, mode=wandb_mode, name=run_id
+                    axis=axis,
+                    project=wandb_project,
+                    dir=wandb,
+                    mode=wandb_mode,
+                    name=run_id,
+                    config={"stepscope_run_record": record.to_dict()},
                 )
             )
             outputs["wandb"] = str(wandb)
-        report = replay(path, stream)
+        report = replay(path, stream, progress=progress)
     return ExportReport(
         run_id=report.run_id,
         steps=report.steps,
@@ -162,3 +226,21 @@ def export_run(
         outputs=outputs,
         subscriber_failures=report.subscriber_failures,
     )
+
+
+def tensorboard_run_dir(log_dir: str | os.PathLike[str], run_id: str) -> Path:
+    """``log_dir/<run_id>``: where :func:`export_run` writes a run's TensorBoard events.
+
+    >>> tensorboard_run_dir("tb", "demo-1").as_posix()
+    'tb/demo-1'
+    """
+    from stepscope.errors import Refusal
+
+    name = str(run_id)
+    if not name or name in {".", ".."} or "/" in name or os.sep in name:
+        raise Refusal(
+            "export_run_name_invalid",
+            f"run id {run_id!r} cannot name a directory.",
+            ["export a run whose run_id has no path separators"],
+        )
+    return Path(log_dir) / name

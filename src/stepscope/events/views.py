@@ -10,8 +10,16 @@
 * :func:`exponent_view_raw` — :func:`exponent_view` as ``add_histogram_raw`` arguments.
 * :func:`np_histogram` — ``(counts, edges)`` on the index axis for ``wandb.Histogram``
   (at most ``max_bins`` bins: adjacent index bins are summed pairwise, exactly, until it fits).
+* :func:`value_np_histogram` — ``(counts, edges)`` on the **value** axis (our exact bins, the
+  same ones :func:`tensorboard_raw` writes), coarsened the same way, for ``wandb.Histogram``.
+* :func:`log2_abs_view_raw` — TensorBoard's exponent view, one per sign: the x axis is
+  ``log2|x|`` in octaves (bin ``k`` spans ``[lo_exp + k/bpo, lo_exp + (k+1)/bpo)``), underflow
+  is drawn as the octave ``[lo_exp - 1, lo_exp)`` and overflow as ``[hi_exp, hi_exp + 1)``.
+  Exact zeros are not on a log axis (they are the ``zero_fraction`` scalar).
+* :func:`nonfinite_counts` / :func:`nonfinite_raw` — the exact NaN, +inf and -inf counts, as
+  scalars and as a three-band histogram (``-1`` = -inf, ``0`` = NaN, ``+1`` = +inf).
 
-NaN and +-inf have no place on either axis; they are in the spine's ``nonfinite_count`` scalar.
+NaN and +-inf have no place on a value or exponent axis; they have their own counts and bands.
 
 Example
 -------
@@ -38,7 +46,20 @@ import numpy as np
 from stepscope.events.event import HistogramPayload
 from stepscope.stats import SPECIAL_FIELDS
 
-__all__ = ["exponent_view", "exponent_view_raw", "np_histogram", "tensorboard_raw"]
+__all__ = [
+    "NONFINITE_FIELDS",
+    "exponent_view",
+    "exponent_view_raw",
+    "log2_abs_view_raw",
+    "nonfinite_counts",
+    "nonfinite_raw",
+    "np_histogram",
+    "tensorboard_raw",
+    "value_np_histogram",
+]
+
+#: The non-finite special counts, in band order (-inf, NaN, +inf).
+NONFINITE_FIELDS: tuple[str, ...] = ("neginf", "nan", "posinf")
 
 
 def tensorboard_raw(payload: HistogramPayload) -> dict[str, Any]:
@@ -77,17 +98,30 @@ def exponent_view_raw(payload: HistogramPayload) -> dict[str, Any] | None:
     indices and ``sum``/``sum_squares`` are the index moments (exact integers).
     """
     index, counts = exponent_view(payload)
-    nz = np.flatnonzero(counts)
-    if not len(nz):
+    sl = _occupied(counts)
+    if sl is None:
         return None
-    index, counts = index[nz[0] : nz[-1] + 1], counts[nz[0] : nz[-1] + 1]
+    index, counts = index[sl].astype(np.float64), counts[sl]
+    return _raw_args(index[0], index[-1], index, index + 0.5, counts)
+
+
+def _occupied(counts: np.ndarray) -> slice | None:
+    """The slice from the first to the last non-zero count (``None`` when all are zero)."""
+    nz = np.flatnonzero(counts)
+    return slice(nz[0], nz[-1] + 1) if len(nz) else None
+
+
+def _raw_args(
+    lo: float, hi: float, centers: np.ndarray, rights: np.ndarray, counts: np.ndarray
+) -> dict[str, Any]:
+    """``add_histogram_raw`` arguments: buckets ending at ``rights``, moments from ``centers``."""
     return {
-        "min": float(index[0]),
-        "max": float(index[-1]),
+        "min": float(lo),
+        "max": float(hi),
         "num": int(counts.sum()),
-        "sum": float((index * counts).sum()),
-        "sum_squares": float((index * index * counts).sum()),
-        "bucket_limits": [float(i) + 0.5 for i in index],
+        "sum": float((centers * counts).sum()),
+        "sum_squares": float((centers * centers * counts).sum()),
+        "bucket_limits": [float(r) for r in rights],
         "bucket_counts": [int(v) for v in counts],
     }
 
@@ -106,10 +140,78 @@ def np_histogram(
         return None
     counts = counts[nz[0] : nz[-1] + 1]
     edges = np.arange(len(counts) + 1, dtype=np.float64) + index[nz[0]] - 0.5
+    return _coarsen(counts, edges, max_bins)
+
+
+def _coarsen(counts: np.ndarray, edges: np.ndarray, max_bins: int) -> tuple[np.ndarray, np.ndarray]:
+    """Sum adjacent bins pairwise (exact counts) until at most ``max_bins`` remain."""
     while len(counts) > max_bins:
-        if len(counts) % 2:
-            counts = np.append(counts, 0)
-            edges = np.append(edges, edges[-1] + (edges[1] - edges[0]))
-        counts = counts[0::2] + counts[1::2]
-        edges = edges[0::2]
+        n = len(counts) - len(counts) % 2  # an odd last bin is kept as it is
+        counts = np.concatenate([counts[0:n:2] + counts[1:n:2], counts[n:]])
+        edges = np.concatenate([edges[0 : n + 1 : 2], edges[n + 1 :]])
     return counts, edges
+
+
+def value_np_histogram(
+    payload: HistogramPayload, max_bins: int = 512
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """``(counts, edges)`` on the value axis: the exact finite bins :func:`tensorboard_raw` writes.
+
+    Edges are ascending real values (``len(edges) == len(counts) + 1``); the first edge is the
+    spine's exact finite minimum and the last its exact maximum. Returns ``None`` when there is
+    no finite value. At most ``max_bins`` bins (adjacent bins summed exactly).
+    """
+    raw = tensorboard_raw(payload)
+    if not raw["bucket_counts"]:
+        return None
+    counts = np.asarray(raw["bucket_counts"], dtype=np.int64)
+    edges = np.asarray([raw["min"], *raw["bucket_limits"]], dtype=np.float64)
+    edges[1:] = np.maximum(edges[1:], edges[0])  # zero-width zero bucket after a clamped edge
+    edges = np.maximum.accumulate(edges)
+    return _coarsen(counts, edges, max_bins)
+
+
+def log2_abs_view_raw(payload: HistogramPayload, sign: int) -> dict[str, Any] | None:
+    """``add_histogram_raw`` arguments of one sign's counts against ``log2|x|`` (octaves).
+
+    ``sign`` is ``+1`` or ``-1``. Bucket limits are right edges in octaves: underflow
+    ``lo_exp``, bin ``k`` ``lo_exp + (k+1)/bpo``, overflow ``hi_exp + 1``. ``min``/``max`` are the
+    outer edges of the occupied buckets; ``sum``/``sum_squares`` use bucket midpoints (an
+    estimate: TensorBoard draws from the buckets). ``None`` when the sign has no finite non-zero
+    value.
+    """
+    d = payload.descriptor
+    nb = d.n_bins
+    c = payload.counts
+    side = "pos" if sign > 0 else "neg"
+    bins = c[nb : 2 * nb] if sign > 0 else c[:nb]
+    counts = np.concatenate(
+        [[_special(payload, f"underflow_{side}")], bins, [_special(payload, f"overflow_{side}")]]
+    ).astype(np.int64)
+    inner = d.lo_exp + np.arange(nb + 1, dtype=np.float64) / d.bins_per_octave
+    lefts = np.concatenate([[d.lo_exp - 1.0], inner])
+    rights = np.concatenate([inner, [d.hi_exp + 1.0]])
+    sl = _occupied(counts)
+    if sl is None:
+        return None
+    counts, lefts, rights = counts[sl], lefts[sl], rights[sl]
+    return _raw_args(lefts[0], rights[-1], (lefts + rights) / 2, rights, counts)
+
+
+def nonfinite_counts(payload: HistogramPayload) -> dict[str, int]:
+    """The exact ``{"neginf": n, "nan": n, "posinf": n}`` counts of the payload."""
+    return {name: _special(payload, name) for name in NONFINITE_FIELDS}
+
+
+def nonfinite_raw(payload: HistogramPayload) -> dict[str, Any] | None:
+    """Three bands for ``add_histogram_raw``: ``-1`` -inf, ``0`` NaN, ``+1`` +inf (``None`` if none).
+
+    Band ``i`` spans ``(i - 0.5, i + 0.5]``; counts are exact.
+    """
+    found = nonfinite_counts(payload)
+    counts = np.array([found[n] for n in NONFINITE_FIELDS], dtype=np.int64)
+    sl = _occupied(counts)
+    if sl is None:
+        return None
+    index = np.array([-1.0, 0.0, 1.0])
+    return _raw_args(index[sl][0] - 0.5, index[sl][-1] + 0.5, index, index + 0.5, counts)

@@ -10,6 +10,7 @@ Example
 from __future__ import annotations
 
 import argparse
+import json
 from typing import Any
 
 import numpy as np
@@ -19,6 +20,9 @@ def register(subparsers: Any) -> None:
     """Add the history sub-commands to the ``stepscope`` parser."""
     p = subparsers.add_parser("show", help="print a run's record, sites, streams, steps, sizes")
     p.add_argument("run", help="artifact directory")
+    p.add_argument(
+        "--json", action="store_true", help="print the same facts as one JSON object (for scripts)"
+    )
     p.set_defaults(func=_show)
     p = subparsers.add_parser(
         "verify", help="recompute every chunk sha256 (exit 0 only if all hold)"
@@ -58,11 +62,70 @@ def _scalar_summary(names: list[str], limit: int = 6) -> str:
     return "\n".join(lines)
 
 
-def _show(args: argparse.Namespace) -> int:
-    from stepscope.history.reader import open_history
+def show_payload(h: Any) -> dict[str, Any]:
+    """What ``stepscope show --json`` prints for an open history reader (JSON-safe).
+
+    Keys: ``path``, ``run`` (the run record), ``segments``, ``steps`` (``committed``, ``first``,
+    ``last``; ``None`` when empty), ``commits``, ``torn_tail_bytes``, ``sites``, ``streams``
+    (rows, observed rows, histogram rows per stream), ``scalars`` (names) and ``sizes`` (bytes).
+    """
     from stepscope.history.schema import Stream
 
+    steps = h.steps
+    obs = h.table("observations")
+    hist = h.table("histograms")
+    streams = {}
+    for code, stream in enumerate(Stream, start=1):
+        sel = obs["stream"] == code
+        if sel.any():
+            streams[stream.value] = {
+                "rows": int(sel.sum()),
+                "observed": int((obs["presence"][sel] == 1).sum()),
+                "histograms": int((hist["stream"] == code).sum()),
+            }
+    return {
+        "path": str(h.path),
+        "run": h.run.to_dict(),
+        "segments": [
+            {
+                "segment_id": s.segment_id,
+                "parent_segment": s.parent_segment,
+                "resumed_at_step": s.resumed_at_step,
+            }
+            for s in h.segments
+        ],
+        "steps": {
+            "committed": len(steps),
+            "first": int(steps[0]) if len(steps) else None,
+            "last": int(steps[-1]) if len(steps) else None,
+        },
+        "commits": len(h.commits),
+        "torn_tail_bytes": int(h.torn_tail_bytes),
+        "sites": [
+            {
+                "site_id": s.site_id,
+                "name": s.name,
+                "module_type": s.module_type,
+                "signature": s.signature,
+                "ended_step": s.ended_step,
+                "ended_reason": s.ended_reason,
+            }
+            for s in h.sites
+        ],
+        "streams": streams,
+        "scalars": list(h.scalar_names),
+        "sizes": {k: int(v) for k, v in h.sizes().items()},
+    }
+
+
+def _show(args: argparse.Namespace) -> int:
+    from stepscope.history.reader import open_history
+
     h = open_history(args.run)
+    payload = show_payload(h)
+    if args.json:
+        print(json.dumps(payload, indent=1, sort_keys=True))
+        return 0
     r = h.run
     steps = h.steps
     print(f"run {r.run_id}  ({h.path})")
@@ -80,8 +143,6 @@ def _show(args: argparse.Namespace) -> int:
     print(f"  steps      {len(steps)} committed ({span}), {len(h.commits)} commits")
     if h.torn_tail_bytes:
         print(f"  torn tail  {h.torn_tail_bytes} bytes of an unfinished commit ignored")
-    obs = h.table("observations")
-    hist = h.table("histograms")
     print()
     rows = [["site", "name", "type", "signature", "ended"]]
     for s in h.sites:
@@ -90,18 +151,8 @@ def _show(args: argparse.Namespace) -> int:
     print(_table(rows))
     print()
     rows = [["stream", "rows", "observed", "histograms"]]
-    for code, stream in enumerate(Stream, start=1):
-        sel = obs["stream"] == code
-        if sel.any():
-            n_hist = int((hist["stream"] == code).sum())
-            rows.append(
-                [
-                    stream.value,
-                    str(int(sel.sum())),
-                    str(int((obs["presence"][sel] == 1).sum())),
-                    str(n_hist),
-                ]
-            )
+    for stream, n in payload["streams"].items():
+        rows.append([stream, str(n["rows"]), str(n["observed"]), str(n["histograms"])])
     print(_table(rows) if len(rows) > 1 else "no observations committed")
     if h.scalar_names:
         print("\n" + _scalar_summary(h.scalar_names))

@@ -12,6 +12,7 @@ True
 
 from stepscope.profile.accounting import JoinResult, JoinStatus
 from stepscope.profile.capture import from_profiler, kernel_profile, load_trace
+from stepscope.profile.draw import CallNode, call_tree, draw
 from stepscope.profile.kineto import join_events
 from stepscope.profile.region import region
 from stepscope.profile.results import Availability, HotPathRow, ProfileResult
@@ -22,6 +23,7 @@ from stepscope.profile.trace import EventKind, TraceEvent
 __all__ = [
     "Altitude",
     "Availability",
+    "CallNode",
     "EventKind",
     "HotPathRow",
     "JoinResult",
@@ -32,6 +34,8 @@ __all__ = [
     "SpanRegistry",
     "TraceEvent",
     "active_session",
+    "call_tree",
+    "draw",
     "from_profiler",
     "join_events",
     "kernel_profile",

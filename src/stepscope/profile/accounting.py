@@ -170,7 +170,8 @@ def interval_union_ns(intervals: Sequence[tuple[int, int]]) -> int:
     >>> interval_union_ns([(0, 10), (5, 20), (30, 40)])
     30
     """
-    total, cur_start, cur_end = 0, None, None
+    total, cur_start = 0, 0
+    cur_end: int | None = None
     for start, end in sorted(intervals):
         if cur_end is None or start > cur_end:
             if cur_end is not None:
@@ -266,8 +267,9 @@ def account(
             device_total[parent] = device_total.get(parent, 0) + device_total[i]
     child_cpu: dict[int, int] = defaultdict(int)
     for i in op_ids:
-        if parents[i] is not None:
-            child_cpu[parents[i]] += events[i].dur_ns
+        parent = parents[i]
+        if parent is not None:
+            child_cpu[parent] += events[i].dur_ns
     ops = tuple(
         OpRecord(
             event=i,
@@ -312,7 +314,7 @@ def account(
         residual_ns=dict(residual),
     )
     return JoinResult(
-        events=events,
+        events=tuple(events),
         ops=ops,
         device=tuple(attributions),
         groups=groups,

@@ -94,6 +94,7 @@ def _convert(index: int, e: Any) -> TraceEvent:
     # Device events: (device, stream). Host events: the system thread id, which Kineto's own
     # chrome export writes as tid for ops and runtime calls alike. The pid slot is not used:
     # events of one live profiler all come from this process.
+    thread: tuple[Any, int]
     if kind in DEVICE_KINDS:
         thread = (int(e.device_index()), int(e.device_resource_id()))
     else:

@@ -112,9 +112,9 @@ class AltitudeCapture:
             mode.__enter__()
             self._modes.append(mode)
         if self.record_aten:
-            mode = _AtenMode(self)
-            mode.__enter__()
-            self._modes.append(mode)
+            aten = _AtenMode(self)
+            aten.__enter__()
+            self._modes.append(aten)
 
     def hook_outputs(self, out: Any) -> None:
         """Bracket the autograd nodes of ``out`` (tensors, or tuples/lists of them)."""

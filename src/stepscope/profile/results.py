@@ -18,10 +18,12 @@ Example
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
+from typing import Any
 
 from stepscope.errors import Refusal
 from stepscope.profile.accounting import JoinResult, JoinStatus
@@ -267,7 +269,7 @@ class ProfileResult:
 
         device = []
         for a in join.device:
-            entry = {"event": ref(a.event), "status": a.status.value}
+            entry: dict[str, Any] = {"event": ref(a.event), "status": a.status.value}
             entry["launch"] = ref(a.launch)
             entry["owner"] = ref(a.owner)
             entry["group"] = a.group
@@ -295,7 +297,7 @@ class ProfileResult:
             "unjoined_statuses": [s.value for s in JoinStatus if s.value in acc.residual_ns],
         }
 
-    def export_chrome_trace(self, path: str | Path) -> tuple[Path, Path]:
+    def export_chrome_trace(self, path: str | os.PathLike[str]) -> tuple[Path, Path]:
         """Write the chrome trace to ``path`` and the id mapping to ``<path>.ids.json``.
 
         Returns the two paths. Refuses ``profiler_session_inactive`` when the result has no

@@ -6,7 +6,10 @@
 * **Borrowed** mode (``session(profiler=prof)``) only adds stepscope's markers -- a
   ``stepscope.session/<n>`` bracket, region brackets, spans -- inside a profiler the caller
   started; it never steps, stops or reads that profiler (read it later with
-  :func:`stepscope.profile.from_profiler`).
+  :func:`stepscope.profile.from_profiler`). A profiler built with
+  ``schedule=torch.profiler.schedule(wait=..., warmup=..., active=...)`` is accepted in any
+  phase, ``wait`` included: the markers of work done in its active windows land in its traces,
+  and those of its wait/warm-up steps are dropped by torch, as for any other op.
 
 One session may be active per process: opening a second refuses ``profiler_session_nested``.
 Every marker, mode, hook and the active-session slot itself sit on one exit stack that unwinds on
@@ -71,12 +74,26 @@ def _check_borrowed(profiler: Any) -> None:
             f"profiler= must be a started torch.profiler.profile, got {type(profiler).__name__}.",
             ["pass the object returned by `with torch.profiler.profile(...) as prof:`"],
         )
-    if getattr(profiler, "profiler", None) is None:
+    running = getattr(profiler, "profiler", None) is not None and (
+        torch.autograd._profiler_enabled()
+    )
+    if not running and not _scheduled_and_started(profiler):
         raise Refusal(
             "profiler_session_inactive",
-            "the borrowed profiler has not been started.",
+            "the borrowed profiler is not running (never started, or already stopped).",
             ["open stepscope.session(profiler=prof) inside `with prof:` (or after prof.start())"],
         )
+
+
+def _scheduled_and_started(profiler: Any) -> bool:
+    """A scheduled profiler between ``start()`` and ``stop()``, whatever its current phase.
+
+    During ``wait`` torch has not built its inner profiler yet (``profiler.profiler is None``),
+    but ``start()`` has opened its ``ProfilerStep#N`` marker, which ``stop()`` closes.
+    """
+    return bool(getattr(profiler, "record_steps", False)) and (
+        getattr(profiler, "step_rec_fn", None) is not None
+    )
 
 
 class session:  # lower-case: used like a function: ``with ss.session() as s:``
@@ -101,8 +118,9 @@ class session:  # lower-case: used like a function: ``with ss.session() as s:``
     ----------
     registry : SpanRegistry
         The session's spans (regions, captured altitudes, the session span).
-    result : ProfileResult | None
-        Set on a normal exit.
+    result : ProfileResult
+        Available after a normal exit; before that, or after an exception escaped the block,
+        reading it refuses ``profiler_session_inactive`` (never ``None``).
     """
 
     def __init__(
@@ -139,7 +157,7 @@ class session:  # lower-case: used like a function: ``with ss.session() as s:``
         self._activities: list[Any] = []
         self._stack: ExitStack | None = None
         self.registry = SpanRegistry()
-        self.result: ProfileResult | None = None
+        self._result: ProfileResult | None = None
         self.capture: AltitudeCapture | None = None
 
     def __enter__(self) -> session:
@@ -160,7 +178,7 @@ class session:  # lower-case: used like a function: ``with ss.session() as s:``
                 ["pass it in: stepscope.session(profiler=prof) adds markers to your profiler"],
             )
         self.registry = SpanRegistry()  # a reused session object starts with fresh spans
-        self.result = None
+        self._result = None
         stack = ExitStack()
         self._stack = stack
         try:
@@ -189,18 +207,28 @@ class session:  # lower-case: used like a function: ``with ss.session() as s:``
         self.registry.close_all(BOUNDARY_DISCLOSURE, keep=session_span)
         self.registry.close(session_span)
 
-    def __exit__(self, exc_type, exc, tb) -> bool:
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         stack, self._stack = self._stack, None
         if stack is not None:
             stack.close()  # markers, hooks, slot; then the owned profiler stops
         if exc_type is None:
-            self.result = self._build_result()
-        return False
+            self._result = self._build_result()
+
+    @property
+    def result(self) -> ProfileResult:
+        """The session's :class:`ProfileResult` (refuses until the block exited normally)."""
+        if self._result is None:
+            raise Refusal(
+                "profiler_session_inactive",
+                "this session has no result: it is still open, or its block raised.",
+                ["read .result after the `with` block ends normally"],
+            )
+        return self._result
 
     def _build_result(self) -> ProfileResult:
         spans = self.registry.spans
         leaked = sum(1 for s in spans if s.closed_by == BOUNDARY_DISCLOSURE)
-        notes = (f"{leaked} span(s) {BOUNDARY_DISCLOSURE}",) if leaked else ()
+        notes: tuple[str, ...] = (f"{leaked} span(s) {BOUNDARY_DISCLOSURE}",) if leaked else ()
         if self.borrowed:
             notes += ("borrowed profiler: events are read by its owner (from_profiler)",)
             return ProfileResult(None, Availability.NOT_REQUESTED, "borrowed", notes, spans)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 from dataclasses import dataclass
 from decimal import Decimal
 from enum import Enum
@@ -150,7 +151,8 @@ def events_from_chrome(payload: Any, source: str) -> LoadedTrace:
         if not isinstance(record, dict) or record.get("ph") != "X":
             continue
         category = str(record.get("cat", ""))
-        args = record.get("args") if isinstance(record.get("args"), dict) else {}
+        raw_args = record.get("args")
+        args: dict[str, Any] = raw_args if isinstance(raw_args, dict) else {}
         try:
             start = _us_to_ns(record["ts"], "ts")
             dur = _us_to_ns(record.get("dur", 0), "dur")
@@ -183,7 +185,7 @@ def events_from_chrome(payload: Any, source: str) -> LoadedTrace:
     return LoadedTrace(tuple(events), bool(device_props) or has_runtime, source, disclosures)
 
 
-def read_chrome_trace(path: str | Path, max_bytes: int = MAX_TRACE_BYTES) -> LoadedTrace:
+def read_chrome_trace(path: str | os.PathLike[str], max_bytes: int = MAX_TRACE_BYTES) -> LoadedTrace:
     """Read a plain or gzipped chrome trace from ``path`` into :class:`TraceEvent` records.
 
     Refuses ``trace_invalid`` when the file is missing, larger than ``max_bytes`` once

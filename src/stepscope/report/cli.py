@@ -29,10 +29,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="FILE.json",
         help="historical evaluation points to overlay (repeatable; see stepscope.report.overlay)",
     )
+    p.add_argument("--no-progress", action="store_true", help="do not draw the progress bar")
     p.set_defaults(func=_main)
 
 
 def _main(args: argparse.Namespace) -> int:
+    from stepscope.cli import progress_bar
     from stepscope.report.html import render_report
 
     endpoints = None
@@ -51,6 +53,7 @@ def _main(args: argparse.Namespace) -> int:
         endpoints=endpoints,
         histogram_limit=args.histogram_limit,
         overlays=args.overlay,
+        progress=None if args.no_progress else progress_bar("report"),
     )
     print(f"wrote {out}")
     return 0

@@ -26,16 +26,22 @@ def default_endpoints(runs: list[RunView]) -> list[int]:
     """Default endpoints from the first run with probe rows.
 
     The first and last step where the probe and an evaluation were both taken (so the gap is
-    defined there); without such a step, the first and last probe step; without a probe, the
-    first and last committed step.
+    defined there), plus the last evaluation when it comes later (a final evaluation at step N,
+    after the last probe, is never left out); without a common step, the first probe step and
+    the last evaluation (or the last probe step without evaluations); without a probe, the first
+    and last committed step.
     """
     for r in runs:
         steps = D.probe_steps(r.reader)
         if len(steps):
             names = [n for m in D.eval_metrics(r.reader).values() for n in m.values()]
-            both = np.intersect1d(steps, D.scalar_steps(r.reader, names))
+            evals = D.scalar_steps(r.reader, names)
+            both = np.intersect1d(steps, evals)
             pick = both if len(both) else steps
-            return sorted({int(pick[0]), int(pick[-1])})
+            ends = {int(pick[0]), int(pick[-1])}
+            if len(evals) and int(evals[-1]) > max(ends):
+                ends.add(int(evals[-1]))  # the final evaluation
+            return sorted(ends)
     steps = runs[0].reader.steps if runs else np.empty(0)
     return sorted({int(steps[0]), int(steps[-1])}) if len(steps) else []
 

@@ -1,5 +1,10 @@
 """Assemble the report into one self-contained HTML file (PNG images embedded as base64).
 
+Layout: a ``viewport`` meta so phones lay the page out at their own width, images scaled to
+the column (their PNGs are rendered at twice the displayed size for HiDPI screens), tables in
+horizontal scrollers, and a caption shared by several plots of a section printed once above
+them (each figure keeps its own x-axis line).
+
 Example
 -------
 >>> from stepscope.report import render_report
@@ -12,8 +17,10 @@ from __future__ import annotations
 import base64
 import html
 import os
+import struct
 import time
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from stepscope.errors import Refusal
@@ -21,7 +28,7 @@ from stepscope.report.curvature import curvature_section
 from stepscope.report.endpoints import default_endpoints, endpoints_section
 from stepscope.report.model import Item, Note, RunView, Section, Table
 from stepscope.report.overlay import Overlay, load_overlay
-from stepscope.report.plots import Plot
+from stepscope.report.plots import PNG_SCALE, Plot
 from stepscope.report.record import record_section
 from stepscope.report.sections import (
     branch_section,
@@ -44,13 +51,21 @@ SECTION_KEYS: tuple[str, ...] = (
 )
 
 _CSS = """
-body{font-family:system-ui,sans-serif;margin:1.5em auto;max-width:70em;color:#222}
+*,*::before,*::after{box-sizing:border-box}
+body{font-family:system-ui,sans-serif;margin:0 auto;padding:1em 1.2em;max-width:72em;color:#222;
+line-height:1.45}
 h1{font-size:1.5em} h2{border-bottom:1px solid #ccc;padding-bottom:.2em;margin-top:2em}
+h3{font-size:1em;margin:1em 0 .3em} p,li,h1,h2,h3,figcaption{overflow-wrap:anywhere}
 figure{margin:.5em 1em .8em 0;display:inline-block;vertical-align:top;max-width:100%}
-figure img{max-width:100%} figcaption{font-size:.8em;color:#555;max-width:42em}
-table{border-collapse:collapse;font-size:.8em;margin:.5em 0 1.5em}
-td,th{border:1px solid #ddd;padding:.15em .5em;text-align:left;vertical-align:top}
+figure img{max-width:100%;height:auto;display:block}
+figcaption{font-size:.85em;color:#555;max-width:42em}
+.caption{font-size:.9em;color:#444;max-width:48em}
+.scroll{overflow-x:auto;max-width:100%;margin:.3em 0 1.5em}
+table{border-collapse:collapse;font-size:.85em}
+td,th{border:1px solid #ddd;padding:.2em .5em;text-align:left;vertical-align:top}
+th{background:#f6f6f6} td{max-width:40em;overflow-wrap:break-word}  /* words whole: the table scrolls */
 .nodata{background:#fff4e5;border-left:4px solid #f0a020;padding:.4em .8em;font-size:.9em}
+@media (max-width:40em){body{padding:.6em} figure{margin:.5em 0}}
 """
 
 
@@ -59,29 +74,52 @@ def build_sections(
     endpoints: Sequence[int] | None = None,
     histogram_limit: int = 40,
     overlays: Sequence[Overlay] = (),
+    progress: Callable[[int, int], None] | None = None,
 ) -> list[Section]:
-    """Every section of the report, in :data:`SECTION_KEYS` order."""
+    """Every section of the report, in :data:`SECTION_KEYS` order.
+
+    ``progress(done, total)`` is called after each section when given.
+    """
     runs = list(runs)
     ends = sorted(set(endpoints)) if endpoints else default_endpoints(runs)
-    return [
-        curves_section(runs, ends, overlays),
-        branch_section(runs),
-        endpoints_section(runs, ends),
-        layers_section(runs),
-        moments_section(runs),
-        histograms_section(runs, histogram_limit),
-        curvature_section(runs),
-        record_section(runs),
+    builders: list[Callable[[], Section]] = [
+        lambda: curves_section(runs, ends, overlays),
+        lambda: branch_section(runs),
+        lambda: endpoints_section(runs, ends),
+        lambda: layers_section(runs),
+        lambda: moments_section(runs),
+        lambda: histograms_section(runs, histogram_limit),
+        lambda: curvature_section(runs),
+        lambda: record_section(runs),
     ]
+    sections = []
+    for build in builders:
+        sections.append(build())
+        if progress is not None:
+            progress(len(sections), len(builders))
+    return sections
 
 
-def _item_html(item: Item) -> str:
+def png_size(png: bytes) -> tuple[int, int]:
+    """``(width, height)`` in pixels from a PNG's IHDR chunk.
+
+    >>> png_size(b"\\x89PNG\\r\\n\\x1a\\n" + b"\\0\\0\\0\\rIHDR" + bytes([0, 0, 2, 0, 0, 0, 1, 0]))
+    (512, 256)
+    """
+    width, height = struct.unpack(">II", png[16:24])
+    return int(width), int(height)
+
+
+def _item_html(item: Item, shared: frozenset[str] = frozenset()) -> str:
     if isinstance(item, Plot):
         data = base64.b64encode(item.png).decode("ascii")
         alt = html.escape(f"{item.title} (x-axis: {item.xlabel})")
-        cap = html.escape(f"x-axis: {item.xlabel}. {item.caption}".strip())
+        own = "" if item.caption in shared else item.caption
+        cap = html.escape(f"x-axis: {item.xlabel}. {own}".strip())
+        w, h = png_size(item.png)
         return (
-            f'<figure><img alt="{alt}" src="data:image/png;base64,{data}">'
+            f'<figure><img alt="{alt}" src="data:image/png;base64,{data}" '
+            f'width="{w // PNG_SCALE}" height="{h // PNG_SCALE}">'
             f"<figcaption>{cap}</figcaption></figure>"
         )
     if isinstance(item, Table):
@@ -91,8 +129,8 @@ def _item_html(item: Item) -> str:
             for row in item.rows
         )
         return (
-            f"<h3>{html.escape(item.title)}</h3><table><thead><tr>{head}</tr></thead>"
-            f"<tbody>{body}</tbody></table>"
+            f'<h3>{html.escape(item.title)}</h3><div class="scroll"><table><thead><tr>{head}'
+            f"</tr></thead><tbody>{body}</tbody></table></div>"
         )
     if isinstance(item, Note):
         return f'<p class="nodata">{html.escape(item.text)}</p>'
@@ -106,6 +144,7 @@ def to_html(sections: Sequence[Section], runs: Sequence[RunView]) -> str:
     parts = [
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
+        '<meta name="viewport" content="width=device-width, initial-scale=1">',
         f"<title>stepscope report: {names}</title><style>{_CSS}</style></head><body>",
         f"<h1>stepscope report</h1><p>Runs: {names}. Generated "
         f"{time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}. Every plot reads the on-disk "
@@ -113,8 +152,12 @@ def to_html(sections: Sequence[Section], runs: Sequence[RunView]) -> str:
         f"<nav><ol>{toc}</ol></nav>",
     ]
     for s in sections:
-        body = "".join(_item_html(i) for i in s.items)
-        parts.append(f'<section id="{s.key}"><h2>{html.escape(s.title)}</h2>{body}</section>')
+        # a caption under several plots of the section is printed once, above them
+        counts = Counter(i.caption for i in s.items if isinstance(i, Plot) and i.caption)
+        shared = frozenset(c for c, n in counts.items() if n > 1)
+        lead = "".join(f'<p class="caption">{html.escape(c)}</p>' for c in sorted(shared))
+        body = "".join(_item_html(i, shared) for i in s.items)
+        parts.append(f'<section id="{s.key}"><h2>{html.escape(s.title)}</h2>{lead}{body}</section>')
     parts.append("</body></html>")
     return "\n".join(parts)
 
@@ -126,6 +169,7 @@ def render_report(
     endpoints: Sequence[int] | None = None,
     histogram_limit: int = 40,
     overlays: Sequence[str | os.PathLike[str]] = (),
+    progress: Callable[[int, int], None] | None = None,
 ) -> Path:
     """Write one self-contained HTML report over one or more run artifacts.
 
@@ -144,6 +188,8 @@ def render_report(
     overlays
         Historical overlay JSON files (:mod:`stepscope.report.overlay`): sparse evaluation points
         of another regime, drawn as labelled markers on the optimizer-step curves.
+    progress
+        ``progress(done, total)`` after each section is built.
 
     Returns
     -------
@@ -167,7 +213,8 @@ def render_report(
         raise Refusal("report_input_invalid", f"endpoints {list(endpoints)} must be >= 0.", [])
     views = [RunView.open(p) for p in runs]
     loaded = [load_overlay(p) for p in overlays]
-    return write_report(build_sections(views, endpoints, histogram_limit, loaded), views, out)
+    sections = build_sections(views, endpoints, histogram_limit, loaded, progress)
+    return write_report(sections, views, out)
 
 
 def write_report(

@@ -83,10 +83,31 @@ class RunView:
         return cls(Path(path), reader, label, group)
 
 
+#: Significant digits of a float in a report table.
+SIGNIFICANT_DIGITS = 4
+
+
 def fmt(value: object) -> str:
-    """A compact string for a table cell (``None`` -> ``not recorded``)."""
+    """A compact string for a table cell (``None`` -> ``not recorded``), floats rounded.
+
+    >>> fmt(0.123456789), fmt(1234567.0), fmt(14.0), fmt(None), fmt(-0.0)
+    ('0.1235', '1.235e+06', '14', 'not recorded', '0')
+    """
     if value is None:
         return "not recorded"
     if isinstance(value, float):
-        return f"{value:.6g}"
+        return f"{value + 0.0:.{SIGNIFICANT_DIGITS}g}"  # + 0.0: no "-0"
     return str(value)
+
+
+def fmt_unix(seconds: float | None) -> str:
+    """A Unix time as a UTC date and time (``None`` or 0 -> ``not recorded``).
+
+    >>> fmt_unix(1796030000.0)
+    '2026-11-30 09:13:20 UTC'
+    """
+    if not seconds:
+        return "not recorded"
+    import time
+
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(seconds))

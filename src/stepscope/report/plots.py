@@ -6,6 +6,11 @@ draws them on a private ``Figure`` (no pyplot, no global backend switch) and ret
 plotted with what was recorded. Missing observations are ``NaN`` and are drawn as gaps: lines
 break, heatmap cells are hatched; nothing is ever filled with zero. Every plot names its x-axis.
 
+Style: PNGs are rendered at :data:`PNG_SCALE` times their displayed size (sharp on HiDPI
+screens; the HTML sets the display size), lines take the Okabe–Ito colour-blind-safe palette
+*and* a line style each (:func:`line_style`), legends sit below the axes (or inside, for heatmaps
+and bars) at 8 pt or more.
+
 Example
 -------
 >>> import numpy as np
@@ -27,7 +32,34 @@ import numpy as np
 from stepscope.errors import require_extra
 
 _DPI = 90
+#: PNGs hold this many pixels per displayed pixel (the HTML shows them at 1/PNG_SCALE size).
+PNG_SCALE = 2
+#: Smallest font size of any legend or annotation (pt).
+MIN_FONT = 8
 _GAP_NOTE = "hatched = not observed (a gap, never a zero)"
+
+#: Okabe & Ito (2008) colour-blind-safe palette (yellow left out: too faint on white).
+PALETTE: tuple[str, ...] = (
+    "#0072B2",  # blue
+    "#E69F00",  # orange
+    "#009E73",  # bluish green
+    "#D55E00",  # vermillion
+    "#CC79A7",  # reddish purple
+    "#56B4E9",  # sky blue
+    "#000000",  # black
+)
+#: Line styles cycled with the palette, so lines differ in more than colour.
+LINE_STYLES: tuple[object, ...] = ("-", "--", "-.", ":", (0, (5, 1, 1, 1, 1, 1)))
+
+
+def line_style(i: int) -> tuple[str, object]:
+    """Colour and line style of the ``i``-th line: no two of the first 35 share both.
+
+    >>> [line_style(i) for i in (0, 1, 7)]
+    [('#0072B2', '-'), ('#E69F00', '--'), ('#0072B2', '--')]
+    """
+    n = len(PALETTE)
+    return PALETTE[i % n], LINE_STYLES[(i % n + i // n) % len(LINE_STYLES)]
 
 
 @dataclass(frozen=True)
@@ -76,7 +108,8 @@ def _figure(width: float = 6.4, height: float = 3.2, left: float = 1.0, right: f
 
 def _png(fig: Any) -> bytes:
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=_DPI, bbox_inches="tight")  # keep outside legends whole
+    # keep legends below the axes whole; PNG_SCALE x the pixels for HiDPI screens
+    fig.savefig(buf, format="png", dpi=_DPI * PNG_SCALE, bbox_inches="tight")
     return buf.getvalue()
 
 
@@ -99,22 +132,22 @@ def line_plot(
 
     ``markers`` are ``(x, label)`` vertical lines (e.g. endpoints).
     """
-    many = len(traces) > 12  # e.g. spectra of every layer and family: a two-column legend
-    fig = _figure(9.6 if many else 8.4, 4.2 if many else 3.2, right=4.1 if many else 2.9)
+    many = len(traces) > 12  # e.g. spectra of every layer and family: a three-column legend
+    fig = _figure(8.4, 3.4 if many else 3.0, right=0.3)
     ax = fig.add_subplot()
     data: dict[str, Any] = {}
-    mpl = require_extra("matplotlib", "report", "drawing report plots")
-    cycle = mpl.rcParams["axes.prop_cycle"].by_key()["color"]
-    colours: dict[object, str] = {}
+    styles: dict[object, tuple[str, object]] = {}
     for i, t in enumerate(traces):
         x, y = np.asarray(t.x, float), np.asarray(t.y, float)
         style = {"seed": dict(lw=0.8, alpha=0.4), "mean": dict(lw=2.2)}.get(t.kind, {"lw": 1.4})
         key = t.group if t.group is not None else ("trace", i)
-        colour = colours.setdefault(key, cycle[len(colours) % len(cycle)])
+        colour, dash = styles.setdefault(key, line_style(len(styles)))
+        if t.kind == "seed":
+            dash = "-"  # thin seeds behind their mean: the mean carries the group's style
         if t.kind == "overlay":  # sparse historical points: never joined into a curve
             style = dict(ls="none", marker="D", ms=7, mfc="none", mew=1.6)
         else:
-            style = dict(marker=".", ms=4, **style)
+            style = dict(marker=".", ms=4, linestyle=dash, **style)
         (line,) = ax.plot(x, y, label=t.label, color=colour, **style)
         data[f"{i}:{t.label}"] = (x, y)
         if t.kind == "overlay":
@@ -125,18 +158,20 @@ def line_plot(
             data[f"{i}:{t.label}:band"] = (x, lo, hi)
     for x0, label in markers or []:
         ax.axvline(x0, color="#555555", ls=":", lw=1)
-        ax.annotate(label, (x0, 1.0), xycoords=("data", "axes fraction"), fontsize=7, va="top")
+        ax.annotate(
+            label, (x0, 1.0), xycoords=("data", "axes fraction"), fontsize=MIN_FONT, va="top"
+        )
     if logy:
         ax.set_yscale("log")
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=10)
-    if traces:
+    if traces:  # below the axes, full width, readable
         ax.legend(
-            fontsize=6 if many else 7,
-            ncol=2 if many else 1,
-            loc="upper left",
-            bbox_to_anchor=(1.01, 1.0),
+            fontsize=MIN_FONT,
+            ncol=3 if many else 2,
+            loc="upper center",
+            bbox_to_anchor=(0.5, -0.22),
             frameon=False,
         )
     return Plot(title, xlabel, _png(fig), data, caption)
@@ -204,7 +239,7 @@ def heatmap_plot(
         if nonfinite is not None and nonfinite.any():
             r, c = np.nonzero(nonfinite)
             ax.scatter(steps[c], r + 0.5, marker="x", color="red", s=12, label="NaN/inf present")
-            ax.legend(fontsize=7, loc="upper right")
+            ax.legend(fontsize=MIN_FONT, loc="upper right")
     ax.set_yticks(np.arange(len(rows)) + 0.5, labels=list(rows), fontsize=7)
     ax.set_xlabel(xlabel)
     ax.set_title(title, fontsize=10)
@@ -239,8 +274,9 @@ def histogram_plot(grid: Any, xlabel: str = "optimizer step") -> Plot:
     light 'under' colour, steps without a histogram are hatched gaps.
     """
     mcolors = require_extra("matplotlib.colors", "report", "drawing report plots")
-    fig = _figure(7.2, 4.4, left=1.6, right=1.4)
-    top, ax = fig.subplots(2, 1, sharex=True, height_ratios=[1, 3])
+    fig = _figure(7.2, 5.4, left=1.9, right=1.4)
+    # 8 special bands need ~0.16 in each at 8 pt: the band axis gets 1.5 of 4.5 parts
+    top, ax = fig.subplots(2, 1, sharex=True, height_ratios=[1.5, 3])
     width = _min_spacing(grid.steps)
     totals = np.where(grid.totals > 0, grid.totals, np.nan)
     fraction = grid.counts / totals
@@ -259,12 +295,12 @@ def histogram_plot(grid: Any, xlabel: str = "optimizer step") -> Plot:
             vmin=0,
             vmax=1,
         )
-        if len(grid.steps) <= 30:
+        if len(grid.steps) <= 16:  # counts in the cells only while the columns are wide enough
             for b in range(len(SPECIAL_BANDS)):
                 for j, s in enumerate(grid.steps):
                     if special[b, j] > 0:
-                        top.text(s, b + 0.5, f"{int(special[b, j])}", ha="center", va="center",
-                                 fontsize=6)  # fmt: skip
+                        top.text(s, b + 0.5, _count(special[b, j]), ha="center", va="center",
+                                 fontsize=7, clip_on=True)  # fmt: skip
         if len(grid.bins):
             edges, fgrid = _spread(fraction, grid.steps, width)
             drawn = {"drawn_x_edges": edges, "drawn_fraction": fgrid}
@@ -281,12 +317,12 @@ def histogram_plot(grid: Any, xlabel: str = "optimizer step") -> Plot:
             n_neg = int((grid.bins < 0).sum())
             if 0 < n_neg < len(grid.bins):  # the two sign blocks meet here, not at a real edge
                 ax.axhline(n_neg, color="#1f77b4", lw=1.2)
-                ax.annotate("sign change (zero, underflow: bands)", (1.0, n_neg), fontsize=6,
+                ax.annotate("sign change (zero, underflow: bands)", (1.0, n_neg), fontsize=7,
                             xycoords=("axes fraction", "data"), ha="right", va="bottom")  # fmt: skip
             ticks = _octave_ticks(grid)
-            ax.set_yticks([t for t, _ in ticks], labels=[lab for _, lab in ticks], fontsize=6)
-    sums = [f"{name} (Σ {int(special[i].sum())})" for i, name in enumerate(SPECIAL_BANDS)]
-    top.set_yticks(np.arange(len(SPECIAL_BANDS)) + 0.5, labels=sums, fontsize=6)
+            ax.set_yticks([t for t, _ in ticks], labels=[lab for _, lab in ticks], fontsize=7)
+    sums = [f"{name} (Σ {_count(special[i].sum())})" for i, name in enumerate(SPECIAL_BANDS)]
+    top.set_yticks(np.arange(len(SPECIAL_BANDS)) + 0.5, labels=sums, fontsize=7)
     top.set_ylim(len(SPECIAL_BANDS), 0)
     top.set_title(title, fontsize=9)
     ax.set_ylabel("value (signed log2 bins)")
@@ -304,6 +340,22 @@ def histogram_plot(grid: Any, xlabel: str = "optimizer step") -> Plot:
         "Light cells: an empty bin; " + _GAP_NOTE + "."
     )
     return Plot(title, xlabel, _png(fig), data, caption)
+
+
+def _count(n: float) -> str:
+    """A count in at most 5 characters: ``7``, ``1234``, ``12k``, ``3.4M``.
+
+    >>> [_count(v) for v in (7, 1234, 12_345, 3_400_000)]
+    ['7', '1234', '12k', '3.4M']
+    """
+    n = int(n)
+    if n < 10_000:
+        return str(n)
+    for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if n >= scale:
+            v = n / scale
+            return f"{v:.1f}{unit}" if v < 10 else f"{v:.0f}{unit}"
+    return str(n)
 
 
 def _octave_ticks(grid: Any) -> list[tuple[float, str]]:
@@ -341,11 +393,12 @@ def bar_plot(
     n = max((len(v) for v in groups.values()), default=0)
     w = 0.8 / max(len(groups), 1)
     for i, (label, values) in enumerate(groups.items()):
-        ax.bar(np.arange(len(values)) + i * w, values, width=w, label=label)
+        colour = line_style(i)[0]
+        ax.bar(np.arange(len(values)) + i * w, values, width=w, label=label, color=colour)
     ax.set_xticks(np.arange(n) + 0.4 - w / 2, labels=[str(k) for k in range(n)])
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=10)
     if groups:
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=MIN_FONT)
     return Plot(title, xlabel, _png(fig), {"groups": groups}, caption)

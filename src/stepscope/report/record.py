@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from stepscope.report.model import Item, RunView, Section, Table, fmt, no_data
+from stepscope.report.model import Item, RunView, Section, Table, fmt, fmt_unix, no_data
 
 #: Keys of ``RunRecord.extra`` that may hold measured overhead (first found is shown).
 OVERHEAD_KEYS = ("measurements", "overhead", "measured_overhead")
@@ -27,8 +27,24 @@ def _flat(prefix: str, value: Any, out: list[list[str]]) -> None:
         for k, v in value.items():
             _flat(f"{prefix}.{k}" if prefix else str(k), v, out)
     else:
-        text = value if isinstance(value, str) else json.dumps(value, default=str)
+        if isinstance(value, float):
+            text = fmt(value)  # rounded like every other table number
+        elif isinstance(value, str):
+            text = value
+        else:
+            text = json.dumps(_rounded(value), default=str)
         out.append([prefix, text if len(text) < 200 else text[:197] + "..."])
+
+
+def _rounded(value: Any) -> Any:
+    """``value`` with every float inside rounded to the table's significant digits."""
+    if isinstance(value, float):
+        return float(fmt(value)) if fmt(value) not in ("nan", "inf", "-inf") else fmt(value)
+    if isinstance(value, list | tuple):
+        return [_rounded(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _rounded(v) for k, v in value.items()}
+    return value
 
 
 def record_section(runs: list[RunView]) -> Section:
@@ -44,7 +60,7 @@ def record_section(runs: list[RunView]) -> Section:
             ["model_fingerprint", fmt(run.model_fingerprint)],
             ["rank / world_size", f"{run.rank} / {run.world_size}"],
             ["device", run.device],
-            ["created_unix", fmt(run.created_unix)],
+            ["created", fmt_unix(run.created_unix)],
             ["committed steps", f"{len(h.steps)} ({_span(h.steps)})"],
             ["sites", str(len(h.sites))],
             ["scalar names", str(len(h.scalar_names))],

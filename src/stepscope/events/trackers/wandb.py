@@ -5,8 +5,20 @@ tracker declares its :class:`~stepscope.events.Axis` with ``define_metric(axis)`
 ``define_metric("*", step_metric=axis)`` and puts ``optimizer_step``, ``examples_seen`` and
 ``epoch`` (where known) in every row. Events are buffered per axis value and sent as ONE row when
 the axis value changes (the logging boundary) or on :meth:`flush`/:meth:`close`. It never calls
-``wandb.watch`` (no tensor hooks: the collector already reduced everything). Histograms are sent
-on the signed log2 bin-index axis (:func:`~stepscope.events.views.np_histogram`, <= 512 bins).
+``wandb.watch`` (no tensor hooks: the collector already reduced everything).
+
+Logged keys (``{name}`` is the event name):
+
+* scalar events — ``{name}: value`` (full float64);
+* ``{name}`` — a ``wandb.Histogram`` on the **value** axis built from our exact bins
+  (:func:`~stepscope.events.views.value_np_histogram`, <= 512 bins, finite values only);
+* ``{name}/exponent_view`` — the same counts on the signed log2 bin-index axis
+  (:func:`~stepscope.events.views.np_histogram`, <= 512 bins);
+* verdicts — ``{name}: "[action] message"``;
+* ``optimizer_step``, ``examples_seen``, ``epoch`` — the axes, where known, in every row.
+
+The run's ``config`` holds ``stepscope_x_axis`` and, when given (``stepscope export`` does),
+``stepscope_run_record``.
 
 A failing ``wandb.log`` is caught, counted in :attr:`WandbTracker.failed_rows`, warned about once
 (:class:`WandbLogWarning`) and never raised: training goes on and the local history artifact,
@@ -28,7 +40,7 @@ from typing import Any
 from stepscope.errors import require_extra
 from stepscope.events.event import Axis, ObserverEvent
 from stepscope.events.trackers.base import Tracker
-from stepscope.events.views import np_histogram
+from stepscope.events.views import np_histogram, value_np_histogram
 
 __all__ = ["WandbLogWarning", "WandbTracker"]
 
@@ -48,7 +60,7 @@ class WandbTracker(Tracker):
     axis
         The x-axis declared with ``define_metric``.
     histograms
-        Send histogram events as ``wandb.Histogram`` (index axis).
+        Send histogram events as ``wandb.Histogram`` (value axis and index axis).
     wandb_module
         The ``wandb`` module to use (default: import it, refusing ``extra_missing`` if absent).
     """
@@ -106,15 +118,17 @@ class WandbTracker(Tracker):
         self._row_for(event, x)[event.name] = event.value
 
     def write_histogram(self, event: ObserverEvent, x: int) -> None:
-        """Add ``name: wandb.Histogram`` on the signed bin-index axis (if enabled)."""
-        if not self.histograms:
+        """Add ``name`` (value axis) and ``name/exponent_view`` (index axis) ``wandb.Histogram`` s."""
+        if not self.histograms or event.histogram is None:
             return
-        h = np_histogram(event.histogram)  # type: ignore[arg-type]
-        if h is None:
-            return
-        counts, edges = h
-        hist = self._wandb.Histogram(np_histogram=(counts.tolist(), edges.tolist()))
-        self._row_for(event, x)[event.name + "/exponent_view"] = hist
+        for key, h in (
+            (event.name, value_np_histogram(event.histogram)),
+            (event.name + "/exponent_view", np_histogram(event.histogram)),
+        ):
+            if h is not None:
+                counts, edges = h
+                hist = self._wandb.Histogram(np_histogram=(counts.tolist(), edges.tolist()))
+                self._row_for(event, x)[key] = hist
 
     def write_verdict(self, event: ObserverEvent, x: int) -> None:
         """Add the verdict message (a string) to the row."""
