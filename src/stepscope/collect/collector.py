@@ -269,15 +269,14 @@ class HistoryCollector(UserLog):
             return
         t0 = time.perf_counter()
         try:
-            x, note = reducible(tensor)  # detached: no graph is built
-            if x is None:
-                state.unsupported[row.index] = note
-            else:
-                # profiled as stepscope's work, not the user's
-                with internal_scope("collector.reduce"):
+            with internal_scope("collector.reduce"):  # profiled as stepscope's work, not the user's
+                x, note = reducible(tensor)  # detached: no graph is built
+                if x is None:
+                    state.unsupported[row.index] = note
+                else:
                     self._staging(x.device).write(row.index, x, state.hist_due[row.stream])
-                if note is not None:
-                    state.row_notes[row.index] = note
+                    if note is not None:
+                        state.row_notes[row.index] = note
         except Exception as e:  # telemetry never raises into the training step
             if isinstance(e, Refusal) and e.code == "stat_dtype_unsupported":  # no ordered stats
                 state.unsupported[row.index] = f"dtype:{str(tensor.dtype).replace('torch.', '')}"
@@ -295,6 +294,13 @@ class HistoryCollector(UserLog):
         if not pairs or state is None or not state.spine_due[stream] or self._telemetry.open:
             return
         t0 = time.perf_counter()
+        with internal_scope("collector.reduce"):  # profiled as stepscope's work, not the user's
+            self._write_many(state, stream, pairs)
+        state.charge(stream, time.perf_counter() - t0)
+
+    def _write_many(
+        self, state: StepState, stream: str, pairs: Sequence[tuple[Row, torch.Tensor]]
+    ) -> None:
         by_index: dict[int, Row] = {}
         ready: list[tuple[int, torch.Tensor]] = []
         for row, tensor in pairs:
@@ -314,13 +320,11 @@ class HistoryCollector(UserLog):
         for dev, (idx, ts) in by_device(ready).items():
             staging = self._staging(dev)
             try:
-                with internal_scope("collector.reduce"):
-                    staging.write_many(idx, ts, histogram)
+                staging.write_many(idx, ts, histogram)
             except Exception:  # e.g. a dtype the kernels refuse: record each row on its own
                 for i, t in zip(idx, ts):
                     if staging.fired[i] == 0:
                         self._reduce(by_index[i], t)
-        state.charge(stream, time.perf_counter() - t0)
 
     def _forward_may_count(self) -> bool:
         """The collector's half of the training-forward rule (see :mod:`.activations`)."""
