@@ -89,6 +89,9 @@ CODES: dict[str, str] = {
     # distributed / runs
     "distributed_unavailable": "torch.distributed is not initialised where it is required",
     "run_config_invalid": "a demo or run configuration is invalid",
+    # trainer integrations (Lightning, Hugging Face)
+    "integration_optimizer_unsupported": "a trainer's optimizer is not (and does not wrap) a torch optimizer",
+    "integration_step_mismatch": "the artifact would record a step number other than the trainer's",
     # report
     "report_input_invalid": "a report was given no runs, bad endpoints or an unreadable file",
 }
