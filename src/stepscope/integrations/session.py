@@ -21,14 +21,15 @@ Example
 >>> model = torch.nn.Linear(4, 2)
 >>> opt = torch.optim.SGD(model.parameters(), lr=0.1)
 >>> session = TrainerSession(settings=None)
->>> _ = session.start(model, default_dir=None, trainer_step=0, rank=0)
+>>> _ = session.start(model, default_dir=None, trainer_step=0, rank=0, announce=print)
+stepscope: run ... recording to RAM (no output_dir)
 >>> for step in range(2):
 ...     session.begin_step(opt, trainer_step=step, epoch=0)
 ...     for _ in range(2):  # two micro-batches of 8 examples
 ...         model(torch.randn(8, 4)).pow(2).mean().backward()
 ...         session.micro_batch(examples=8)
 ...     opt.step(); opt.zero_grad()
-...     session.end_step(clipped=False, scalars={"train/loss": 1.0})
+...     recorded = session.end_step(clipped=False, scalars={"train/loss": 1.0})
 >>> [(r.block.optimizer_step, r.block.examples_seen, r.block.truth.micro_batches)
 ...  for r in session.collector.ring.blocks()]
 [(0, 16, 2), (1, 32, 2)]
@@ -50,6 +51,7 @@ import torch
 
 from stepscope.collect import DEFAULT_STREAMS, HistoryCollector, StepTransaction, WatchSettings
 from stepscope.errors import Refusal
+from stepscope.history import open_history
 from stepscope.probe import DenseProbe, choose_cadence, write_probe_record
 
 #: Steps whose training-clock seconds are timed before the probe's cadence is chosen.
@@ -77,11 +79,11 @@ def unwrap_optimizer(optimizer: Any) -> torch.optim.Optimizer:
     real optimizer in ``.optimizer``; the collector hooks the real one, whose ``step()`` the
     wrapper calls.
     """
-    seen = 0
-    while not isinstance(optimizer, torch.optim.Optimizer) and hasattr(optimizer, "optimizer"):
-        optimizer, seen = optimizer.optimizer, seen + 1
-        if seen > 8:
+    for _ in range(8):  # AcceleratedOptimizer subclasses Optimizer without its hook state
+        inner = getattr(optimizer, "optimizer", None)
+        if inner is None or inner is optimizer:
             break
+        optimizer = inner
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise Refusal(
             "integration_optimizer_unsupported",
@@ -194,6 +196,8 @@ class TrainerSession:
         settings = self.settings or WatchSettings()
         out = settings.output_dir or (None if default_dir is None else str(default_dir))
         resume = trainer_step > 0 and out is not None and _has_artifact(out)
+        if resume:
+            _check_resume_point(_rank_dir(out), trainer_step)
         settings = dataclasses.replace(
             settings,
             output_dir=out,
@@ -362,6 +366,31 @@ class TrainerSession:
                 ["start training with the callback in the trainer's callbacks"],
             )
         return self.collector
+
+
+def _rank_dir(out: str | Path) -> Path:
+    """The directory the collector writes on this rank (``rank<k>`` under a process group)."""
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        return Path(out) / f"rank{dist.get_rank():03d}"
+    return Path(out)
+
+
+def _check_resume_point(path: Path, trainer_step: int) -> None:
+    """Refuse before training when the artifact cannot continue at the checkpoint's step."""
+    steps = open_history(path).steps
+    last = int(steps[-1]) if len(steps) else -1
+    if last + 1 != trainer_step:
+        raise Refusal(
+            "integration_step_mismatch",
+            f"the checkpoint resumes at optimizer step {trainer_step} but the stepscope artifact "
+            f"at {path} continues at step {last + 1} (resuming at an earlier checkpoint step "
+            "needs the collector's resume-at-step support)",
+            [
+                "resume from the checkpoint of the artifact's last committed step",
+                "or record into a new output_dir",
+            ],
+        )
 
 
 def _has_artifact(path: str | Path) -> bool:
