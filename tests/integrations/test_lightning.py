@@ -21,7 +21,9 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import stepscope as ss
 from stepscope.cli import main
+from stepscope.integrations import ProbePlan
 from stepscope.integrations.lightning import StepscopeCallback
+from stepscope.integrations.session import PROBE_TIMING_STEPS
 
 BATCHES, BATCH, ACCUMULATE, EPOCHS = 5, 8, 2, 2
 STEPS_PER_EPOCH = (BATCHES + ACCUMULATE - 1) // ACCUMULATE  # 2 + 2 + the epoch's last batch
@@ -253,3 +255,49 @@ def test_ddp_two_ranks_write_segments_that_merge_exactly(tmp_path):
         2 * b.examples_seen for b in readers[0].step_blocks()
     ]
 
+
+
+def test_dense_probe_runs_at_step_zero_then_on_its_cadence_and_stays_pure(tmp_path):
+    train, _ = loaders()
+    x, y = train.dataset.tensors
+    probe = ss.DenseProbe(x, y, size=16, seed=3)
+    reference = ss.DenseProbe(x, y, size=16, seed=3)
+    torch.manual_seed(0)
+    at_init = reference.measure(TinyCNN(), step=0, examples_seen=0, epoch=-1)
+    every2 = StepscopeCallback(
+        settings=ss.WatchSettings(durable=False), probe=ProbePlan(probe, every=2)
+    )
+    observed, control = Oracle(), Oracle()
+    _, model = fit(tmp_path / "a", [every2, observed])
+    _, control_model = fit(tmp_path / "b", [control])
+    assert observed.losses == control.losses
+    assert state_equal(model.state_dict(), control_model.state_dict())
+    reader = ss.open_history(tmp_path / "a" / "stepscope")
+    axes = ss.probe.read_probe_axes(reader)
+    assert axes["optimizer_step"].tolist() == [0, 2, 4, 6]
+    assert axes["examples_seen"].tolist() == [0, 32, 56, 80]
+    n = reader.scalars("probe/model/n_examples")
+    assert n.values.tolist() == [16.0] * 4
+    at0 = {k: v for k, v in ss.probe.probe_scalar_rows(at_init).items() if "axes" not in k}
+    for name, value in list(at0.items())[:20]:
+        series = reader.scalars(name)
+        assert series.steps[0] == 0
+        assert series.values[0] == pytest.approx(value, rel=1e-6, abs=1e-9), name
+
+
+def test_dense_probe_cadence_is_chosen_from_measured_times(tmp_path):
+    train, _ = loaders()
+    x, y = train.dataset.tensors
+    cb = StepscopeCallback(settings=ss.WatchSettings(durable=False),
+                           probe=ss.DenseProbe(x, y, size=16, seed=3))
+    fit(tmp_path, [cb])
+    plan = cb.session.probe
+    assert plan.decision is not None and plan.decision["target_overhead"] == 0.05
+    assert plan.every == plan.decision["cadence_steps"] >= 1
+    assert plan.decision["expected_overhead"] <= 0.05
+    reader = ss.open_history(tmp_path / "stepscope")
+    assert reader.scalars("probe/cadence_steps").values.tolist() == [float(plan.every)]
+    probed = ss.probe.read_probe_axes(reader)["optimizer_step"].tolist()
+    last = EPOCHS * STEPS_PER_EPOCH  # decided after PROBE_TIMING_STEPS timed steps
+    after = [s for s in range(PROBE_TIMING_STEPS, last + 1) if s % plan.every == 0]
+    assert probed == [0, *after]
