@@ -46,6 +46,8 @@ CODES: dict[str, str] = {
     "merge_incompatible": "segments that cannot be merged (runs, steps or layouts differ)",
     "history_step_out_of_order": "a step block was written at or before an already written step",
     "history_writer_active": "another live writer holds the artifact's writer lock",
+    "resume_fingerprint_mismatch": "a resumed run's model architecture differs from the artifact's",
+    "resume_descriptor_mismatch": "a resumed run's histogram descriptor differs from the artifact's",
     # collector
     "step_transaction_required": "an operation needs the explicit step() transaction",
     "step_transaction_nested": "a step transaction was opened inside another",
@@ -53,6 +55,7 @@ CODES: dict[str, str] = {
     "stream_unknown": "a stream name is not one of the known streams",
     "cadence_invalid": "a cadence is not a positive integer or a step predicate",
     "settings_invalid": "a WatchSettings field has an invalid value",
+    "optimizer_unsupported": "an optimizer is not a hookable torch optimizer nor wraps one",
     # events
     "event_invalid": "an observer event is missing a required field",
     "check_failed": "a check configured to raise found a violation",
@@ -90,7 +93,6 @@ CODES: dict[str, str] = {
     "distributed_unavailable": "torch.distributed is not initialised where it is required",
     "run_config_invalid": "a demo or run configuration is invalid",
     # trainer integrations (Lightning, Hugging Face)
-    "integration_optimizer_unsupported": "a trainer's optimizer is not (and does not wrap) a torch optimizer",
     "integration_step_mismatch": "the artifact would record a step number other than the trainer's",
     # report
     "report_input_invalid": "a report was given no runs, bad endpoints or an unreadable file",

@@ -242,7 +242,7 @@ def test_histograms_only_on_histogram_steps_and_absent_sites(tmp_path):
     assert np.isnan(b.values[1]) and not b.valid[1]  # missing is never zero
 
 
-def test_topology_drift_ends_the_series_and_starts_a_new_one(tmp_path):
+def test_a_rank_or_dtype_change_ends_the_series_and_a_size_change_does_not(tmp_path):
     torch.manual_seed(0)
     m = torch.nn.Sequential(torch.nn.Identity())
     c = HistoryCollector(
@@ -252,15 +252,19 @@ def test_topology_drift_ends_the_series_and_starts_a_new_one(tmp_path):
         cadence=1,
         settings=WatchSettings(output_dir=str(tmp_path / "d")),
     )
-    for shape in [(2, 3), (2, 3), (2, 5)]:
+    inputs = [torch.randn(2, 3), torch.randn(4, 7), torch.randn(2, 5, 1), torch.randn(2, 5, 1)]
+    for x in [*inputs, inputs[-1].double()]:
         with c.step():
-            m(torch.randn(*shape))
+            m(x)
     c.close()
-    sites = open_history(tmp_path / "d").sites
-    assert [(s.name, s.signature, s.ended_reason) for s in sites] == [
-        ("0", "float32[*,3]", "topology_drift"),
-        ("0", "float32[*,5]", None),
+    h = open_history(tmp_path / "d")
+    assert [(s.name, s.signature, s.started_step, s.ended_reason) for s in h.sites] == [
+        ("0", "float32[*,*]", 0, "topology_drift"),
+        ("0", "float32[*,*,*]", 2, "topology_drift"),
+        ("0", "float64[*,*,*]", 4, None),
     ]
+    # sizes are not structure, but every step's size is recorded
+    assert list(h.series(h.sites[0], "activation", "total").values) == [6, 28]
 
 
 def test_ram_only_refuse_policy_raises_before_losing_data(small_net):

@@ -6,15 +6,12 @@ import doctest
 import importlib
 import sys
 
-import accelerate
-import accelerate.optimizer
-import accelerate.state
 import pytest
 import torch
 
 import stepscope as ss
 from stepscope.integrations import session as session_module
-from stepscope.integrations.session import TrainerSession, unwrap_optimizer
+from stepscope.integrations.session import TrainerSession
 
 ADAPTERS = {
     "stepscope.integrations.lightning": ("lightning.pytorch", "lightning"),
@@ -46,26 +43,6 @@ def test_a_missing_framework_refuses_with_the_install_line(adapter, monkeypatch)
     assert f"pip install 'stepscope[{extra}]'" in err.value.remedies
 
 
-def test_accelerates_wrapped_optimizer_is_unwrapped_to_the_torch_optimizer():
-    model = torch.nn.Linear(3, 2)
-    inner = torch.optim.SGD(model.parameters(), lr=0.1)
-    accelerator = accelerate.Accelerator(cpu=True)
-    try:
-        wrapped = accelerator.prepare_optimizer(inner)
-    finally:
-        accelerate.state.AcceleratorState._reset_state(True)
-    assert type(wrapped) is accelerate.optimizer.AcceleratedOptimizer
-    assert isinstance(wrapped, torch.optim.Optimizer)  # a subclass without the hook state
-    assert unwrap_optimizer(wrapped) is inner
-    assert unwrap_optimizer(inner) is inner
-
-
-def test_a_non_optimizer_refuses_with_a_code():
-    with pytest.raises(ss.Refusal) as err:
-        unwrap_optimizer(object())
-    assert err.value.code == "integration_optimizer_unsupported"
-
-
 def _train(session: TrainerSession, model, opt, steps: int, start: int = 0) -> None:
     for step in range(start, start + steps):
         session.begin_step(opt, trainer_step=step, epoch=0)
@@ -91,25 +68,31 @@ def test_values_logged_for_a_written_step_survive_close(tmp_path):
     assert loss.values.tolist() == [0.5, 1.5, 2.5]
 
 
-def test_a_checkpoint_the_artifact_cannot_continue_refuses_before_training(tmp_path):
+def _session(root, step: int, model) -> TrainerSession:
+    s = TrainerSession(settings=ss.WatchSettings(durable=False))
+    s.start(model, default_dir=root, trainer_step=step, rank=0, announce=lambda _: None)
+    return s
+
+
+def test_resume_continues_at_the_checkpoint_step_earlier_or_later(tmp_path):
     model = torch.nn.Linear(3, 2)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    first = TrainerSession(settings=ss.WatchSettings(durable=False))
-    first.start(model, default_dir=tmp_path, trainer_step=0, rank=0, announce=lambda s: None)
-    _train(first, model, opt, 3)
+    first = _session(tmp_path, 0, model)
+    _train(first, model, opt, 5)  # steps 0..4; a checkpoint was saved after step 2
     first.close()
-    later = TrainerSession(settings=ss.WatchSettings(durable=False))
-    with pytest.raises(ss.Refusal) as err:  # a checkpoint from beyond the recorded steps
-        later.start(model, default_dir=tmp_path, trainer_step=7, rank=0, announce=lambda s: None)
-    assert err.value.code == "integration_step_mismatch"
-    assert later.collector is None
-    resumed = TrainerSession(settings=ss.WatchSettings(durable=False))
-    resumed.start(model, default_dir=tmp_path, trainer_step=3, rank=0, announce=lambda s: None)
-    _train(resumed, model, opt, 2, start=3)
-    resumed.close()
+    rewound = _session(tmp_path, 3, model)
+    _train(rewound, model, opt, 1, start=3)
+    rewound.close()
     reader = ss.open_history(tmp_path)
-    assert reader.steps.tolist() == [0, 1, 2, 3, 4]
-    assert [b.examples_seen for b in reader.step_blocks()][:3] == [4, 8, 12]
+    assert reader.steps.tolist() == [0, 1, 2, 3]  # 3 and 4 of the first segment superseded
+    assert [b.examples_seen for b in reader.step_blocks()] == [4, 8, 12, 16]
+    later = _session(tmp_path, 6, model)  # a checkpoint beyond the record: steps 4, 5 lost
+    _train(later, model, opt, 1, start=6)
+    later.close()
+    reader = ss.open_history(tmp_path)
+    assert reader.steps.tolist() == [0, 1, 2, 3, 6]
+    assert [s.resumed_at_step for s in reader.segments] == [None, 3, 6]
+    assert reader.step_blocks()[-1].examples_seen is None  # unknown across the gap, never guessed
 
 
 def test_rank_zero_alone_announces_the_run_directory(tmp_path):

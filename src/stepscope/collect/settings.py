@@ -148,12 +148,27 @@ class WatchSettings:
     Parameters
     ----------
     output_dir
-        Artifact directory (disk-first, crash-safe). ``None``: RAM-only ring.
+        Artifact directory (disk-first, crash-safe): the spelling to use for training runs,
+        ``WatchSettings(output_dir="runs/<name>")``. ``None``: RAM-only ring, which under the
+        default ``ram_policy="refuse"`` stops a run after ``ram_capacity`` (256) steps with
+        ``ring_capacity_exhausted``.
     run_id
         Run identity written in the run record (default: a fresh id).
     resume
-        Append a new segment to an existing artifact in ``output_dir`` (needs the explicit
-        ``step()`` transaction for an exact step coordinate).
+        Append a new segment to an existing artifact in ``output_dir``. Needs the explicit
+        ``step()`` transaction (``optimizer=`` refuses ``step_transaction_required``). The model
+        must have the artifact's architecture and the settings its histogram descriptor (else
+        ``resume_fingerprint_mismatch`` / ``resume_descriptor_mismatch``, naming both values).
+        Steps continue at ``resume_step`` (default: one past the last committed step) and
+        ``examples_seen`` from the artifact's block just before it; the new segment records its
+        own fingerprint, cadences and settings, with its parent segment and resume step.
+    resume_step
+        The step of the checkpoint you restored (its first step to run again); steps of the
+        artifact from there on are superseded by the new segment.
+    resume_examples_seen
+        ``examples_seen`` at ``resume_step`` (default: the artifact's value at the step before;
+        ``None`` there, e.g. when the checkpoint lies beyond the committed steps, keeps it
+        unknown).
     ram_capacity, ram_policy
         Ring of recent step blocks; RAM-only policy ``refuse`` (default), ``drop_oldest`` or
         ``coarsen``. With disk on the ring is an LRU cache.
@@ -174,6 +189,10 @@ class WatchSettings:
         ``fsync`` artifact files (turn off only for throwaway benchmarks).
     extra
         JSON-safe fields copied into the run record.
+    output_keys
+        ``{site glob: path}``: which tensor of a structured module output is the site's
+        activation (a dotted path of keys, attributes, indices, e.g. ``"logits"``); sites not
+        named use the first tensor depth-first (see :mod:`stepscope.collect.capture`).
     """
 
     output_dir: str | None = None
@@ -190,6 +209,9 @@ class WatchSettings:
     kernel_backend: str = "auto"
     durable: bool = True
     extra: Mapping[str, Any] = field(default_factory=dict)
+    output_keys: Mapping[str, str] = field(default_factory=dict)
+    resume_step: int | None = None
+    resume_examples_seen: int | None = None
 
     def __post_init__(self) -> None:
         problems = []
@@ -203,6 +225,16 @@ class WatchSettings:
             problems.append(f"kernel_backend {self.kernel_backend!r} not in auto/c/torch")
         if self.resume and not self.output_dir:
             problems.append("resume needs an output_dir")
+        if not all(isinstance(k, str) and isinstance(v, str) for k, v in self.output_keys.items()):
+            problems.append("output_keys must map site globs to dotted paths (str -> str)")
+        if (self.resume_step is not None or self.resume_examples_seen is not None) and not (
+            self.resume
+        ):
+            problems.append("resume_step/resume_examples_seen need resume=True")
+        for name in ("resume_step", "resume_examples_seen"):
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
+                problems.append(f"{name} must be an int >= 0")
         if problems:
             raise Refusal("settings_invalid", "invalid WatchSettings: " + "; ".join(problems) + ".")
 

@@ -8,7 +8,7 @@ modules own directly (site = ``"<module>.<param>"``; a tied parameter belongs to
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -33,12 +33,21 @@ class Row:
     site_id: int | None = None  # catalog id (None until registered)
     signature: str | None = None
     update_index: torch.Tensor | None = field(default=None, repr=False)  # sampled update indices
+    attr: str | None = None  # the parameter's attribute name on ``module``
 
 
 def output_signature(t: torch.Tensor) -> str:
-    """Structural signature of a module output: dtype and shape with the batch dim as ``*``."""
-    dims = ["*", *map(str, t.shape[1:])] if t.dim() else []
-    return f"{str(t.dtype).replace('torch.', '')}[{','.join(dims)}]"
+    """Structural signature of a module output: dtype and rank (``float32[*,*,*]``).
+
+    Sizes are not structure: a varying batch or sequence length keeps the series (the size of
+    each observation is in its spine's ``total``). A change of dtype or rank starts a new one.
+    """
+    return f"{str(t.dtype).replace('torch.', '')}[{','.join('*' * t.dim())}]"
+
+
+#: signatures of activation sites that have not produced a tensor
+NOT_RUN = "not_run"
+NO_TENSOR = "no_tensor"
 
 
 def param_signature(p: torch.Tensor) -> str:
@@ -49,21 +58,30 @@ def build_rows(modules: list[tuple[str, torch.nn.Module]], streams: list[str]) -
     """All row keys, activation streams first, in module order."""
     rows: list[Row] = []
     seen_params: set[int] = set()
-    owned: list[tuple[str, torch.nn.Module, torch.nn.Parameter]] = []
+    owned: list[tuple[str, torch.nn.Module, torch.nn.Parameter, str]] = []
     modules = [(name or ROOT_SITE, module) for name, module in modules]
     for name, module in modules:
         for pname, p in module.named_parameters(recurse=False):
             if id(p) not in seen_params:
                 seen_params.add(id(p))
-                owned.append((pname if name == ROOT_SITE else f"{name}.{pname}", module, p))
+                owned.append((pname if name == ROOT_SITE else f"{name}.{pname}", module, p, pname))
     for stream in streams:
         if stream in ACTIVATION_STREAMS:
             for name, module in modules:
                 rows.append(Row(len(rows), stream, name, type(module).__name__, module))
         else:
-            for site, module, p in owned:
+            for site, module, p, pname in owned:
                 rows.append(
-                    Row(len(rows), stream, site, type(module).__name__, module, p, p.numel())
+                    Row(
+                        len(rows),
+                        stream,
+                        site,
+                        type(module).__name__,
+                        module,
+                        p,
+                        p.numel(),
+                        attr=pname,
+                    )
                 )
     return rows
 
@@ -98,8 +116,6 @@ class SiteCatalog:
     def register_site(
         self, name: str, module_type: str, signature: str, step: int | None = None
     ) -> int:
-        from dataclasses import replace
-
         current = self._active.get(name)
         if current is not None:
             site = self.sites[current]
@@ -110,3 +126,10 @@ class SiteCatalog:
         self.sites.append(SiteRecord(site_id, name, module_type, signature, None, step))
         self._active[name] = site_id
         return site_id
+
+    def end_site(self, site_id: int, step: int, reason: str) -> None:
+        """Close a series at ``step`` (exclusive) with a reason (as the artifact writer does)."""
+        site = self.sites[site_id]
+        self.sites[site_id] = replace(site, ended_step=int(step), ended_reason=reason)
+        if self._active.get(site.name) == site_id:
+            del self._active[site.name]

@@ -65,6 +65,11 @@ class Staging:
         self.fired[:] = 0
         self.hist_fired[:] = False
 
+    def reset_row(self, row: int) -> None:
+        """Forget what ``row`` holds this step, so the next write replaces it (not merges)."""
+        self.fired[row] = 0
+        self.hist_fired[row] = False
+
     def write(self, row: int, tensor: torch.Tensor, histogram: bool) -> None:
         """Reduce ``tensor`` into ``row`` (merging exactly if the row already fired this step)."""
         if self.fired[row] == 0:

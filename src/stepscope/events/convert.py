@@ -12,6 +12,9 @@ Published spine scalars (:class:`SpineScalar`), per (site, stream, phase), from 
 * ``zero_fraction`` = zero / total (exact zeros over all elements),
 * ``nonfinite_count`` = nan + posinf + neginf.
 
+A row whose disclosures mark it as a sample estimate (``update_sampled:<k>``, see
+:func:`stepscope.history.vocab.is_estimate`) gives events with ``estimated=True``.
+
 A field with no defined value (no finite element, or an empty tensor) becomes an ``unavailable``
 event with reason ``undefined_no_finite_values`` / ``undefined_empty_tensor`` — never 0 or NaN. A
 row whose presence is not ``observed`` becomes one ``unavailable`` event whose reason is the
@@ -56,6 +59,7 @@ from stepscope.events.event import (
 )
 from stepscope.history.batch import OBSERVED, ObservationBatch, member_of
 from stepscope.history.schema import GRADIENT_STREAMS, Presence, SiteRecord, StepBlockRecord
+from stepscope.history.vocab import is_estimate
 
 __all__ = ["SpineScalar", "event_prefix", "events_from_step", "spine_scalars"]
 
@@ -194,6 +198,9 @@ def _batch_events(
             out.append(_unavailable(prefix, site, None, reason, common))
             continue
         row_base = {**scalar_base, "site": site}
+        estimated = is_estimate(b.row_disclosure(i))
+        if estimated:  # a sampled row: its values describe the sample (per row, never batch-wide)
+            row_base["estimated"] = True
         for field, values in derived:
             v = values[i]
             if math.isnan(v):
@@ -214,6 +221,7 @@ def _batch_events(
                     field="histogram",
                     histogram=payload,
                     source=EventSource.HISTOGRAM,
+                    estimated=estimated,
                     **common,
                 )
             )

@@ -230,6 +230,10 @@ class ObserverEvent:
         The payload of a ``verdict`` event.
     source
         :class:`EventSource`.
+    estimated
+        ``True`` when the value is an estimate from a sample rather than an exact statistic
+        (an ``update`` row reduced from ``update_sample_size`` seeded elements of a larger
+        parameter: its ``l2`` is the norm of the *sample*, not of the whole update).
     """
 
     kind: EventKind
@@ -249,6 +253,7 @@ class ObserverEvent:
     histogram: HistogramPayload | None = None
     verdict: Verdict | None = None
     source: EventSource = EventSource.USER_SCALAR
+    estimated: bool = False
 
     def __post_init__(self) -> None:
         s = object.__setattr__
@@ -275,6 +280,9 @@ class ObserverEvent:
             s(self, axis, int(v))
         if not isinstance(self.name, str) or not self.name:
             raise _invalid("an event needs a non-empty name.")
+        if not isinstance(self.estimated, (bool, np.bool_)):
+            raise _invalid(f"event {self.name!r}: estimated={self.estimated!r} is not a bool.")
+        s(self, "estimated", bool(self.estimated))
         if self.value is not None:
             if isinstance(self.value, bool) or not isinstance(self.value, (int, float, np.number)):
                 raise _invalid(f"event {self.name!r}: value {self.value!r} is not a number.")
@@ -342,6 +350,7 @@ class ObserverEvent:
             "source": self.source.value,
             "verdict": None if self.verdict is None else self.verdict.to_dict(),
             "histogram": None,
+            "estimated": self.estimated,
         }
         if self.histogram is not None:
             from stepscope.stats import SPINE_FIELDS
@@ -390,6 +399,7 @@ class ObserverEvent:
                 histogram=hist,
                 verdict=None if d.get("verdict") is None else Verdict.from_dict(d["verdict"]),
                 source=EventSource(d.get("source", "user_scalar")),
+                estimated=bool(d.get("estimated", False)),
             )
         except (KeyError, TypeError, ValueError, IndexError) as exc:
             raise _invalid(f"malformed event dictionary: {exc!r}.") from None

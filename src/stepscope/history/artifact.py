@@ -68,6 +68,37 @@ from stepscope.history.schema import (
 )
 
 
+def check_resume_facts(parent: RunRecord, descriptor: dict[str, Any], run: RunRecord) -> None:
+    """Refuse to append ``run`` as a segment of ``parent`` when its structure or grid differs.
+
+    ``merge_incompatible``: another run id; ``resume_fingerprint_mismatch``: another model
+    architecture (:func:`~stepscope.history.model_fingerprint`), whose series would be read
+    as continuations of the parent's; ``resume_descriptor_mismatch``: another histogram grid,
+    whose counts would be decoded on the parent's bins. Each message names both values.
+    """
+    if run.run_id != parent.run_id:
+        raise Refusal(
+            "merge_incompatible",
+            f"resume of run {parent.run_id!r} was given a record of run {run.run_id!r}.",
+            ["resume with the same run_id", "or start a new run in a new directory"],
+        )
+    fp = run.model_fingerprint
+    if fp is not None and parent.model_fingerprint is not None and fp != parent.model_fingerprint:
+        raise Refusal(
+            "resume_fingerprint_mismatch",
+            f"the artifact's model fingerprint is {parent.model_fingerprint!r}, the resuming "
+            f"model's is {fp!r}: a different architecture cannot continue its series.",
+            ["resume with the checkpoint's architecture", "or start a new run in a new directory"],
+        )
+    if run.histogram_descriptor and dict(run.histogram_descriptor) != dict(descriptor):
+        raise Refusal(
+            "resume_descriptor_mismatch",
+            f"the artifact's histogram descriptor is {dict(descriptor)}, the resuming run's is "
+            f"{dict(run.histogram_descriptor)}: histograms would be decoded on the wrong grid.",
+            ["resume with the artifact's histogram_descriptor", "or start a new run elsewhere"],
+        )
+
+
 class ArtifactWriter:
     """Append step blocks, observations and scalars to an artifact directory.
 
@@ -80,7 +111,13 @@ class ArtifactWriter:
     resume
         Open an existing artifact and append a new segment whose record names its parent.
     resume_at_step
-        The step training resumes from (default: one past the last committed step).
+        The step training resumes from (default: one past the last committed step); a
+        checkpoint's step before it supersedes the ancestors' steps from there on.
+        With ``resume=True``, ``run`` (optional) is the new segment's own record: its model
+        fingerprint and histogram descriptor must equal the artifact's (else
+        ``resume_fingerprint_mismatch`` / ``resume_descriptor_mismatch``), and its fingerprint,
+        cadences, device and ``extra`` are recorded for the new segment. ``resumed_after`` is
+        the last committed step block before the resume step (``None``: none).
     commit_steps, commit_seconds
         Commit when this many steps are pending or this much time passed since the last commit.
     durable
@@ -186,13 +223,24 @@ class ArtifactWriter:
         last = int(reader.steps[-1]) if len(reader.steps) else None
         if at_step is None:
             at_step = 0 if last is None else last + 1
+        if at_step < 0:
+            raise Refusal("settings_invalid", f"resume step {at_step} is negative.", [])
         self.run = parent.resumed(at_step)
-        if run is not None and run.run_id != parent.run_id:
-            raise Refusal(
-                "merge_incompatible",
-                f"resume of run {parent.run_id!r} was given a record of run {run.run_id!r}.",
-                ["resume with the same run_id", "or start a new run in a new directory"],
+        if run is not None:
+            check_resume_facts(parent, reader.descriptor.to_dict(), run)
+            self.run = replace(  # the new segment's own facts, with its ancestry
+                self.run,
+                model_fingerprint=run.model_fingerprint,
+                cadences=dict(run.cadences),
+                budgets=dict(run.budgets),
+                device=run.device,
+                rank=run.rank,
+                world_size=run.world_size,
+                extra=dict(run.extra),
             )
+        # the last committed block before the resume step (examples_seen, epoch continue from it)
+        before = [b for b in reader.step_blocks() if b.optimizer_step < at_step]
+        self.resumed_after: StepBlockRecord | None = before[-1] if before else None
         self.segments = [*reader.segments, self.run]
         self.descriptor = reader.descriptor
         self._logs = list(reader.logs)

@@ -97,3 +97,17 @@ def _enum(kind: type[enum.Enum], value: Any, what: str) -> Any:
         raise Refusal(
             code, f"{what} {value!r} is not one of: {allowed}.", [f"use one of: {allowed}"]
         ) from None
+
+
+#: Row disclosure of an ``update`` row reduced from a seeded sample of ``k`` elements
+#: (``"update_sampled:<k>"``): its statistics are estimates, not exact values.
+UPDATE_SAMPLED = "update_sampled"
+
+
+def is_estimate(disclosures: tuple[str, ...]) -> bool:
+    """Whether a row's disclosures mark its statistics as sample estimates.
+
+    >>> is_estimate(("update_sampled:4096",)), is_estimate(())
+    (True, False)
+    """
+    return any(d.split(":", 1)[0] == UPDATE_SAMPLED for d in disclosures)

@@ -51,7 +51,6 @@ import torch
 
 from stepscope.collect import DEFAULT_STREAMS, HistoryCollector, StepTransaction, WatchSettings
 from stepscope.errors import Refusal
-from stepscope.history import open_history
 from stepscope.probe import DenseProbe, choose_cadence, write_probe_record
 
 #: Steps whose training-clock seconds are timed before the probe's cadence is chosen.
@@ -70,28 +69,6 @@ def shared_run_id(run_id: str | None) -> str:
         dist.broadcast_object_list(box, src=0)
         chosen = box[0]
     return chosen
-
-
-def unwrap_optimizer(optimizer: Any) -> torch.optim.Optimizer:
-    """The ``torch.optim.Optimizer`` inside a framework wrapper (``.optimizer`` chains).
-
-    accelerate's ``AcceleratedOptimizer`` and Lightning's ``LightningOptimizer`` both keep the
-    real optimizer in ``.optimizer``; the collector hooks the real one, whose ``step()`` the
-    wrapper calls.
-    """
-    for _ in range(8):  # AcceleratedOptimizer subclasses Optimizer without its hook state
-        inner = getattr(optimizer, "optimizer", None)
-        if inner is None or inner is optimizer:
-            break
-        optimizer = inner
-    if not isinstance(optimizer, torch.optim.Optimizer):
-        raise Refusal(
-            "integration_optimizer_unsupported",
-            f"{type(optimizer).__name__} is neither a torch.optim.Optimizer nor wraps one in "
-            "`.optimizer`",
-            ["use a torch.optim optimizer (or a wrapper exposing it as .optimizer)"],
-        )
-    return optimizer
 
 
 @dataclass
@@ -189,20 +166,21 @@ class TrainerSession:
         """Open the collector at the trainer's current optimizer step ``trainer_step``.
 
         ``trainer_step > 0`` (a run resumed from a checkpoint) appends a segment to the existing
-        artifact; its steps continue at ``trainer_step``. Rank 0 announces the run directory.
+        artifact whose steps continue at ``trainer_step`` (``WatchSettings.resume_step``): steps
+        recorded after an earlier checkpoint are superseded by the new segment, never duplicated.
+        Rank 0 announces the run directory.
         """
         if self.collector is not None and not self.collector.closed:
             return self.collector
         settings = self.settings or WatchSettings()
         out = settings.output_dir or (None if default_dir is None else str(default_dir))
         resume = trainer_step > 0 and out is not None and _has_artifact(out)
-        if resume:
-            _check_resume_point(_rank_dir(out), trainer_step)
         settings = dataclasses.replace(
             settings,
             output_dir=out,
             run_id=None if resume else shared_run_id(settings.run_id),
             resume=resume,
+            resume_step=trainer_step if resume else None,
         )
         self.collector = HistoryCollector(
             model, sites=self.sites, streams=self.streams, cadence=self.cadence, settings=settings
@@ -254,7 +232,7 @@ class TrainerSession:
         number (e.g. an artifact whose last committed step is not the checkpoint's).
         """
         collector = self._require()
-        manager = collector.step(unwrap_optimizer(optimizer), scaler=scaler, epoch=epoch)
+        manager = collector.step(optimizer, scaler=scaler, epoch=epoch)
         txn = manager.__enter__()
         if txn.step != trainer_step:
             try:
@@ -366,31 +344,6 @@ class TrainerSession:
                 ["start training with the callback in the trainer's callbacks"],
             )
         return self.collector
-
-
-def _rank_dir(out: str | Path) -> Path:
-    """The directory the collector writes on this rank (``rank<k>`` under a process group)."""
-    dist = torch.distributed
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        return Path(out) / f"rank{dist.get_rank():03d}"
-    return Path(out)
-
-
-def _check_resume_point(path: Path, trainer_step: int) -> None:
-    """Refuse before training when the artifact cannot continue at the checkpoint's step."""
-    steps = open_history(path).steps
-    last = int(steps[-1]) if len(steps) else -1
-    if last + 1 != trainer_step:
-        raise Refusal(
-            "integration_step_mismatch",
-            f"the checkpoint resumes at optimizer step {trainer_step} but the stepscope artifact "
-            f"at {path} continues at step {last + 1} (resuming at an earlier checkpoint step "
-            "needs the collector's resume-at-step support)",
-            [
-                "resume from the checkpoint of the artifact's last committed step",
-                "or record into a new output_dir",
-            ],
-        )
 
 
 def _has_artifact(path: str | Path) -> bool:

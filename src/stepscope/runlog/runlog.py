@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -45,10 +45,10 @@ from stepscope.history import (
     StepTruth,
 )
 from stepscope.runlog.clocks import ClockRow, StepClock
-from stepscope.runlog.evals import EvalRecord
-from stepscope.runlog.names import CLOCK_ELAPSED, CLOCK_TELEMETRY, CLOCK_TRAINING, eval_scalar
-from stepscope.runlog.pending import PendingStep, _host_or_tensor, _to_host_all
+from stepscope.runlog.names import CLOCK_ELAPSED, CLOCK_TELEMETRY, CLOCK_TRAINING
+from stepscope.runlog.pending import PendingStep
 from stepscope.runlog.sink import ArtifactRows, MemoryRows, write_summary
+from stepscope.runlog.userlog import UserLog, make_eval, write_eval  # noqa: F401  (re-exported)
 from stepscope.runlog.view import RunView
 
 _UNKNOWN_TRUTH = StepTruth()  # frozen: one shared record
@@ -70,45 +70,7 @@ def write_clock_rows(sink: Any, rows: list[ClockRow]) -> None:
             sink.write_scalar(name, r.step, value)
 
 
-def write_eval(sink: Any, rec: EvalRecord) -> None:
-    """One evaluation: its ``eval/<split>/<metric>`` scalar rows and its ``evals.log`` line."""
-    for metric, value in rec.metrics.items():
-        sink.write_scalar(eval_scalar(rec.split, metric), rec.optimizer_step, value)
-    sink.write_eval(rec)
-
-
-def make_eval(
-    split: str,
-    metrics: Mapping[str, Any],
-    *,
-    step: int,
-    examples_seen: int | None,
-    epoch: int | None,
-    sample_count: int | None,
-    data_hash: str | None,
-    endpoint: bool,
-) -> EvalRecord:
-    """An :class:`EvalRecord` from host or device values (tensors: one transfer per device)."""
-    if not isinstance(metrics, Mapping):
-        raise Refusal("runlog_value_invalid", "metrics must be a mapping name -> value.", [])
-    values = {k: _host_or_tensor(v, f"metric {k!r}") for k, v in metrics.items()}
-    tensors = [k for k, v in values.items() if isinstance(v, torch.Tensor)]
-    for k, v in zip(tensors, _to_host_all([values[k] for k in tensors])):  # type: ignore[misc]
-        values[k] = v
-    return EvalRecord(
-        split,
-        values,  # type: ignore[arg-type]
-        optimizer_step=step,
-        examples_seen=examples_seen,
-        epoch=epoch,
-        sample_count=sample_count,
-        data_hash=data_hash,
-        endpoint=endpoint,
-        wall_time=time.time(),
-    )
-
-
-class RunLog:
+class RunLog(UserLog):
     """Per-step user scalars, evaluations, clocks and branch activity for any training loop.
 
     Parameters
@@ -181,62 +143,16 @@ class RunLog:
         if self._closed:
             raise Refusal("runlog_closed", "this RunLog is closed.", ["create a new RunLog"])
 
-    # -- logging --------------------------------------------------------------------------
-    def log(self, name: str, value: Any, step: int | None = None) -> None:
-        """A scalar for the current step (or an explicit earlier/later ``step``).
+    # -- logging (UserLog: log, log_mask, log_eval) ---------------------------------------
+    def _charge(self, seconds: float) -> None:
+        self._telemetry += seconds
 
-        Tensors stay on their device until the step boundary (one transfer per device).
-        """
-        t0 = self._timer()
-        self._check_open()
-        self._pending.add_scalar(name, value, step)
-        self._telemetry += self._timer() - t0
+    def _eval_coordinate(self) -> tuple[int, int | None]:
+        return self._step, self._examples_seen
 
-    def log_mask(
-        self,
-        name: str,
-        active_mask: Any,
-        *,
-        branch_dim: int | None = None,
-        nominal_macs_per_unit: float | None = None,
-    ) -> None:
-        """Branch activity of the current step (see :meth:`PendingStep.add_mask`)."""
-        t0 = self._timer()
-        self._check_open()
-        self._pending.add_mask(
-            name, active_mask, branch_dim=branch_dim, nominal_macs_per_unit=nominal_macs_per_unit
-        )
-        self._telemetry += self._timer() - t0
-
-    def log_eval(
-        self,
-        split: str,
-        metrics: Mapping[str, Any],
-        *,
-        sample_count: int | None = None,
-        data_hash: str | None = None,
-        endpoint: bool = False,
-        epoch: int | None = None,
-    ) -> EvalRecord:
-        """Record one evaluation of ``split`` at the current training coordinate.
-
-        ``epoch`` is your own count (``None``: not recorded). Returns the stored record.
-        """
-        t0 = self._timer()
-        self._check_open()
-        rec = make_eval(
-            split,
-            metrics,
-            step=self._step,
-            examples_seen=self._examples_seen,
-            epoch=epoch,
-            sample_count=sample_count,
-            data_hash=data_hash,
-            endpoint=endpoint,
-        )
-        write_eval(self.sink, rec)
-        self._telemetry += self._timer() - t0
-        return rec
+    @property
+    def _log_sink(self) -> Any:
+        return self.sink
 
     # -- steps ----------------------------------------------------------------------------
     @contextmanager

@@ -198,9 +198,18 @@ class UpdateRatioCheck(Check):
     Each ratio is also published as a ``scalar`` event ``"update_ratio/{site}"`` (source
     ``check``); a zero parameter norm gives an ``unavailable`` event
     (``undefined_zero_parameter_norm``), never an infinite or zero ratio.
+
+    Like is compared with like. An exact update (``estimated=False``) gives
+    ``l2(update) / l2(parameter)``. An update reduced from a seeded sample of ``k`` of the
+    parameter's ``n`` elements (``estimated=True``) has the l2 norm of the *sample*, which is
+    ``sqrt(k/n)`` times too small for the whole tensor; its ratio is then the ratio of
+    root-mean-squares ``rms(update sample) / rms(parameter)`` with ``rms = sqrt(mean**2 + std**2)``
+    over the finite elements, which estimates the same l2 ratio (``sum(u**2)/n`` is estimated
+    without bias by ``sum(u_sample**2)/k``). The derived scalar then carries ``estimated=True``.
     """
 
     name = "update_ratio"
+    _FIELDS = (SpineScalar.L2.value, SpineScalar.MEAN.value, SpineScalar.STD.value)
 
     def __init__(
         self,
@@ -212,31 +221,59 @@ class UpdateRatioCheck(Check):
         super().__init__(action)
         self.lower, self.upper = float(lower), float(upper)
         self.parameter_phase = None if parameter_phase is None else Phase(parameter_phase)
-        self._pending: dict[tuple[int, str], dict[str, ObserverEvent]] = {}
+        # (step, site) -> role -> field -> event (l2, mean, std of one row)
+        self._pending: dict[tuple[int, str], dict[str, dict[str, ObserverEvent]]] = {}
+        self._done: set[tuple[int, str]] = set()  # compared already: later fields are ignored
 
     def evaluate(self, events: Sequence[ObserverEvent]) -> list[Finding | ObserverEvent]:
         """Pair update and parameter norms (across publishes of the same step) and compare."""
         out: list[Finding | ObserverEvent] = []
+        streams = frozenset({Stream.UPDATE, Stream.PARAMETER})
         for e in events:
-            if not _scalar(e, SpineScalar.L2, frozenset({Stream.UPDATE, Stream.PARAMETER})):
-                continue
-            if e.micro_batch is not None:
+            if (
+                e.kind is not EventKind.SCALAR
+                or e.source is not EventSource.SPINE
+                or e.field not in self._FIELDS
+                or e.stream not in streams
+                or e.micro_batch is not None
+            ):
                 continue
             role = "update" if e.stream is Stream.UPDATE else "parameter"
             if role == "parameter" and self.parameter_phase not in (None, e.phase):
                 continue
-            slot = self._pending.setdefault((e.optimizer_step, e.site), {})  # type: ignore[arg-type]
-            slot.setdefault(role, e)
-            if len(slot) == 2:
-                del self._pending[(e.optimizer_step, e.site)]  # type: ignore[arg-type]
+            key = (e.optimizer_step, e.site)
+            if key in self._done:
+                continue
+            slot = self._pending.setdefault(key, {})  # type: ignore[arg-type]
+            fields = slot.setdefault(role, {})
+            if e.field in fields:
+                continue  # the first row of a role at this step is the one compared
+            fields[e.field] = e
+            if self._complete(slot):
+                del self._pending[key]  # type: ignore[arg-type]
+                self._done.add(key)  # type: ignore[arg-type]
                 out.extend(self._compare(slot["update"], slot["parameter"]))
         if events:  # give up on halves of steps older than the previous one
             newest = max(e.optimizer_step for e in events)
+            self._done = {k for k in self._done if k[0] >= newest - 1}
             for key in [k for k in self._pending if k[0] < newest - 1]:
                 half = self._pending.pop(key)
                 if "update" in half:  # an update whose weight norm never came: say so
-                    out.append(self._missing(half["update"], "parameter_norm_not_observed"))
+                    upd = next(iter(half["update"].values()))
+                    out.append(self._missing(upd, "parameter_norm_not_observed"))
         return out
+
+    def _complete(self, slot: dict[str, dict[str, ObserverEvent]]) -> bool:
+        upd, par = slot.get("update"), slot.get("parameter")
+        if upd is None or par is None:
+            return False
+        need = self._FIELDS if any(e.estimated for e in upd.values()) else self._FIELDS[:1]
+        return all(f in upd and f in par for f in need)
+
+    @staticmethod
+    def _rms(fields: dict[str, ObserverEvent]) -> float:
+        mean, std = fields[SpineScalar.MEAN.value].value, fields[SpineScalar.STD.value].value
+        return math.sqrt(mean * mean + std * std)  # type: ignore[operator]
 
     def _missing(self, upd: ObserverEvent, reason: str) -> ObserverEvent:
         return ObserverEvent(
@@ -253,7 +290,11 @@ class UpdateRatioCheck(Check):
             source=EventSource.CHECK,
         )
 
-    def _compare(self, upd: ObserverEvent, par: ObserverEvent) -> list[Finding | ObserverEvent]:
+    def _compare(
+        self, upd_fields: dict[str, ObserverEvent], par_fields: dict[str, ObserverEvent]
+    ) -> list[Finding | ObserverEvent]:
+        upd, par = upd_fields[SpineScalar.L2.value], par_fields[SpineScalar.L2.value]
+        estimated = upd.estimated
         common: dict[str, Any] = {
             "optimizer_step": upd.optimizer_step,
             "examples_seen": upd.examples_seen,
@@ -267,14 +308,18 @@ class UpdateRatioCheck(Check):
         name = f"update_ratio/{upd.site}"
         if par.value == 0:
             return [self._missing(upd, "undefined_zero_parameter_norm")]
-        ratio = upd.value / par.value  # type: ignore[operator]
-        derived = ObserverEvent(EventKind.SCALAR, name, value=ratio, **common)
+        if estimated:  # a sample's l2 is not the tensor's: compare per-element rms
+            ratio = self._rms(upd_fields) / self._rms(par_fields)
+        else:
+            ratio = upd.value / par.value  # type: ignore[operator]
+        derived = ObserverEvent(EventKind.SCALAR, name, value=ratio, estimated=estimated, **common)
         out: list[Finding | ObserverEvent] = [derived]
         if not self.lower <= ratio <= self.upper:
             side = "above" if ratio > self.upper else "below"
             msg = (
                 f"update/weight l2 ratio of {upd.site} is {ratio:.4g}, {side} "
                 f"[{self.lower:g}, {self.upper:g}] at step {upd.optimizer_step}"
+                + (" (estimated from a sampled update)" if estimated else "")
             )
             out.append(Finding(derived, msg, observed=ratio, lower=self.lower, upper=self.upper))
         return out

@@ -1,0 +1,170 @@
+"""Activation sites: the forward hooks of the selected modules.
+
+Which forwards count
+--------------------
+A forward belongs to the step's ``activation`` / ``activation_grad`` rows when it is a
+*training* forward: grad mode on and not ``inference_mode`` where the model itself was called
+(read by a pre-hook on the model, so the ``no_grad`` forward of a reentrant checkpoint inside a
+training forward still counts), not inside a backward (the recompute of activation
+checkpointing runs there), not inside :meth:`HistoryCollector.telemetry` (probes), and the model
+is in training mode or an explicit step transaction is open. Several training forwards of one
+step (micro-batches, a module called twice) merge exactly into one row.
+
+Which tensor, which series
+--------------------------
+The tensor is found by the rule of :mod:`stepscope.collect.capture`; its structural signature
+(dtype and rank, see :func:`~stepscope.collect.sites.output_signature`) names the series. A
+module with no tensor output is ``unsupported`` (``no_tensor_output``); a module that has not
+run by the end of a due step is registered with signature ``not_run`` and recorded
+``site_absent`` (that series ends with reason ``first_run`` when it does run).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Protocol
+
+import torch
+
+from stepscope.collect.capture import in_backward, module_output
+from stepscope.collect.sites import (
+    ACTIVATION_STREAMS,
+    NO_TENSOR,
+    NOT_RUN,
+    ROOT_SITE,
+    Row,
+    output_signature,
+)
+from stepscope.collect.stepstate import StepState
+
+
+class SiteHost(Protocol):
+    """What the activation hooks need from their collector."""
+
+    _state: StepState | None
+    catalog: Any
+
+    def _forward_may_count(self) -> bool: ...
+    def _reduce(self, row: Row, tensor: torch.Tensor) -> None: ...
+    def _check_structure(self) -> None: ...
+
+
+class ActivationSites:
+    """Forward hooks (one per selected module, two on the model) and the activation rows."""
+
+    def __init__(
+        self,
+        host: SiteHost,
+        model: torch.nn.Module,
+        modules: Sequence[tuple[str, torch.nn.Module]],
+        rows: Sequence[Row],
+        output_keys: Mapping[str, str],
+    ) -> None:
+        self.host, self.model = host, model
+        self.rows: dict[int, dict[str, Row]] = {}  # id(module) -> {stream: row}
+        for r in rows:
+            if r.stream in ACTIVATION_STREAMS:
+                self.rows.setdefault(id(r.module), {})[r.stream] = r
+        #: qualified name -> the module object the rows are bound to
+        self.bound = {name or ROOT_SITE: module for name, module in modules}
+        self.keys = {
+            site: next((k for g, k in output_keys.items() if fnmatch.fnmatchcase(site, g)), None)
+            for site in self.bound
+        }
+        self._handles: dict[int, Any] = {}
+        self._root: list[Any] = []
+        self._depth, self._root_grad = 0, True
+
+    def attach(self) -> None:
+        """Register the hooks (the model's own pre/post hooks track where it was called)."""
+        for module in self.bound.values():
+            self._hook(module)
+        self._root = [
+            self.model.register_forward_pre_hook(self._enter),
+            self.model.register_forward_hook(self._exit, always_call=True),
+        ]
+
+    def _hook(self, module: torch.nn.Module) -> None:
+        if id(module) in self.rows and id(module) not in self._handles:
+            self._handles[id(module)] = module.register_forward_hook(self._forward_hook)
+
+    def remove(self) -> None:
+        """Remove every hook (idempotent)."""
+        for h in [*self._root, *self._handles.values()]:
+            h.remove()
+        self._root, self._handles = [], {}
+
+    def _enter(self, _module: torch.nn.Module, _inputs: Any) -> None:
+        self._depth += 1
+        if self._depth == 1:
+            self._root_grad = torch.is_grad_enabled() and not torch.is_inference_mode_enabled()
+            state = self.host._state
+            if state is not None and not state.structure_checked:
+                self.host._check_structure()  # model surgery, before the step's first forward
+
+    def _exit(self, *_args: Any) -> None:
+        self._depth = max(0, self._depth - 1)
+
+    def training_forward(self) -> bool:
+        """Whether a forward running now is a training forward of the current step."""
+        if in_backward() or torch.is_inference_mode_enabled():
+            return False
+        grad = self._root_grad if self._depth else torch.is_grad_enabled()
+        return grad and self.host._forward_may_count()
+
+    def _forward_hook(self, module: torch.nn.Module, _inputs: Any, output: Any) -> None:
+        if not self.training_forward():
+            return
+        rows = self.rows[id(module)]
+        state = self.host._state
+        if not any(state.spine_due[r.stream] for r in rows.values()) and all(
+            r.signature is not None for r in rows.values()
+        ):
+            return  # nothing due and already discovered: structure is checked on observed steps
+        t, reason = module_output(output, self.keys.get(next(iter(rows.values())).site))
+        self.bind(rows.values(), NO_TENSOR if t is None else output_signature(t), state.step)
+        if t is None:
+            for r in rows.values():
+                state.unsupported[r.index] = reason
+            return
+        row = rows.get("activation")
+        if row is not None:
+            self.host._reduce(row, t)
+        grow = rows.get("activation_grad")
+        if grow is not None and t.requires_grad and state.spine_due["activation_grad"]:
+            t.register_hook(lambda g, grow=grow: self.host._reduce(grow, g))
+        for r in rows.values():
+            r.numel = t.numel()
+
+    def bind(self, rows: Iterable[Row], sig: str, step: int) -> None:
+        """Register rows under ``sig``: discovery, or a structural change (a new series)."""
+        catalog = self.host.catalog
+        for row in rows:
+            if row.signature == sig:
+                continue
+            if row.signature == NOT_RUN and row.site_id is not None:
+                catalog.end_site(row.site_id, step, "first_run")
+            row.signature = sig
+            row.site_id = catalog.register_site(row.site, row.module_type, sig, step=step)
+
+    def register_not_run(self, state: StepState) -> None:
+        """Give sites that have not run a series, so they are recorded ``site_absent``."""
+        for rows in self.rows.values():
+            todo = [r for r in rows.values() if r.site_id is None and state.spine_due[r.stream]]
+            if todo:
+                self.bind(todo, NOT_RUN, state.step)
+
+    def rebind(self, name: str, new: torch.nn.Module | None) -> list[Row]:
+        """Move the hooks of module ``name`` to its replacement; returns its activation rows."""
+        old = self.bound.pop(name)
+        handle = self._handles.pop(id(old), None)
+        if handle is not None:
+            handle.remove()
+        rows = self.rows.pop(id(old), {})
+        if new is not None:
+            self.bound[name] = new
+            if rows:
+                self.rows[id(new)] = rows
+                self._hook(new)
+        return list(rows.values())

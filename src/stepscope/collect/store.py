@@ -1,0 +1,86 @@
+"""Where a collector's steps go: a disk-first artifact (``output_dir``) or a RAM ring.
+
+:func:`open_store` builds the run record (fingerprint, descriptor, cadences, streams) and the
+writer, ring and site catalog that the collector writes through.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from stepscope.collect.resume import artifact_run_id, resumed_examples_seen
+from stepscope.collect.settings import Cadence, WatchSettings
+from stepscope.collect.sites import SiteCatalog
+from stepscope.history import ArtifactWriter, RunRecord, StepRing, model_fingerprint
+
+
+@dataclass
+class Store:
+    """The opened destination of a collector."""
+
+    run: RunRecord
+    ring: StepRing
+    catalog: Any  # ArtifactWriter (disk) or SiteCatalog (RAM): both register and end sites
+    writer: ArtifactWriter | None
+    path: Path | None
+    next_step: int  # 0, or the step after the last committed one when resuming
+    examples_seen: int | None = 0  # examples consumed before next_step (None: unknown)
+
+
+def open_store(
+    model: torch.nn.Module,
+    settings: WatchSettings,
+    streams: Sequence[str],
+    cadences: Mapping[str, Cadence],
+    auto: Any,
+) -> Store:
+    """Open the artifact (or RAM ring) a collector of ``model`` writes to."""
+    s = settings
+    rank, world = 0, 1
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
+    device = next((str(p.device) for p in model.parameters()), "cpu")
+    run = RunRecord.new(
+        run_id=s.run_id,
+        model_fingerprint=model_fingerprint(model),
+        histogram_descriptor=s.descriptor.to_dict(),
+        cadences={k: c.spine for k, c in cadences.items() if isinstance(c.spine, int)},
+        device=device,
+        rank=rank,
+        world_size=world,
+        extra={
+            **dict(s.extra),
+            "cadences": {k: c.describe() for k, c in cadences.items()},
+            "auto_cadence": None if auto is None else asdict(auto),
+            "streams": list(streams),
+            "update_sample_size": s.update_sample_size,
+            "update_seed": s.update_seed,
+        },
+    )
+    if not s.output_dir:
+        ring = StepRing(s.ram_capacity, s.ram_policy)
+        return Store(run, ring, SiteCatalog(), None, None, 0)
+    path = Path(s.output_dir) / (f"rank{rank:03d}" if world > 1 else "")
+    ring = StepRing(s.ram_capacity, "refuse", disk_backed=True)
+    if s.resume and s.run_id is None:
+        run = replace(run, run_id=artifact_run_id(path))  # continue the artifact's run
+    writer = ArtifactWriter(
+        path,
+        run,
+        resume=s.resume,
+        resume_at_step=s.resume_step,
+        commit_steps=s.commit_steps,
+        commit_seconds=s.commit_seconds,
+        durable=s.durable,
+        ring=ring,
+    )
+    if not s.resume:
+        return Store(run, ring, writer, writer, path, 0)
+    step = int(writer.run.resumed_at_step or 0)
+    seen = resumed_examples_seen(step, writer.resumed_after, s.resume_examples_seen)
+    return Store(writer.run, ring, writer, writer, path, step, seen)

@@ -1,0 +1,141 @@
+"""Model surgery: find selected modules and parameters that were replaced or removed.
+
+The collector binds each row to an object (a module, a parameter). Before a step's first
+forward it asks :func:`find_changes` whether the model still holds those objects under the
+same qualified names; a replaced object ends its series (``ended_reason`` ``module_replaced``,
+``parameter_replaced``, ``module_removed`` or ``parameter_removed``) and, when a replacement
+exists, a new series starts on it.
+
+Example
+-------
+>>> import torch
+>>> m = torch.nn.Sequential(torch.nn.Linear(2, 2))
+>>> bound = {"0": m[0]}
+>>> m[0] = torch.nn.Linear(2, 2)
+>>> [(c.name, c.reason) for c in find_changes(m, bound, [])]
+[('0', 'module_replaced')]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from stepscope.collect.sites import ROOT_SITE, Row, param_signature, update_indices
+
+
+@dataclass(frozen=True)
+class Change:
+    """One replaced or removed object: its name, why, and the replacement (``None``: gone)."""
+
+    name: str
+    reason: str
+    replacement: Any
+
+
+def _lookup(model: torch.nn.Module, name: str) -> torch.nn.Module | None:
+    if name in ("", ROOT_SITE):
+        return model
+    try:
+        return model.get_submodule(name)
+    except AttributeError:
+        return None
+
+
+def find_changes(
+    model: torch.nn.Module, modules: Mapping[str, torch.nn.Module], param_rows: Sequence[Row]
+) -> list[Change]:
+    """Modules (by qualified name) and parameter rows no longer bound to the same object."""
+    out = []
+    for name, module in modules.items():
+        now = _lookup(model, name)
+        if now is not module:
+            out.append(Change(name, "module_removed" if now is None else "module_replaced", now))
+    seen = set()
+    for r in param_rows:
+        if r.site in seen or r.param is None or r.attr is None:
+            continue
+        seen.add(r.site)
+        now = r.module._parameters.get(r.attr)
+        if now is not r.param:
+            reason = "parameter_removed" if now is None else "parameter_replaced"
+            out.append(Change(r.site, reason, now))
+    return out
+
+
+class StructureWatch:
+    """Applies :func:`find_changes` to a collector's rows: ends series, rebinds, retires.
+
+    Parameters
+    ----------
+    model, rows, sites
+        The watched model, all rows, and the :class:`~stepscope.collect.activations.ActivationSites`.
+    catalog
+        Where series are registered and ended.
+    by_stream
+        The collector's per-stream row lists (a row whose parameter is gone leaves them).
+    sample_size, seed
+        The update channel's sampling (a new parameter gets its own indices).
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        rows: Sequence[Row],
+        sites: Any,
+        catalog: Any,
+        by_stream: dict[str, list[Row]],
+        sample_size: int,
+        seed: int,
+    ) -> None:
+        self.model, self.rows, self.sites, self.catalog = model, rows, sites, catalog
+        self.by_stream, self.sample_size, self.seed = by_stream, sample_size, seed
+
+    def check(self, step: int) -> list[Change]:
+        """Find and apply the changes since the last check; series end at ``step``."""
+        params = [r for r in self.rows if r.param is not None]
+        changes = find_changes(self.model, self.sites.bound, params)
+        for change in changes:
+            self._apply(change, step)
+        return changes
+
+    def _apply(self, change: Change, step: int) -> None:
+        new = change.replacement
+        if change.reason.startswith("module"):
+            old = self.sites.bound[change.name]
+            self.sites.rebind(change.name, new)
+            for r in [r for r in self.rows if r.module is old]:
+                self._end(r, step, change.reason)
+                r.module = new
+                if r.param is not None:
+                    self._rebind_param(r, None if new is None else new._parameters.get(r.attr), step)
+                elif new is not None:
+                    r.module_type, r.signature = type(new).__name__, None  # rediscovered
+            return
+        for r in self.rows:
+            if r.param is not None and r.site == change.name:
+                self._end(r, step, change.reason)
+                self._rebind_param(r, new, step)
+
+    def _end(self, row: Row, step: int, reason: str) -> None:
+        if row.site_id is not None and self.catalog.sites[row.site_id].ended_step is None:
+            self.catalog.end_site(row.site_id, step, reason)
+        row.site_id = None
+
+    def _rebind_param(self, row: Row, param: Any, step: int) -> None:
+        row.param = param
+        if param is None:  # gone: the row retires (no new series)
+            self.by_stream[row.stream] = [r for r in self.by_stream[row.stream] if r is not row]
+            return
+        row.numel, row.signature = param.numel(), param_signature(param)
+        row.module_type = type(row.module).__name__
+        row.site_id = self.catalog.register_site(
+            row.site, row.module_type, row.signature, step=step
+        )
+        if row.stream == "update":
+            row.update_index = update_indices(
+                row.site, param.numel(), self.sample_size, self.seed, param.device
+            )
