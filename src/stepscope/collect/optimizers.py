@@ -85,8 +85,15 @@ def unwrap_optimizer(optimizer: Any) -> torch.optim.Optimizer:
     return current
 
 
-def closure_of(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Callable[[], Any] | None:
-    """The closure passed to ``optimizer.step`` (positional or keyword), if any."""
+def closure_of(
+    optimizer: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Callable[[], Any] | None:
+    """The closure passed to ``optimizer.step`` (positional or keyword), if any.
+
+    A step hook's ``args`` start with the optimizer itself (``step``'s ``self``).
+    """
+    if args and args[0] is optimizer:
+        args = args[1:]
     closure = args[0] if args else kwargs.get("closure")
     return closure if callable(closure) else None
 
@@ -118,7 +125,7 @@ class OptimizerWatch:
         self._refresh()
         self._grad_handles: list[Any] = []
         self.handles = [
-            optimizer.register_step_pre_hook(lambda _o, a, k: on_pre(self, closure_of(a, k))),
+            optimizer.register_step_pre_hook(lambda o, a, k: on_pre(self, closure_of(o, a, k))),
             optimizer.register_step_post_hook(lambda _o, _a, _k: on_post(self)),
         ]
 
