@@ -111,14 +111,6 @@ def recorded(tmp_path_factory):
     return {"run": str(root / "stepscope"), "oracle": oracle, "model": model, "trainer": trainer}
 
 
-CLOSURE_FIX = pytest.mark.xfail(
-    strict=True,
-    reason="collector fix pending (branch i14b, issue 14 finding 2): Lightning runs the last "
-    "micro-batch's backward inside optimizer.step(closure), after the pre-step hook",
-)
-
-
-@CLOSURE_FIX
 def test_gradient_rows_equal_the_gradient_the_optimizer_consumed(recorded):
     assert len(recorded["oracle"].grads) == EPOCHS * STEPS_PER_EPOCH
     assert_gradients_match(recorded["oracle"].grads, recorded["run"])
@@ -189,14 +181,6 @@ def test_fit_stop_resume_is_one_artifact_with_ancestry(tmp_path):
     assert main(["verify", str(run)]) == 0
 
 
-RESUME_FIX = pytest.mark.xfail(
-    strict=True,
-    reason="collector fix pending (branch i14, issue 14 finding 8): resume at a declared "
-    "checkpoint step, and examples_seen continuing across segments",
-)
-
-
-@RESUME_FIX
 def test_resumed_segment_continues_examples_seen(tmp_path):
     fit(tmp_path, [StepscopeCallback(settings=ss.WatchSettings(durable=False))], epochs=1,
         enable_checkpointing=True)
@@ -210,13 +194,12 @@ def test_resumed_segment_continues_examples_seen(tmp_path):
     ).tolist()
 
 
-@RESUME_FIX
 def test_resume_from_an_earlier_checkpoint_rewinds_to_its_step(tmp_path):
     """Steps recorded after the checkpoint (a crash later) are superseded, never duplicated."""
     every3 = pl.callbacks.ModelCheckpoint(dirpath=tmp_path / "ck", every_n_train_steps=3,
                                           save_top_k=-1)
     cb = StepscopeCallback(settings=ss.WatchSettings(durable=False))
-    fit(tmp_path, [cb, every3], epochs=2, max_steps=5)
+    fit(tmp_path, [cb, every3], epochs=2, max_steps=5, enable_checkpointing=True)
     ckpt = next((tmp_path / "ck").glob("*step=3*.ckpt"))
     cb2 = StepscopeCallback(settings=ss.WatchSettings(durable=False))
     fit(tmp_path, [cb2], epochs=2, ckpt_path=str(ckpt))

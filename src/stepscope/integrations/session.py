@@ -316,7 +316,8 @@ class TrainerSession:
         last = getattr(collector, "last_block", None)
         seen = 0 if last is None else (last.examples_seen or 0)
         epoch = -1 if last is None or last.epoch is None else last.epoch
-        record = plan.probe.measure(self._model, step=step, examples_seen=seen, epoch=epoch)
+        with collector.telemetry():  # charged to telemetry time; its forwards are not the step's
+            record = plan.probe.measure(self._model, step=step, examples_seen=seen, epoch=epoch)
         plan.probe_seconds.append(float(record.cost.get("seconds", math.nan)))
         if collector.writer is not None:
             write_probe_record(collector.writer, record)
