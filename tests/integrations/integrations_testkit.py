@@ -26,12 +26,14 @@ def grad_facts(model: torch.nn.Module) -> dict[str, tuple[float, ...]]:
     return out
 
 
-def recorded_gradients(run: str, names: list[str]) -> dict[int, dict[str, tuple[float, ...]]]:
+def recorded_gradients(
+    run: str, names: list[str], phase: str | None = None
+) -> dict[int, dict[str, tuple[float, ...]]]:
     """step -> name -> the five gradient facts stepscope recorded (observed rows only)."""
     reader = ss.open_history(run)
     out: dict[int, dict[str, tuple[float, ...]]] = {}
     for name in names:
-        cols = [reader.series(name, "gradient", f) for f in FIELDS]
+        cols = [reader.series(name, "gradient", f, phase=phase) for f in FIELDS]
         for i, step in enumerate(cols[0].steps.tolist()):
             if cols[0].valid[i]:
                 out.setdefault(step, {})[name] = tuple(float(c.values[i]) for c in cols)
