@@ -8,6 +8,9 @@ without stepscope.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -153,3 +156,29 @@ def test_train_stop_resume_is_one_artifact_with_ancestry(tmp_path):
     names = sorted(oracle.grads[0])
     got = reader.series(names[0], "gradient", "sum_squares", steps=(3, 5))
     np.testing.assert_allclose(got.values, [g[names[0]][2] for g in oracle.grads], rtol=1e-5)
+
+
+@pytest.mark.slow
+def test_torchrun_two_ranks_write_segments_of_one_run_that_merge(tmp_path):
+    script = Path(__file__).with_name("transformers_ddp_script.py")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(script.parent)}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"]
+    done = subprocess.run(
+        [*cmd, str(script), str(tmp_path)],
+        capture_output=True, text=True, timeout=300, env=env, cwd=script.parent,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert done.stdout.count("stepscope: run") == 1  # rank 0 alone says where the run is
+    ranks = [tmp_path / "stepscope" / f"rank{r:03d}" for r in range(2)]
+    readers = [ss.open_history(p) for p in ranks]
+    assert [(h.run.rank, h.run.world_size) for h in readers] == [(0, 2), (1, 2)]
+    assert len({h.run.run_id for h in readers}) == 1
+    per_rank = N_TRAIN // 2 // BATCH  # 5 batches per rank: steps of 4 and 1 micro-batches
+    for h in readers:
+        assert [b.truth.micro_batches for b in h.step_blocks()] == [ACCUMULATE, per_rank - ACCUMULATE]
+    assert main(["merge", *map(str, ranks), "--out", str(tmp_path / "merged")]) == 0
+    merged = ss.open_history(tmp_path / "merged")
+    assert [b.examples_seen for b in merged.step_blocks()] == [2 * 16, 2 * 20]
+    for field in ("total", "finite", "zero"):
+        want = sum(h.series("lm_head", "activation", field).values for h in readers)
+        np.testing.assert_array_equal(merged.series("lm_head", "activation", field).values, want)
