@@ -306,25 +306,27 @@ class ScalerOracle(Oracle):
         self.finite.append(all(bool(torch.isfinite(g).all()) for g in grads))
 
 
-def _amp_fit(root: Path) -> tuple[ScalerOracle, list]:
+@pytest.fixture(scope="module")
+def amp_run(tmp_path_factory) -> tuple[ScalerOracle, list, Path]:
+    root = tmp_path_factory.mktemp("amp")
     # fp16 autocast on CPU with a GradScaler whose first scale overflows: steps skip and apply
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0**18, growth_interval=1)
     plugin = pl.plugins.precision.MixedPrecision("16-mixed", "cpu", scaler=scaler)
     oracle = ScalerOracle()
     cb = StepscopeCallback(cadence=1, settings=ss.WatchSettings(durable=False))
     fit(root, [cb, oracle], plugins=[plugin])
-    return oracle, ss.open_history(root / "stepscope").step_blocks()
+    return oracle, ss.open_history(root / "stepscope").step_blocks(), root / "stepscope"
 
 
-def test_amp_scale_in_force_and_skipped_steps_are_recorded(tmp_path):
-    oracle, blocks = _amp_fit(tmp_path)
+def test_amp_scale_in_force_and_skipped_steps_are_recorded(amp_run):
+    oracle, blocks, run = amp_run
     assert True in oracle.finite and False in oracle.finite  # the run exercises both
     assert [b.truth.scale for b in blocks] == oracle.scales
     assert [b.truth.applied.value for b in blocks] == ["yes" if f else "no" for f in oracle.finite]
     applied = [i for i, f in enumerate(oracle.finite) if f]
     assert {blocks[i].truth.unscaled.value for i in applied} == {"yes"}
     names = sorted(oracle.grads[0])  # skipped steps' gradients are read as left ("backward")
-    recorded = recorded_gradients(str(tmp_path / "stepscope"), names, phase="pre_step")
+    recorded = recorded_gradients(str(run), names, phase="pre_step")
     for i in applied:  # what the optimizer consumed: unscaled gradients
         for name, want in oracle.grads[i].items():
             np.testing.assert_allclose(recorded[i][name][1:], want[1:], rtol=1e-5, atol=1e-7)
@@ -335,7 +337,7 @@ def test_amp_scale_in_force_and_skipped_steps_are_recorded(tmp_path):
     reason="collector (issue 14, scaler status): after a skipped scaler step the gradients "
     "Lightning unscaled before the skip are stamped unscaled=no",
 )
-def test_amp_skipped_steps_say_their_gradients_were_unscaled(tmp_path):
-    oracle, blocks = _amp_fit(tmp_path)
+def test_amp_skipped_steps_say_their_gradients_were_unscaled(amp_run):
+    oracle, blocks, _ = amp_run
     skipped = [i for i, f in enumerate(oracle.finite) if not f]
     assert {blocks[i].truth.unscaled.value for i in skipped} == {"yes"}
