@@ -14,12 +14,9 @@ import numpy as np
 import pytest
 import torch
 from models import LSTMTagger, ResNetish, TinyGPT
+from stepkit import ce, disk_settings, images, tokens
 
 import stepscope as ss
-
-
-def _settings(tmp_path, name="run"):
-    return ss.WatchSettings(output_dir=str(tmp_path / name), durable=False, commit_steps=1)
 
 
 def _recorded(path, site: str, field: str = "sum_squares"):
@@ -36,7 +33,7 @@ def _closure_loop(model, opt, batches, loss_fn, collector, explicit=True, snapsh
     """A hand-written closure loop; ``snapshots[step][name]`` = grad sum of squares after each
     backward of the step (the last one stays)."""
     names = _named_params(model)
-    for step, (x, y) in enumerate(batches):
+    for x, y in batches:
         consumed: dict[str, float] = {}
 
         def closure(x=x, y=y, consumed=consumed):
@@ -56,30 +53,6 @@ def _closure_loop(model, opt, batches, loss_fn, collector, explicit=True, snapsh
         snapshots.append(consumed)
 
 
-def _ce(out, y):
-    return torch.nn.functional.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1))
-
-
-def _tokens(n, vocab=40, seed=3):
-    g = torch.Generator().manual_seed(seed)
-    lengths = (5, 9, 7, 12, 6, 10, 8)
-    return [
-        (
-            torch.randint(0, vocab, (3, lengths[i % len(lengths)]), generator=g),
-            torch.randint(0, vocab, (3, lengths[i % len(lengths)]), generator=g),
-        )
-        for i in range(n)
-    ]
-
-
-def _images(n, seed=4):
-    g = torch.Generator().manual_seed(seed)
-    return [
-        (torch.randn(4, 3, 8, 8, generator=g), torch.randint(0, 5, (4,), generator=g))
-        for _ in range(n)
-    ]
-
-
 def _assert_consumed(path, model, snapshots, note=True):
     recorded_sites = {site.name for site in ss.open_history(path).sites}
     names = [n for n, _ in _named_params(model) if n in recorded_sites]
@@ -95,7 +68,9 @@ def _assert_consumed(path, model, snapshots, note=True):
     if note:
         obs = ss.open_history(path).observations(stream="gradient")
         observed = [r for r in obs if r.presence.value == "observed"]
-        assert observed and all("gradient_after_closure_backward" in r.disclosures for r in observed)
+        assert observed and all(
+            "gradient_after_closure_backward" in r.disclosures for r in observed
+        )
         assert {r.phase.value for r in observed} == {"pre_step"}
 
 
@@ -105,8 +80,8 @@ def test_lbfgs_records_the_gradient_of_the_steps_last_closure_evaluation(tmp_pat
     model = ResNetish()
     opt = torch.optim.LBFGS(model.parameters(), lr=0.1, max_iter=max_iter, history_size=4)
     snapshots: list[dict[str, float]] = []
-    with ss.HistoryCollector(model, cadence=1, settings=_settings(tmp_path)) as c:
-        _closure_loop(model, opt, _images(6), _ce, c, snapshots=snapshots)
+    with ss.HistoryCollector(model, cadence=1, settings=disk_settings(tmp_path)) as c:
+        _closure_loop(model, opt, images(6), ce, c, snapshots=snapshots)
     _assert_consumed(tmp_path / "run", model, snapshots)
 
 
@@ -117,11 +92,11 @@ def test_hand_written_closure_loop_on_a_gpt_decoder(tmp_path, explicit):
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     snapshots: list[dict[str, float]] = []
     if explicit:
-        c = ss.HistoryCollector(model, cadence=1, settings=_settings(tmp_path))
+        c = ss.HistoryCollector(model, cadence=1, settings=disk_settings(tmp_path))
     else:
-        c = ss.HistoryCollector(model, cadence=1, settings=_settings(tmp_path), optimizer=opt)
+        c = ss.HistoryCollector(model, cadence=1, settings=disk_settings(tmp_path), optimizer=opt)
     with c:
-        _closure_loop(model, opt, _tokens(6), _ce, c, explicit=explicit, snapshots=snapshots)
+        _closure_loop(model, opt, tokens(6), ce, c, explicit=explicit, snapshots=snapshots)
     assert len(ss.open_history(tmp_path / "run").steps) == 6
     _assert_consumed(tmp_path / "run", model, snapshots)
 
@@ -133,9 +108,9 @@ def test_closure_gradients_are_not_stale_at_step_zero(tmp_path):
     model = LSTMTagger()
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
     snapshots: list[dict[str, float]] = []
-    with ss.HistoryCollector(model, cadence=1, settings=_settings(tmp_path)) as c:
+    with ss.HistoryCollector(model, cadence=1, settings=disk_settings(tmp_path)) as c:
         _closure_loop(
-            model, opt, _tokens(4, vocab=30), lambda o, y: _ce(o, y % 4), c, snapshots=snapshots
+            model, opt, tokens(4, vocab=30), lambda o, y: ce(o, y % 4), c, snapshots=snapshots
         )
     rec = _recorded(tmp_path / "run", "emb.weight")
     assert 0 in rec and not math.isnan(rec[0])
@@ -149,8 +124,8 @@ def test_closure_observation_is_pure(tmp_path):
         opt = torch.optim.LBFGS(model.parameters(), lr=0.1, max_iter=2)
         snaps: list = []
         if observe:
-            with ss.HistoryCollector(model, cadence=1, settings=_settings(tmp_path)) as c:
-                _closure_loop(model, opt, _images(3), _ce, c, snapshots=snaps)
+            with ss.HistoryCollector(model, cadence=1, settings=disk_settings(tmp_path)) as c:
+                _closure_loop(model, opt, images(3), ce, c, snapshots=snaps)
         else:
 
             class Null:
@@ -159,7 +134,7 @@ def test_closure_observation_is_pure(tmp_path):
 
                     return contextlib.nullcontext()
 
-            _closure_loop(model, opt, _images(3), _ce, Null(), snapshots=snaps)
+            _closure_loop(model, opt, images(3), ce, Null(), snapshots=snaps)
         return model.state_dict(), opt.state_dict()["state"]
 
     (a, sa), (b, sb) = run(True), run(False)
@@ -195,11 +170,11 @@ def test_an_accelerate_style_wrapper_is_unwrapped(tmp_path):
     opt = AcceleratedLike(torch.optim.AdamW(model.parameters(), lr=1e-3))
     g = torch.Generator().manual_seed(5)
     want = []
-    with ss.HistoryCollector(model, cadence=1, settings=_settings(tmp_path)) as c:
-        for x, y in _images(4):
+    with ss.HistoryCollector(model, cadence=1, settings=disk_settings(tmp_path)) as c:
+        for x, y in images(4):
             with c.step(opt, examples=len(x)):
                 opt.zero_grad()
-                _ce(model(x), y).backward()
+                ce(model(x), y).backward()
                 want.append(float(model.fc.weight.grad.double().pow(2).sum()))
                 opt.step()
     del g
@@ -212,16 +187,25 @@ def test_an_accelerate_style_wrapper_is_unwrapped(tmp_path):
 def test_real_accelerate_optimizer_is_unwrapped(tmp_path):
     accelerate = pytest.importorskip("accelerate")
     torch.manual_seed(0)
-    model = ResNetish()
-    inner = torch.optim.SGD(model.parameters(), lr=0.1)
-    opt = accelerate.optimizer.AcceleratedOptimizer(inner, device_placement=False)
-    with ss.HistoryCollector(model, cadence=1, settings=_settings(tmp_path)) as c:
-        for x, y in _images(2):
-            with c.step(opt, examples=len(x)):
-                opt.zero_grad()
-                _ce(model(x), y).backward()
-                opt.step()
-    assert len(ss.open_history(tmp_path / "run").steps) == 2
+    acc = accelerate.Accelerator(cpu=True)
+    base = ResNetish()
+    model, opt = acc.prepare(base, torch.optim.SGD(base.parameters(), lr=0.1))
+    assert isinstance(opt, accelerate.optimizer.AcceleratedOptimizer)
+    want = []
+    try:
+        with ss.HistoryCollector(model, cadence=1, settings=disk_settings(tmp_path)) as c:
+            for x, y in images(3):
+                with c.step(opt, examples=len(x)):
+                    opt.zero_grad()
+                    acc.backward(ce(model(x), y))
+                    want.append(float(base.fc.weight.grad.double().pow(2).sum()))
+                    opt.step()
+    finally:
+        accelerate.state.AcceleratorState._reset_state(reset_partial_state=True)
+    rec = _recorded(tmp_path / "run", "fc.weight")
+    np.testing.assert_allclose([rec[i] for i in range(3)], want, rtol=1e-9)
+    blocks = ss.open_history(tmp_path / "run").step_blocks()
+    assert [b.truth.applied.value for b in blocks] == ["yes"] * 3
 
 
 def test_an_object_that_wraps_no_optimizer_is_refused(tmp_path):
@@ -231,8 +215,63 @@ def test_an_object_that_wraps_no_optimizer_is_refused(tmp_path):
         def step(self):
             pass
 
-    with ss.HistoryCollector(model, cadence=1, settings=_settings(tmp_path)) as c:
+    with ss.HistoryCollector(model, cadence=1, settings=disk_settings(tmp_path)) as c:
         with pytest.raises(ss.Refusal) as err:
             with c.step(NotAnOptimizer()):
                 pass
         assert err.value.code == "optimizer_unsupported"
+
+
+class LightningLike:
+    """Lightning's ``LightningOptimizer``: the torch optimizer lives in ``._optimizer``."""
+
+    def __init__(self, optimizer):
+        self._optimizer = optimizer
+
+    def step(self, closure=None):
+        return self._optimizer.step(closure=closure)
+
+    def zero_grad(self):
+        self._optimizer.zero_grad()
+
+
+def test_lightning_style_accumulation_with_the_last_backward_inside_step(tmp_path):
+    """Automatic optimization with accumulate_grad_batches=3: the first two micro-batches run
+    their closure (forward + backward) directly, the last one inside ``optimizer.step(closure)``;
+    the transaction spans the window. The recorded gradient is the accumulated one consumed."""
+    torch.manual_seed(0)
+    model = TinyGPT()
+    opt = LightningLike(torch.optim.AdamW(model.parameters(), lr=1e-3))
+    data = tokens(12)
+    named = _named_params(model)
+    consumed: list[dict[str, float]] = []
+    with ss.HistoryCollector(model, cadence=1, settings=disk_settings(tmp_path)) as c:
+        for window in range(4):
+            micro = data[3 * window : 3 * window + 3]
+            with c.step(opt, examples=sum(len(x) for x, _ in micro)):
+                for k, (x, y) in enumerate(micro):
+
+                    def closure(x=x, y=y):
+                        loss = ce(model(x), y) / 3
+                        loss.backward()
+                        return loss
+
+                    if k < 2:
+                        closure()
+                    else:
+                        seen = {}
+
+                        def last(closure=closure, seen=seen):
+                            loss = closure()
+                            for n, p in named:
+                                seen[n] = float(p.grad.double().pow(2).sum())
+                            return loss
+
+                        opt.step(closure=last)
+                        opt.zero_grad()
+                        consumed.append(seen)
+    _assert_consumed(tmp_path / "run", model, consumed)
+    h = ss.open_history(tmp_path / "run")
+    assert h.series("ln_f", "activation", "total").values.tolist() == [
+        float(sum(3 * x.shape[1] * 32 for x, _ in data[3 * w : 3 * w + 3])) for w in range(4)
+    ]

@@ -10,6 +10,14 @@ checkpointing runs there), not inside :meth:`HistoryCollector.telemetry` (probes
 is in training mode or an explicit step transaction is open. Several training forwards of one
 step (micro-batches, a module called twice) merge exactly into one row.
 
+Compiled regions
+----------------
+Inside a region compiled by ``torch.compile`` (either order: compile then collect, or collect
+then compile) the hooks do nothing, so they cause no graph break (``torch._dynamo.explain``
+counts 0 for the collector's hooks); the activation rows of such a step are ``unsupported``
+with reason ``torch_compile``. Gradients, parameters and updates are read by the optimizer's
+hooks outside compiled code and are recorded as usual.
+
 Which tensor, which series
 --------------------------
 The tensor is found by the rule of :mod:`stepscope.collect.capture`; its structural signature
@@ -75,6 +83,8 @@ class ActivationSites:
         self._handles: dict[int, Any] = {}
         self._root: list[Any] = []
         self._depth, self._root_grad = 0, True
+        #: a hook fired while ``torch.compile`` traced the model (set again by every replay)
+        self.compiled = False
 
     def attach(self) -> None:
         """Register the hooks (the model's own pre/post hooks track where it was called)."""
@@ -96,6 +106,8 @@ class ActivationSites:
         self._root, self._handles = [], {}
 
     def _enter(self, _module: torch.nn.Module, _inputs: Any) -> None:
+        if torch.compiler.is_compiling():
+            return
         self._depth += 1
         if self._depth == 1:
             self._root_grad = torch.is_grad_enabled() and not torch.is_inference_mode_enabled()
@@ -104,6 +116,8 @@ class ActivationSites:
                 self.host._check_structure()  # model surgery, before the step's first forward
 
     def _exit(self, *_args: Any) -> None:
+        if torch.compiler.is_compiling():
+            return
         self._depth = max(0, self._depth - 1)
 
     def training_forward(self) -> bool:
@@ -114,6 +128,9 @@ class ActivationSites:
         return grad and self.host._forward_may_count()
 
     def _forward_hook(self, module: torch.nn.Module, _inputs: Any, output: Any) -> None:
+        if torch.compiler.is_compiling():  # inside a compiled region: no graph break, no row
+            self.compiled = True
+            return
         if not self.training_forward():
             return
         rows = self.rows[id(module)]
@@ -147,9 +164,20 @@ class ActivationSites:
                 catalog.end_site(row.site_id, step, "first_run")
             row.signature = sig
             row.site_id = catalog.register_site(row.site, row.module_type, sig, step=step)
+            if sig in (NOT_RUN, NO_TENSOR):
+                row.numel = 0  # nothing is reduced: the plan knows it
 
     def register_not_run(self, state: StepState) -> None:
-        """Give sites that have not run a series, so they are recorded ``site_absent``."""
+        """Give sites that have not run a series, so they are recorded ``site_absent``.
+
+        After a forward compiled by ``torch.compile``, rows not observed this step are
+        ``unsupported`` with reason ``torch_compile`` instead.
+        """
+        if self.compiled:
+            self.compiled = False
+            for rows in self.rows.values():
+                for r in rows.values():
+                    state.unsupported.setdefault(r.index, "torch_compile")
         for rows in self.rows.values():
             todo = [r for r in rows.values() if r.site_id is None and state.spine_due[r.stream]]
             if todo:

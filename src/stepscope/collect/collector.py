@@ -9,15 +9,20 @@ to the history (disk-first artifact or RAM ring) and published on the event stre
 
 Example
 -------
->>> import torch, stepscope as ss
+Record to disk (crash-safe, readable while training runs, no step limit); without
+``output_dir`` a RAM ring holds 256 steps and then refuses ``ring_capacity_exhausted``:
+
+>>> import tempfile, torch, stepscope as ss
 >>> model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
 >>> opt = torch.optim.SGD(model.parameters(), lr=0.1)
->>> with ss.HistoryCollector(model, sites="Linear") as c:
+>>> run_dir = tempfile.mkdtemp()  # e.g. "runs/exp1"
+>>> settings = ss.WatchSettings(output_dir=run_dir)
+>>> with ss.HistoryCollector(model, sites="Linear", settings=settings) as c:
 ...     for _ in range(3):
 ...         with c.step(opt, examples=16):
 ...             loss = model(torch.randn(16, 4)).pow(2).mean()
 ...             opt.zero_grad(); loss.backward(); opt.step()
->>> [b.step_lo for b in c.ring.blocks()]
+>>> ss.open_history(run_dir).steps.tolist()
 [0, 1, 2]
 """
 
@@ -70,6 +75,12 @@ from stepscope.selection import Selector, select_modules
 DEFAULT_STREAMS: tuple[str, ...] = ("activation", "gradient", "parameter", "update")
 
 __all__ = ["DEFAULT_STREAMS", "HistoryCollector", "StepState", "StepTransaction"]
+
+
+def unwrap_compiled(model: torch.nn.Module) -> torch.nn.Module:
+    """The module inside ``torch.compile(model)`` (the model itself when not compiled)."""
+    inner = getattr(model, "_orig_mod", None)
+    return inner if isinstance(inner, torch.nn.Module) else model
 
 
 def _leaf_modules(name: str, module: torch.nn.Module) -> bool:
@@ -150,7 +161,8 @@ class HistoryCollector(UserLog):
             cadence = dict.fromkeys(streams, self.auto.warmup_cadence())
         self.cadences: dict[str, Cadence] = resolve_cadence(cadence, streams)
         self._meter = None if self.auto is None else WarmupMeter(self.auto, streams)
-        self.modules = select_modules(model, sites if sites is not None else _leaf_modules)
+        watched = unwrap_compiled(model)  # torch.compile(model): sites keep their own names
+        self.modules = select_modules(watched, sites if sites is not None else _leaf_modules)
         self.rows: list[Row] = build_rows(self.modules, streams)
         if not self.rows:
             raise Refusal(
@@ -182,7 +194,7 @@ class HistoryCollector(UserLog):
         self._examples_seen: int | None = 0
         self.last_block: StepBlockRecord | None = None
         self.telemetry_seconds = 0.0
-        store = open_store(model, self.settings, streams, self.cadences, self.auto)
+        store = open_store(watched, self.settings, streams, self.cadences, self.auto)
         self.run, self.ring, self.catalog = store.run, store.ring, store.catalog
         self.writer, self.path, self._next_step = store.writer, store.path, store.next_step
         self._examples_seen = store.examples_seen
@@ -191,7 +203,7 @@ class HistoryCollector(UserLog):
         write_summary(self.path, self.clock.summary(closed=False))
         self._register_param_sites()
         self._structure = StructureWatch(
-            model,
+            watched,
             self.rows,
             self._sites,
             self.catalog,
@@ -273,7 +285,9 @@ class HistoryCollector(UserLog):
     def _check_structure(self) -> None:
         """Model surgery: end the series of replaced or removed modules and parameters."""
         self._state.structure_checked = True
-        self._structure.check(self._state.step)
+        if self._structure.check(self._state.step):
+            for watch in self._watches.values():
+                watch.invalidate()
 
     def _attach_optimizer(self, optimizer: Any) -> OptimizerWatch:
         opt = unwrap_optimizer(optimizer)
@@ -456,6 +470,7 @@ class HistoryCollector(UserLog):
             self._check_structure()
         state.explicit, state.examples, state.epoch = True, examples, epoch
         state.scale_in_force = scale_in_force(scaler)  # before update() changes it
+        state.scaler_marker = None if scaler is None else update_marker(scaler)
         self._txn_open, self._scaler = True, scaler
         self.clock.begin(state.step)  # the training clock times the transaction body
         state.window_from = state.telemetry_s
@@ -469,7 +484,10 @@ class HistoryCollector(UserLog):
         for watch in self._watches.values():
             watch.disarm_gradient_hooks()  # a closure step that raised inside the optimizer
         # rows of parameters no optimizer stepped: gradients as left, values at the step's end
-        self._take_gradients(self._by_stream.get("gradient", []), grad_scale_status(scaler, True))
+        status = grad_scale_status(scaler, True)
+        if scaler is not None and update_marker(scaler) is not state.scaler_marker:
+            status = "unscaled"  # scaler.step() unscaled them; update() has reset its stages
+        self._take_gradients(self._by_stream.get("gradient", []), status)
         self._take_parameters(self._by_stream.get("parameter", []))
         try:
             self._finish_step(StepProvenance.EXPLICIT, optimizer_known=bool(self._watches))
@@ -559,7 +577,9 @@ class HistoryCollector(UserLog):
         last = self.last_block
         if last is None and self._next_step == 0:  # nothing consumed yet: a true zero
             return step, 0
-        return step, None if last is None else last.examples_seen
+        if last is None:  # resumed, no step yet: what the artifact had consumed (None: unknown)
+            return step, self._examples_seen
+        return step, last.examples_seen
 
     @property
     def _log_sink(self) -> Any:

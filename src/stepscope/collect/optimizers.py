@@ -141,6 +141,10 @@ class OptimizerWatch:
             for s in PARAM_STREAMS
         }
 
+    def invalidate(self) -> None:
+        """Recompute ownership at the next :meth:`owned` (rows were rebound: model surgery)."""
+        self._owned_count = -1
+
     def owned(self, stream: str) -> list[Row]:
         """This optimizer's rows of ``stream`` (``gradient``, ``parameter`` or ``update``)."""
         self._refresh()

@@ -116,7 +116,7 @@ def step_truth(
         applied = Tristate.YES if state.stepped else Tristate.UNKNOWN
     return StepTruth(
         applied=applied,
-        scale=as_scale(state.scale_in_force) if scaler is not None else None,
+        scale=as_scale(state.scale_in_force),
         unscaled=Tristate.of(state.scale_grad == "unscaled")
         if state.scale_grad != "unknown"
         else Tristate.UNKNOWN,

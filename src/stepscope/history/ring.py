@@ -133,7 +133,8 @@ class StepRing:
                 f"the RAM ring holds its capacity of {self.capacity} step blocks and the policy "
                 "is 'refuse'; the next block was not taken and nothing was dropped.",
                 [
-                    "turn the disk archive on (WatchSettings(output_dir=...))",
+                    "record to disk: HistoryCollector(model, settings=WatchSettings("
+                    'output_dir="runs/<name>")) (crash-safe, no step limit)',
                     "raise ram_capacity",
                     "choose ram_policy='drop_oldest' or 'coarsen' explicitly",
                     "read or clear the ring (ring.clear()) before continuing",

@@ -1,0 +1,22 @@
+"""RAM-only is the default; its refusal names the disk-first spelling a new user needs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from models import LSTMTagger
+
+import stepscope as ss
+
+
+def test_the_ram_ring_refusal_names_the_disk_first_spelling():
+    model = LSTMTagger()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with ss.HistoryCollector(model, settings=ss.WatchSettings(ram_capacity=2)) as c:
+        with pytest.raises(ss.Refusal) as err:
+            for _ in range(3):
+                with c.step(opt, examples=1):
+                    model(torch.randint(0, 30, (1, 4))).sum().backward()
+                    opt.step()
+    assert err.value.code == "ring_capacity_exhausted"
+    assert 'WatchSettings(output_dir="runs/<name>")' in err.value.remedies[0]

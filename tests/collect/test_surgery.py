@@ -1,0 +1,106 @@
+"""Model surgery (issue 14, finding 9): a replaced module or parameter is detected at the next
+step, its series ends with a reason, and the replacement is observed as a new series."""
+
+import torch
+from models import Numbers
+
+from stepscope import open_history
+from stepscope.collect import Cadence, HistoryCollector, WatchSettings
+from stepscope.collect.surgery import find_changes
+
+
+def train_step(c, model, opt, x):
+    with c.step(opt):
+        opt.zero_grad()
+        model(x).pow(2).mean().backward()
+        opt.step()
+
+
+def collector(model, path):
+    return HistoryCollector(
+        model,
+        streams=("activation", "gradient", "parameter"),
+        cadence=Cadence(1, 1),
+        settings=WatchSettings(output_dir=str(path)),
+    )
+
+
+def test_a_replaced_module_ends_its_series_and_the_new_one_is_observed(tmp_path):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    c = collector(model, tmp_path / "m")
+    train_step(c, model, opt, torch.randn(5, 3))
+    train_step(c, model, opt, torch.randn(5, 3))
+    model[2] = torch.nn.Linear(4, 2)  # surgery between steps 1 and 2
+    opt.add_param_group({"params": list(model[2].parameters())})
+    seen = []
+    model[2].register_forward_hook(lambda m, i, o: seen.append(o.detach().clone()))
+    train_step(c, model, opt, torch.randn(5, 3))
+    c.close()
+    h = open_history(tmp_path / "m")
+    ended = {(s.name, s.ended_step, s.ended_reason) for s in h.sites if s.ended_step is not None}
+    assert ended == {
+        ("2", 2, "module_replaced"),
+        ("2.weight", 2, "module_replaced"),
+        ("2.bias", 2, "module_replaced"),
+    }
+    new = [s for s in h.sites if s.name == "2.weight" and s.ended_step is None]
+    assert len(new) == 1 and new[0].started_step == 2
+    # the new module's weight, as the optimizer left it, is what step 2 recorded
+    got = h.series(new[0], "parameter", "sum_squares").values
+    assert list(h.series(new[0], "parameter", "sum_squares").steps) == [2]
+    assert got[0] == float((model[2].weight.detach().double() ** 2).sum())
+    want = Numbers.of(seen)
+    act = next(s for s in h.sites if s.name == "2" and s.ended_step is None)
+    assert list(h.series(act, "activation", "total").steps) == [2]
+    assert h.series(act, "activation", "total").values[0] == want.numel
+    assert h.series(act, "activation", "max").values[0] == want.max
+
+
+def test_a_replaced_parameter_ends_its_series_at_the_next_step(tmp_path):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    c = collector(model, tmp_path / "p")
+    train_step(c, model, opt, torch.randn(4, 3))
+    model[0].weight = torch.nn.Parameter(torch.zeros(2, 3))
+    train_step(c, model, opt, torch.randn(4, 3))  # the new weight is in no optimizer
+    c.close()
+    h = open_history(tmp_path / "p")
+    weight = [s for s in h.sites if s.name == "0.weight"]
+    assert [(s.started_step, s.ended_step, s.ended_reason) for s in weight] == [
+        (0, 1, "parameter_replaced"),
+        (1, None, None),
+    ]
+    # the old parameter is no longer reported as observed after the surgery
+    assert list(h.series(weight[0], "parameter", "total").steps) == [0]
+    assert list(h.series(weight[1], "parameter", "max").values) == [0.0]
+
+
+def test_a_removed_module_ends_its_series_and_is_not_recorded_again():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential()
+    model.add_module("a", torch.nn.Linear(2, 2))
+    model.add_module("b", torch.nn.Linear(2, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    c = HistoryCollector(model, streams=("activation", "gradient"), cadence=1)
+    train_step(c, model, opt, torch.randn(3, 2))
+    del model.b
+    train_step(c, model, opt, torch.randn(3, 2))
+    c.close()
+    ended = {s.name: s.ended_reason for s in c.sites if s.ended_step == 1}
+    assert ended == {
+        "b": "module_removed",
+        "b.weight": "module_removed",
+        "b.bias": "module_removed",
+    }
+    names = {c.sites[int(i)].name for b in c.last_batches for i in b.site_ids}
+    assert names == {"a", "a.weight", "a.bias"}
+
+
+def test_find_changes_sees_nothing_on_an_unchanged_model():
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2))
+    c = HistoryCollector(model, streams=("gradient",), cadence=1)
+    assert find_changes(model, c._sites.bound, c.rows) == []
+    c.close()
