@@ -26,7 +26,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import stepscope as ss
 from stepscope.cli import main
-from stepscope.integrations import ProbePlan
+from stepscope.integrations import IntegrationStoppedWarning, ProbePlan
 from stepscope.integrations.lightning import StepscopeCallback
 from stepscope.integrations.session import PROBE_TIMING_STEPS
 
@@ -331,3 +331,35 @@ def test_amp_scale_in_force_and_skipped_steps_are_recorded(amp_run):
     for i in applied:  # what the optimizer consumed: unscaled gradients
         for name, want in oracle.grads[i].items():
             np.testing.assert_allclose(recorded[i][name][1:], want[1:], rtol=1e-5, atol=1e-7)
+
+
+class TwoStepsPerBatch(TinyCNN):
+    """Manual optimization that steps the optimizer twice per batch (global_step += 2)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.automatic_optimization = False
+
+    def training_step(self, batch, batch_idx):
+        opt = self.optimizers()
+        for _ in range(2):
+            x, y = batch
+            loss = torch.nn.functional.cross_entropy(self(x), y)
+            opt.zero_grad()
+            self.manual_backward(loss)
+            opt.step()
+        return loss
+
+
+def test_a_step_count_disagreement_stops_recording_without_stopping_training(tmp_path):
+    cb = StepscopeCallback(settings=ss.WatchSettings(durable=False))
+    trainer = pl.Trainer(max_epochs=1, logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False,
+                         default_root_dir=str(tmp_path), callbacks=[cb])
+    train, _ = loaders()
+    with pytest.warns(IntegrationStoppedWarning, match="integration_step_mismatch"):
+        trainer.fit(TwoStepsPerBatch(), train)
+    assert trainer.global_step == 2 * BATCHES  # training ran to the end
+    reader = ss.open_history(tmp_path / "stepscope")
+    assert reader.steps.tolist() == []  # the first batch held two steps: nothing false written
+    assert cb.session.collector.closed

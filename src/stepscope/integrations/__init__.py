@@ -7,6 +7,6 @@ importing an adapter without its framework refuses ``extra_missing`` with the in
 The shared driver is :class:`~stepscope.integrations.session.TrainerSession`.
 """
 
-from stepscope.integrations.session import ProbePlan, TrainerSession
+from stepscope.integrations.session import IntegrationStoppedWarning, ProbePlan, TrainerSession
 
-__all__ = ["ProbePlan", "TrainerSession"]
+__all__ = ["IntegrationStoppedWarning", "ProbePlan", "TrainerSession"]

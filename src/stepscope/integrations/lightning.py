@@ -130,7 +130,9 @@ class StepscopeCallback(_pl.Callback):
             scalars["train/lr"] = self._lrs[0]
         else:
             scalars.update({f"train/lr/group{i}": lr for i, lr in enumerate(self._lrs)})
-        self.session.end_step(clipped=_clipped(trainer, pl_module), scalars=scalars)
+        self.session.end_step(
+            clipped=_clipped(trainer, pl_module), scalars=scalars, trainer_step=trainer.global_step
+        )
 
     # ------------------------------------------------------------------ validation
     def on_validation_start(self, trainer: Any, pl_module: Any) -> None:

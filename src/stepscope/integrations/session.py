@@ -42,6 +42,7 @@ import dataclasses
 import math
 import time
 import uuid
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,6 +56,10 @@ from stepscope.probe import DenseProbe, choose_cadence, write_probe_record
 
 #: Steps whose training-clock seconds are timed before the probe's cadence is chosen.
 PROBE_TIMING_STEPS = 5
+
+
+class IntegrationStoppedWarning(RuntimeWarning):
+    """A trainer callback stopped recording (the run goes on; committed steps are kept)."""
 
 
 def shared_run_id(run_id: str | None) -> str:
@@ -228,26 +233,19 @@ class TrainerSession:
     ) -> None:
         """Enter ``collector.step(...)`` for the trainer's optimizer step ``trainer_step``.
 
-        Refuses ``integration_step_mismatch`` when the collector would record another step
-        number (e.g. an artifact whose last committed step is not the checkpoint's).
+        When the collector would record another step number (e.g. a manual-optimization loop
+        stepping twice per batch), recording stops: the open step is dropped, the collector
+        closes with everything already committed, and an :class:`IntegrationStoppedWarning`
+        (code ``integration_step_mismatch``) says why. Training is never interrupted.
         """
-        collector = self._require()
+        collector = self.collector
+        if collector is None or collector.closed:
+            return
         manager = collector.step(optimizer, scaler=scaler, epoch=epoch)
         txn = manager.__enter__()
         if txn.step != trainer_step:
-            try:
-                manager.__exit__(None, None, None)
-            finally:
-                collector.close()
-            raise Refusal(
-                "integration_step_mismatch",
-                f"the trainer is at optimizer step {trainer_step} but the stepscope artifact "
-                f"continues at step {txn.step}",
-                [
-                    "resume from the checkpoint of the artifact's last committed step",
-                    "or record into a new output_dir",
-                ],
-            )
+            self._stop(manager, trainer_step, txn.step)
+            return
         self._open = _OpenStep(manager, txn, time.perf_counter())
 
     def micro_batch(self, examples: int | None) -> None:
@@ -261,16 +259,25 @@ class TrainerSession:
             self._open.examples += int(examples)
 
     def end_step(
-        self, *, clipped: bool | None, scalars: Mapping[str, Any] | None = None
+        self,
+        *,
+        clipped: bool | None,
+        scalars: Mapping[str, Any] | None = None,
+        trainer_step: int | None = None,
     ) -> int | None:
         """Declare the step's facts, log ``scalars`` and exit the transaction.
 
-        Returns the recorded step, or ``None`` if no step was open.
+        ``trainer_step`` is the trainer's optimizer-step count after the step: anything but one
+        more than at :meth:`begin_step` stops recording like a mismatch there (this step is not
+        written). Returns the recorded step, or ``None`` if none was open.
         """
         if self._open is None:
             return None
         opened, self._open = self._open, None
         txn = opened.txn
+        if trainer_step is not None and trainer_step != txn.step + 1:
+            self._stop(opened.manager, trainer_step - 1, txn.step)
+            return None
         txn.declare(
             micro_batches=opened.micro_batches or None,
             clipped=clipped,
@@ -286,6 +293,21 @@ class TrainerSession:
         if self.probe is not None and self.probe.due(txn.step + 1):
             self._measure_probe(txn.step + 1)
         return txn.step
+
+    def _stop(self, manager: Any, trainer_step: int, step: int) -> None:
+        """Stop recording on a step-count disagreement: drop the open step, warn, keep the rest."""
+        err = Refusal(
+            "integration_step_mismatch",
+            f"the trainer counts optimizer step {trainer_step} where stepscope records step "
+            f"{step} (several optimizer steps per batch?); recording stopped, steps before "
+            f"{step} are kept",
+            [
+                "run one optimizer step per step transaction (automatic optimization)",
+                "or drive HistoryCollector.step() yourself in a manual loop",
+            ],
+        )
+        manager.__exit__(Refusal, err, None)  # the exception path: no block, collector closed
+        warnings.warn(str(err), IntegrationStoppedWarning, stacklevel=3)
 
     # ------------------------------------------------------------------ run log
     def log(self, name: str, value: Any, step: int | None = None) -> None:
@@ -337,14 +359,6 @@ class TrainerSession:
         if plan.every is not None:
             self.log("probe/cadence_steps", float(plan.every))
 
-    def _require(self) -> HistoryCollector:
-        if self.collector is None:
-            raise Refusal(
-                "collector_closed",
-                "the stepscope callback has not started (no training began)",
-                ["start training with the callback in the trainer's callbacks"],
-            )
-        return self.collector
 
 
 def _has_artifact(path: str | Path) -> bool:

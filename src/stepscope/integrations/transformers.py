@@ -127,7 +127,7 @@ class StepscopeCallback(_hf.TrainerCallback):
         """After ``optimizer.step()``: declare the step's facts and close the transaction."""
         clipped = args.max_grad_norm is not None and args.max_grad_norm > 0
         scalars = {} if self._lr is None else {"train/lr": self._lr}
-        self.session.end_step(clipped=clipped, scalars=scalars)
+        self.session.end_step(clipped=clipped, scalars=scalars, trainer_step=state.global_step)
 
     def _count_micro_batch(self, module: torch.nn.Module, inputs: tuple, kwargs: dict) -> None:
         if not (self.session.in_step and module.training and torch.is_grad_enabled()):
