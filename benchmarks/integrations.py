@@ -171,7 +171,9 @@ def main() -> None:
         "Lightning",
         {
             "no logger (control)": lambda r: lightning_arm("control", a.steps, r),
-            "StepscopeCallback(), default cadence": lambda r: lightning_arm("stepscope", a.steps, r),
+            "StepscopeCallback(), default cadence": lambda r: lightning_arm(
+                "stepscope", a.steps, r
+            ),
             "WandbLogger(offline=True)": lambda r: lightning_arm("wandb", a.steps, r),
         },
         a.rounds,
@@ -179,7 +181,7 @@ def main() -> None:
     compare(
         "Hugging Face Trainer",
         {
-            'report_to=[] (control)': lambda r: hf_arm("control", a.steps, r),
+            "report_to=[] (control)": lambda r: hf_arm("control", a.steps, r),
             "StepscopeCallback(), default cadence": lambda r: hf_arm("stepscope", a.steps, r),
             'report_to="tensorboard"': lambda r: hf_arm("tensorboard", a.steps, r),
         },

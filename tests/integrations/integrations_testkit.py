@@ -22,7 +22,13 @@ def grad_facts(model: torch.nn.Module) -> dict[str, tuple[float, ...]]:
         if p.grad is None:
             continue
         g = p.grad.detach().double()
-        out[name] = (g.numel(), g.sum().item(), g.square().sum().item(), g.min().item(), g.max().item())
+        out[name] = (
+            g.numel(),
+            g.sum().item(),
+            g.square().sum().item(),
+            g.min().item(),
+            g.max().item(),
+        )
     return out
 
 
@@ -49,7 +55,9 @@ def assert_gradients_match(oracle: list[dict[str, tuple[float, ...]]], run: str)
         for name in names:
             got, want = recorded[step][name], expected[name]
             assert got[0] == want[0], (step, name)
-            np.testing.assert_allclose(got[1:], want[1:], rtol=1e-5, atol=1e-7, err_msg=f"{step} {name}")
+            np.testing.assert_allclose(
+                got[1:], want[1:], rtol=1e-5, atol=1e-7, err_msg=f"{step} {name}"
+            )
 
 
 def state_equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:

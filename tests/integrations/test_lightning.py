@@ -66,8 +66,12 @@ class TinyCNN(pl.LightningModule):
 def loaders() -> tuple[DataLoader, DataLoader]:
     g = torch.Generator().manual_seed(1)
     n = BATCHES * BATCH
-    train = TensorDataset(torch.randn(n, 1, 6, 6, generator=g), torch.randint(0, 5, (n,), generator=g))
-    val = TensorDataset(torch.randn(12, 1, 6, 6, generator=g), torch.randint(0, 5, (12,), generator=g))
+    train = TensorDataset(
+        torch.randn(n, 1, 6, 6, generator=g), torch.randint(0, 5, (n,), generator=g)
+    )
+    val = TensorDataset(
+        torch.randn(12, 1, 6, 6, generator=g), torch.randint(0, 5, (12,), generator=g)
+    )
     return DataLoader(train, batch_size=BATCH), DataLoader(val, batch_size=6)
 
 
@@ -187,8 +191,12 @@ def test_fit_stop_resume_is_one_artifact_with_ancestry(tmp_path):
 
 
 def test_resumed_segment_continues_examples_seen(tmp_path):
-    fit(tmp_path, [StepscopeCallback(settings=ss.WatchSettings(durable=False))], epochs=1,
-        enable_checkpointing=True)
+    fit(
+        tmp_path,
+        [StepscopeCallback(settings=ss.WatchSettings(durable=False))],
+        epochs=1,
+        enable_checkpointing=True,
+    )
     (ckpt,) = (tmp_path / "checkpoints").glob("*.ckpt")
     cb = StepscopeCallback(settings=ss.WatchSettings(durable=False))
     fit(tmp_path, [cb], epochs=2, ckpt_path=str(ckpt))
@@ -201,8 +209,9 @@ def test_resumed_segment_continues_examples_seen(tmp_path):
 
 def test_resume_from_an_earlier_checkpoint_rewinds_to_its_step(tmp_path):
     """Steps recorded after the checkpoint (a crash later) are superseded, never duplicated."""
-    every3 = pl.callbacks.ModelCheckpoint(dirpath=tmp_path / "ck", every_n_train_steps=3,
-                                          save_top_k=-1)
+    every3 = pl.callbacks.ModelCheckpoint(
+        dirpath=tmp_path / "ck", every_n_train_steps=3, save_top_k=-1
+    )
     cb = StepscopeCallback(settings=ss.WatchSettings(durable=False))
     fit(tmp_path, [cb, every3], epochs=2, max_steps=5, enable_checkpointing=True)
     ckpt = next((tmp_path / "ck").glob("*step=3*.ckpt"))
@@ -213,12 +222,17 @@ def test_resume_from_an_earlier_checkpoint_rewinds_to_its_step(tmp_path):
     assert reader.segments[-1].resumed_at_step == 3
     assert main(["verify", str(tmp_path / "stepscope")]) == 0
 
+
 @pytest.mark.slow
 def test_ddp_two_ranks_write_segments_that_merge_exactly(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parent)}
     done = subprocess.run(
         [sys.executable, str(DDP_SCRIPT), str(tmp_path)],
-        capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        cwd=tmp_path,
     )
     assert done.returncode == 0, done.stderr[-4000:]
     assert done.stdout.count("stepscope: run") == 1  # rank 0 alone says where the run is
@@ -242,7 +256,6 @@ def test_ddp_two_ranks_write_segments_that_merge_exactly(tmp_path):
     assert [b.examples_seen for b in merged.step_blocks()] == [
         2 * b.examples_seen for b in readers[0].step_blocks()
     ]
-
 
 
 def test_dense_probe_runs_at_step_zero_then_on_its_cadence_and_stays_pure(tmp_path):
@@ -276,8 +289,9 @@ def test_dense_probe_runs_at_step_zero_then_on_its_cadence_and_stays_pure(tmp_pa
 def test_dense_probe_cadence_is_chosen_from_measured_times(tmp_path):
     train, _ = loaders()
     x, y = train.dataset.tensors
-    cb = StepscopeCallback(settings=ss.WatchSettings(durable=False),
-                           probe=ss.DenseProbe(x, y, size=16, seed=3))
+    cb = StepscopeCallback(
+        settings=ss.WatchSettings(durable=False), probe=ss.DenseProbe(x, y, size=16, seed=3)
+    )
     fit(tmp_path, [cb])
     plan = cb.session.probe
     assert plan.decision is not None and plan.decision["target_overhead"] == 0.05
@@ -353,9 +367,15 @@ class TwoStepsPerBatch(TinyCNN):
 
 def test_a_step_count_disagreement_stops_recording_without_stopping_training(tmp_path):
     cb = StepscopeCallback(settings=ss.WatchSettings(durable=False))
-    trainer = pl.Trainer(max_epochs=1, logger=False, enable_checkpointing=False,
-                         enable_progress_bar=False, enable_model_summary=False,
-                         default_root_dir=str(tmp_path), callbacks=[cb])
+    trainer = pl.Trainer(
+        max_epochs=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=str(tmp_path),
+        callbacks=[cb],
+    )
     train, _ = loaders()
     with pytest.warns(IntegrationStoppedWarning, match="integration_step_mismatch"):
         trainer.fit(TwoStepsPerBatch(), train)

@@ -99,8 +99,13 @@ def test_rank_zero_alone_announces_the_run_directory(tmp_path):
     said: list[str] = []
     for rank in (0, 1):
         s = TrainerSession(settings=ss.WatchSettings(durable=False))
-        s.start(torch.nn.Linear(3, 2), default_dir=tmp_path / str(rank), trainer_step=0,
-                rank=rank, announce=said.append)
+        s.start(
+            torch.nn.Linear(3, 2),
+            default_dir=tmp_path / str(rank),
+            trainer_step=0,
+            rank=rank,
+            announce=said.append,
+        )
         s.close()
     assert len(said) == 1 and str(tmp_path / "0") in said[0]
 

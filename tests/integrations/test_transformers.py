@@ -50,7 +50,9 @@ class Oracle(tf.TrainerCallback):
         self.grads.append(grad_facts(model))
 
     def on_log(self, args, state, control, logs=None, **kwargs):
-        self.logs.append({k: v for k, v in logs.items() if "runtime" not in k and "per_second" not in k})
+        self.logs.append(
+            {k: v for k, v in logs.items() if "runtime" not in k and "per_second" not in k}
+        )
 
 
 def train(root: Path, callbacks: list, *, epochs: int = EPOCHS, resume: str | None = None, **kw):
@@ -88,7 +90,9 @@ def train(root: Path, callbacks: list, *, epochs: int = EPOCHS, resume: str | No
 def recorded(tmp_path_factory):
     root = tmp_path_factory.mktemp("hf")
     oracle = Oracle()
-    _, model = train(root, [StepscopeCallback(cadence=1, settings=ss.WatchSettings(durable=False)), oracle])
+    _, model = train(
+        root, [StepscopeCallback(cadence=1, settings=ss.WatchSettings(durable=False)), oracle]
+    )
     return {"run": str(root / "stepscope"), "oracle": oracle, "model": model}
 
 
@@ -100,7 +104,9 @@ def test_gradient_rows_equal_the_gradient_the_optimizer_consumed(recorded):
 def test_steps_carry_micro_batches_examples_epochs_and_clipping(recorded):
     blocks = ss.open_history(recorded["run"]).step_blocks()
     assert [b.truth.micro_batches for b in blocks] == MICRO * EPOCHS
-    assert [b.examples_seen for b in blocks] == np.cumsum([m * BATCH for m in MICRO * EPOCHS]).tolist()
+    assert [b.examples_seen for b in blocks] == np.cumsum(
+        [m * BATCH for m in MICRO * EPOCHS]
+    ).tolist()
     assert [b.epoch for b in blocks] == [0] * 3 + [1] * 3
     assert {b.truth.clipped.value for b in blocks} == {"yes"}  # max_grad_norm=1.0 by default
     assert {b.truth.applied.value for b in blocks} == {"yes"}
@@ -165,7 +171,11 @@ def test_torchrun_two_ranks_write_segments_of_one_run_that_merge(tmp_path):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"]
     done = subprocess.run(
         [*cmd, str(script), str(tmp_path)],
-        capture_output=True, text=True, timeout=300, env=env, cwd=script.parent,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        cwd=script.parent,
     )
     assert done.returncode == 0, done.stderr[-4000:]
     assert done.stdout.count("stepscope: run") == 1  # rank 0 alone says where the run is
@@ -175,7 +185,10 @@ def test_torchrun_two_ranks_write_segments_of_one_run_that_merge(tmp_path):
     assert len({h.run.run_id for h in readers}) == 1
     per_rank = N_TRAIN // 2 // BATCH  # 5 batches per rank: steps of 4 and 1 micro-batches
     for h in readers:
-        assert [b.truth.micro_batches for b in h.step_blocks()] == [ACCUMULATE, per_rank - ACCUMULATE]
+        assert [b.truth.micro_batches for b in h.step_blocks()] == [
+            ACCUMULATE,
+            per_rank - ACCUMULATE,
+        ]
     assert main(["merge", *map(str, ranks), "--out", str(tmp_path / "merged")]) == 0
     merged = ss.open_history(tmp_path / "merged")
     assert [b.examples_seen for b in merged.step_blocks()] == [2 * 16, 2 * 20]

@@ -44,7 +44,9 @@ from stepscope.integrations.session import ProbePlan, TrainerSession
 from stepscope.probe import DenseProbe
 
 _pl = require_extra("lightning.pytorch", "lightning", "stepscope's Lightning callback")
-_data = require_extra("lightning.pytorch.utilities.data", "lightning", "stepscope's Lightning callback")
+_data = require_extra(
+    "lightning.pytorch.utilities.data", "lightning", "stepscope's Lightning callback"
+)
 
 __all__ = ["StepscopeCallback"]
 
@@ -99,7 +101,9 @@ class StepscopeCallback(_pl.Callback):
         self.session.abort(exception)
 
     # ------------------------------------------------------------------ steps
-    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_start(
+        self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int
+    ) -> None:
         """The first micro-batch of a step opens the step transaction."""
         session = self.session
         if not session.in_step:
@@ -151,9 +155,7 @@ class StepscopeCallback(_pl.Callback):
         if trainer.sanity_checking:
             return
         before = self._val_before
-        metrics = {
-            k: v for k, v in trainer.callback_metrics.items() if before.get(k) is not v
-        }
+        metrics = {k: v for k, v in trainer.callback_metrics.items() if before.get(k) is not v}
         self.session.log_eval(
             VALIDATION,
             metrics,

@@ -92,6 +92,8 @@ class ProbePlan:
     decision
         The :class:`~stepscope.probe.CadenceDecision` as a dict once made (run scalars
         ``probe/cadence_steps`` and ``probe/expected_overhead`` record it too).
+    probe_seconds
+        Measured seconds of each probe measurement so far (the cadence is chosen from them).
     """
 
     probe: DenseProbe
@@ -351,14 +353,19 @@ class TrainerSession:
             return
         dtype = str(next(self._model.parameters()).dtype).replace("torch.", "")
         choice = choose_cadence(
-            plan.probe_seconds, self._step_seconds, plan.target, None,
-            plan.probe.selection.size, dtype,
+            plan.probe_seconds,
+            self._step_seconds,
+            plan.target,
+            None,
+            plan.probe.selection.size,
+            dtype,
         )
         plan.decision = choice.to_dict()
         plan.every = choice.cadence_steps
         if plan.every is not None:
             self.log("probe/cadence_steps", float(plan.every))
-
+        if choice.expected_overhead is not None:
+            self.log("probe/expected_overhead", float(choice.expected_overhead))
 
 
 def _has_artifact(path: str | Path) -> bool:
