@@ -299,6 +299,8 @@ def test_dense_probe_cadence_is_chosen_from_measured_times(tmp_path):
     assert plan.decision["expected_overhead"] <= 0.05
     reader = ss.open_history(tmp_path / "stepscope")
     assert reader.scalars("probe/cadence_steps").values.tolist() == [float(plan.every)]
+    overhead = reader.scalars("probe/expected_overhead").values.tolist()
+    assert overhead == [pytest.approx(plan.decision["expected_overhead"], rel=1e-12)]
     probed = ss.probe.read_probe_axes(reader)["optimizer_step"].tolist()
     last = EPOCHS * STEPS_PER_EPOCH  # decided after PROBE_TIMING_STEPS timed steps
     after = [s for s in range(PROBE_TIMING_STEPS, last + 1) if s % plan.every == 0]
