@@ -155,3 +155,23 @@ def test_plan_is_known_for_sites_that_never_ran():
     assert plan.total_elements == 6
     assert "?" not in str(plan)
     assert np.all([s.signature for s in c.sites] == ["float32[*,*]", "not_run"])
+
+
+def test_series_of_a_module_that_never_runs_reads_site_absent_every_step(tmp_path):
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2))
+    model.spare = torch.nn.ModuleList([torch.nn.Linear(2, 2)])  # registered, never called
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    c = HistoryCollector(
+        model, sites="*", cadence=1, settings=WatchSettings(output_dir=str(tmp_path / "n"))
+    )
+    for _ in range(3):
+        with c.step(opt):
+            model[0](torch.randn(4, 2)).sum().backward()
+            opt.step()
+    c.close()
+    h = open_history(tmp_path / "n")
+    for site in ("spare", "spare.0"):
+        s = h.series(site, "activation", "total")
+        assert list(s.presence_names()) == ["site_absent"] * 3
+    grads = h.series("spare.0.weight", "gradient", "total")
+    assert list(grads.presence_names()) == ["site_absent"] * 3

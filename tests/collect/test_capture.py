@@ -204,3 +204,35 @@ def test_hooks_during_cuda_graph_capture_record_unsupported(monkeypatch):
                 ("unsupported:cuda_graph_capture",),
             )
     assert not all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+
+
+def test_a_dtype_the_kernels_refuse_is_recorded_unsupported():
+    class ToUInt32(torch.nn.Module):
+        def forward(self, x):
+            return (x > 0).to(torch.uint32)
+
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), ToUInt32())
+    c = HistoryCollector(model, streams=("activation",), cadence=1)
+    with c.step():
+        model(torch.randn(3, 2))
+    c.close()
+    assert records(c)["1"] == (Presence.UNSUPPORTED, None, ("unsupported:dtype:uint32",))
+
+
+def test_a_forward_hook_that_raises_records_capture_failed_and_the_step_completes(monkeypatch):
+    from stepscope.collect import activations
+
+    def broken(output, key):
+        raise KeyError("no")
+
+    monkeypatch.setattr(activations, "module_output", broken)
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    c = HistoryCollector(model, streams=("activation", "gradient"), cadence=1)
+    for _ in range(2):
+        with c.step(opt):
+            model(torch.randn(3, 2)).sum().backward()
+            opt.step()
+    c.close()
+    assert records(c)["0"] == (Presence.CAPTURE_FAILED, None, ("capture_failed:KeyError",))
+    assert all(p is Presence.OBSERVED for p, _, _ in records(c, "gradient").values())

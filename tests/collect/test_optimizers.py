@@ -82,6 +82,13 @@ def test_gradscaler_skip_implicit_one_step_per_iteration(tmp_path):
     lengths = [x.shape[1] for x, _ in tokens(6)]
     totals = h.series("lm_head", "activation", "total")
     assert totals.values.tolist() == [3 * t * 40 for t in lengths]
+    # the scaler was given: gradients read in the pre-step hook are known to be unscaled
+    grads = h.observations("ln_f.weight", "gradient")
+    grads = [r for r in grads if r.presence.value == "observed"]  # skipped: never read
+    assert [(r.step, r.scale_grad.value) for r in grads] == [
+        (i, "unscaled") for i in range(6) if i not in SKIPS
+    ]
+    assert all(b.truth.unscaled.value == "yes" for b in blocks if b.truth.applied.value == "yes")
     # a skipped step records no update; an applied one does
     upd = h.series("ln_f.weight", "update", "total")
     assert sorted(upd.steps.tolist()) == [i for i in range(6) if i not in SKIPS]

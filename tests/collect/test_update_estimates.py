@@ -12,7 +12,7 @@ import torch
 from models import TinyGPT
 
 import stepscope as ss
-from stepscope.events import UpdateRatioCheck
+from stepscope.events import ObserverEvent, UpdateRatioCheck
 
 SAMPLE = 256
 
@@ -69,6 +69,8 @@ def test_update_rows_say_estimated_per_row_and_events_carry_it(tmp_path):
         sampled = named[e.site].numel() > SAMPLE
         assert e.estimated is sampled, (e.site, named[e.site].numel())
     assert {e.estimated for e in l2} == {True, False}  # both kinds are present
+    for e in l2:  # the flag survives JSON (trackers, JSONL export)
+        assert ObserverEvent.from_dict(e.to_dict()).estimated is e.estimated
     obs = ss.open_history(tmp_path / "r").observations(stream="update")
     for r in obs:
         name = ss.open_history(tmp_path / "r").sites[r.site_id].name

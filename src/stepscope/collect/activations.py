@@ -113,7 +113,10 @@ class ActivationSites:
             self._root_grad = torch.is_grad_enabled() and not torch.is_inference_mode_enabled()
             state = self.host._state
             if state is not None and not state.structure_checked:
-                self.host._check_structure()  # model surgery, before the step's first forward
+                try:
+                    self.host._check_structure()  # model surgery, before the first forward
+                except Exception:  # never in the user's step; retried at the step's end
+                    state.structure_checked = False
 
     def _exit(self, *_args: Any) -> None:
         if torch.compiler.is_compiling():
@@ -135,6 +138,13 @@ class ActivationSites:
             return
         rows = self.rows[id(module)]
         state = self.host._state
+        try:
+            self._observe(rows, state, output)
+        except Exception as e:  # telemetry never raises into the training step
+            for r in rows.values():
+                state.failed[r.index] = type(e).__name__
+
+    def _observe(self, rows: dict[str, Row], state: StepState, output: Any) -> None:
         if not any(state.spine_due[r.stream] for r in rows.values()) and all(
             r.signature is not None for r in rows.values()
         ):

@@ -1,6 +1,6 @@
 """What a hook may reduce: the tensor inside a module's output, and whether it is reducible.
 
-Output rule (documented in ``docs/collector.md``)
+Output rule (documented in ``docs/sites.md``)
 -------------------------------------------------
 A module's activation is the **first tensor found depth-first** in its output: a tensor is
 itself; a ``dict``/``Mapping`` (``ModelOutput``, ``OrderedDict``) is searched in insertion order
@@ -15,7 +15,7 @@ that does not resolve records ``unsupported`` with reason ``output_key_missing``
 Reducibility
 ------------
 :func:`reducible` decides before any kernel runs: complex dtypes, dtypes with no order
-(``unsupported:complex`` / ``unsupported:dtype``), tensor subclasses such as ``DTensor`` or fake
+(``unsupported:complex``; a dtype the kernels refuse, ``unsupported:dtype``), tensor subclasses such as ``DTensor`` or fake
 tensors (``unsupported:tensor_subclass``, whose storage the native kernel must not read) and
 hooks firing during CUDA-graph stream capture (``unsupported:cuda_graph_capture``: the capture's
 replays are not observed). Sparse tensors are reduced over their stored values with the
@@ -40,21 +40,6 @@ from typing import Any
 import torch
 
 MAX_DEPTH = 4
-
-#: dtypes the spine kernels reduce (exactly, after widening)
-_REDUCIBLE = {
-    torch.float32,
-    torch.float64,
-    torch.float16,
-    torch.bfloat16,
-    torch.bool,
-    torch.uint8,
-    torch.int8,
-    torch.int16,
-    torch.int32,
-    torch.int64,
-}
-
 
 def _children(value: Any) -> list[Any] | None:
     if isinstance(value, Mapping):
@@ -134,10 +119,8 @@ def reducible(t: torch.Tensor) -> tuple[torch.Tensor | None, str | None]:
         else:
             return None, f"layout:{str(t.layout).replace('torch.', '')}"
         note = "sparse_values"
-    if t.is_complex():
+    if t.is_complex():  # other dtypes the kernels refuse are caught by the collector
         return None, f"complex:{str(t.dtype).replace('torch.', '')}"
-    if t.dtype not in _REDUCIBLE and not t.is_floating_point():
-        return None, f"dtype:{str(t.dtype).replace('torch.', '')}"
     if t.device.type == "meta":
         return None, "meta_tensor"
     return t, note

@@ -7,6 +7,14 @@ Every reduction writes a fixed-width row into a preallocated staging buffer on t
 device; rows reach the host in one copy per buffer at the step boundary, and the step is written
 to the history (disk-first artifact or RAM ring) and published on the event stream.
 
+The class orchestrates; each job lives in its own module: which forwards count and which tensor
+(:mod:`.activations`, :mod:`.capture`), model surgery (:mod:`.surgery`), optimizer hooks and
+ownership (:mod:`.optimizers`), update sampling (:mod:`.updates`), loss-scaler facts
+(:mod:`.scaler`), step assembly (:mod:`.stepstate`), the destination (:mod:`.store`), auto
+cadence measurement (:mod:`.warmup`), the telemetry window (:mod:`.telemetry`) and the user
+log (:class:`stepscope.runlog.userlog.UserLog`, shared with ``RunLog``). What every row means:
+``docs/sites.md``.
+
 Example
 -------
 Record to disk (crash-safe, readable while training runs, no step limit); without
@@ -43,11 +51,7 @@ from stepscope.collect.optimizers import OptimizerWatch, unwrap_optimizer
 from stepscope.collect.plan import Plan, build_plan
 from stepscope.collect.scaler import grad_scale_status, scale_in_force, update_marker
 from stepscope.collect.settings import ALL_STREAMS, Cadence, WatchSettings, resolve_cadence
-from stepscope.collect.sites import (
-    Row,
-    build_rows,
-    param_signature,
-)
+from stepscope.collect.sites import Row, build_rows, param_signature
 from stepscope.collect.staging import Staging, to_host  # noqa: F401  (tests patch it here)
 from stepscope.collect.stepstate import StepState, StepTransaction, assemble_batches, step_truth
 from stepscope.collect.store import open_store
@@ -195,6 +199,7 @@ class HistoryCollector(UserLog):
         self.last_block: StepBlockRecord | None = None
         self.telemetry_seconds = 0.0
         store = open_store(watched, self.settings, streams, self.cadences, self.auto)
+        self._store = store
         self.run, self.ring, self.catalog = store.run, store.ring, store.catalog
         self.writer, self.path, self._next_step = store.writer, store.path, store.next_step
         self._examples_seen = store.examples_seen
@@ -262,7 +267,7 @@ class HistoryCollector(UserLog):
         if state is None or not state.spine_due[row.stream] or self._telemetry.open:
             return
         t0 = time.perf_counter()
-        try:  # telemetry never raises into the training step
+        try:
             x, note = reducible(tensor)  # detached: no graph is built
             if x is None:
                 state.unsupported[row.index] = note
@@ -270,8 +275,11 @@ class HistoryCollector(UserLog):
                 self._staging(x.device).write(row.index, x, state.hist_due[row.stream])
                 if note is not None:
                     state.row_notes[row.index] = note
-        except Exception as e:  # recorded as capture_failed with its type
-            state.failed[row.index] = type(e).__name__
+        except Exception as e:  # telemetry never raises into the training step
+            if isinstance(e, Refusal) and e.code == "stat_dtype_unsupported":  # no ordered stats
+                state.unsupported[row.index] = f"dtype:{str(tensor.dtype).replace('torch.', '')}"
+            else:
+                state.failed[row.index] = type(e).__name__
         state.charge(row.stream, time.perf_counter() - t0)
 
     def _forward_may_count(self) -> bool:
@@ -326,7 +334,9 @@ class HistoryCollector(UserLog):
         state = self._state
         if state is None or self._telemetry.open or self._outside_transaction():
             return
-        status = grad_scale_status(self._scaler, self._txn_open)
+        # implicit spelling: known only when the scaler was given to the collector
+        scaler = self._scaler if self._txn_open else self._implicit_scaler
+        status = grad_scale_status(scaler, self._txn_open or scaler is not None)
         if closure is not None and "gradient" in self.streams and state.spine_due["gradient"]:
             if not state.grads_taken:
                 state.grads_taken, state.scale_grad = True, status
@@ -426,7 +436,7 @@ class HistoryCollector(UserLog):
     @contextmanager
     def step(
         self,
-        optimizer: torch.optim.Optimizer | None = None,
+        optimizer: torch.optim.Optimizer | Sequence[torch.optim.Optimizer] | None = None,
         scaler: Any = None,
         examples: int | None = None,
         epoch: int | None = None,
@@ -543,14 +553,8 @@ class HistoryCollector(UserLog):
             if self._meter.cadences is not None:
                 self.cadences = self._meter.cadences
             scalars = {**scalars, **rows}
-        if self.writer is not None:
-            self.writer.write_step(block, batches, scalars=scalars)
-        else:
-            self.ring.push(block, batches)
-            self._rows.write_step(block, scalars=scalars)
-        for name, at, value in drained.dated:
-            self._rows.write_scalar(name, at, value)
-        write_clock_rows(self._rows, [r for r in clock_rows if r.step != state.step])  # CUDA
+        late = [r for r in clock_rows if r.step != state.step]  # CUDA: resolved late
+        self._store.write_step(self._rows, block, batches, scalars, drained.dated, late)
         self.telemetry_seconds += telemetry_now
         self.last_block, self.last_batches = block, batches
         self._next_step = state.step + 1
@@ -569,7 +573,8 @@ class HistoryCollector(UserLog):
 
     # ------------------------------------------------------------------ run log (UserLog)
     def _charge(self, seconds: float) -> None:
-        if self._state is not None:
+        # inside a telemetry() window its own timer counts everything (no double charge)
+        if self._state is not None and not self._telemetry.open:
             self._state.telemetry_s += seconds
 
     def _eval_coordinate(self) -> tuple[int, int | None]:

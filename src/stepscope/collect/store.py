@@ -16,7 +16,15 @@ import torch
 from stepscope.collect.resume import artifact_run_id, resumed_examples_seen
 from stepscope.collect.settings import Cadence, WatchSettings
 from stepscope.collect.sites import SiteCatalog
-from stepscope.history import ArtifactWriter, RunRecord, StepRing, model_fingerprint
+from stepscope.history import (
+    ArtifactWriter,
+    ObservationBatch,
+    RunRecord,
+    StepBlockRecord,
+    StepRing,
+    model_fingerprint,
+)
+from stepscope.runlog import ClockRow, write_clock_rows
 
 
 @dataclass
@@ -30,6 +38,27 @@ class Store:
     path: Path | None
     next_step: int  # 0, or the step after the last committed one when resuming
     examples_seen: int | None = 0  # examples consumed before next_step (None: unknown)
+
+    def write_step(
+        self,
+        rows: Any,
+        block: StepBlockRecord,
+        batches: Sequence[ObservationBatch],
+        scalars: Mapping[str, float],
+        dated: Sequence[tuple[str, int, float]],
+        late_clocks: Sequence[ClockRow],
+    ) -> None:
+        """Write one finished step: its block and observations (artifact, or RAM ring and
+        ``rows``), user scalars logged for other steps, and clock rows of earlier steps resolved
+        late (CUDA events)."""
+        if self.writer is not None:
+            self.writer.write_step(block, list(batches), scalars=dict(scalars))
+        else:
+            self.ring.push(block, list(batches))
+            rows.write_step(block, scalars=dict(scalars))
+        for name, at, value in dated:
+            rows.write_scalar(name, at, value)
+        write_clock_rows(rows, list(late_clocks))
 
 
 def open_store(
