@@ -13,8 +13,11 @@ for ``--rounds`` rounds so machine drift hits all alike:
 
 A timing callback (last in the list) stamps each optimizer step's end; the first 3 steps of each
 fit are warm-up, and one whole control fit before the rounds is discarded; the arms' order rotates
-each round. Printed: mean and median step time of each arm relative to its control (the mean
-carries the default cadence's every-10th parameter-sized steps).
+each round. Printed: per round, each arm's mean step time (which carries the default cadence's
+every-10th parameter-sized steps) over the control's mean in the same round, and the median of
+those ratios over rounds (on a shared machine a single round can be off by 50%); and, immune to
+the machine's load because both are timed inside the same steps, stepscope's own
+``clock/telemetry_seconds / clock/training_seconds`` of each stepscope fit.
 """
 
 from __future__ import annotations
@@ -31,6 +34,17 @@ from collections.abc import Callable
 import torch
 
 WARMUP = 3
+#: framework -> telemetry seconds / training seconds of each stepscope fit (the run's own clocks)
+TELEMETRY: dict[str, list[float]] = {"lightning": [], "transformers": []}
+
+
+def telemetry_fraction(run: str) -> float:
+    """``clock/telemetry_seconds`` over ``clock/training_seconds`` at the run's last step."""
+    import stepscope as ss
+
+    reader = ss.open_history(run)
+    tele = reader.scalars("clock/telemetry_seconds").values[-1]
+    return float(tele / reader.scalars("clock/training_seconds").values[-1])
 
 
 def gpt2(vocab: int = 512) -> torch.nn.Module:
@@ -102,6 +116,8 @@ def lightning_arm(kind: str, steps: int, root: str) -> list[float]:
         import wandb
 
         wandb.finish()
+    if kind == "stepscope":
+        TELEMETRY["lightning"].append(telemetry_fraction(os.path.join(root, "stepscope")))
     return [b - a for a, b in itertools.pairwise(stamps)][WARMUP:]
 
 
@@ -132,28 +148,33 @@ def hf_arm(kind: str, steps: int, root: str) -> list[float]:
         model=gpt2(), args=args, train_dataset=Tokens(8 * steps), callbacks=[*callbacks, Timer()]
     )
     trainer.train()
+    if kind == "stepscope":
+        TELEMETRY["transformers"].append(telemetry_fraction(os.path.join(root, "stepscope")))
     return [b - a for a, b in itertools.pairwise(stamps)][WARMUP:]
 
 
 def compare(
     title: str, arms: dict[str, Callable[[str], list[float]]], rounds: int
 ) -> dict[str, float]:
-    times: dict[str, list[float]] = {k: [] for k in arms}
+    """Per round: each arm's mean step time / the control's in that round; median over rounds."""
     names = list(arms)
     with tempfile.TemporaryDirectory() as root:
         arms[names[0]](root)  # warm-up fit, discarded: first-call costs land on no arm
+    means: dict[str, list[float]] = {k: [] for k in arms}
     for r in range(rounds):
         for name in names[r % len(names) :] + names[: r % len(names)]:  # rotate the order
             with tempfile.TemporaryDirectory() as root:
-                times[name] += arms[name](root)
-    control = next(iter(arms))
-    mean0, med0 = statistics.fmean(times[control]), statistics.median(times[control])
-    print(f"\n{title}: control {mean0 * 1e3:.1f} ms/step (mean), {len(times[control])} steps/arm")
-    print("| arm | mean step / control | median step / control |\n|---|---:|---:|")
+                means[name].append(statistics.fmean(arms[name](root)))
+    control = names[0]
+    ratios = {k: [m / c for m, c in zip(v, means[control])] for k, v in means.items()}
+    mean0 = statistics.median(means[control])
+    print(f"\n{title}: control {mean0 * 1e3:.1f} ms/step (median of round means)")
+    print("| arm | step / control (median over rounds) | per-round ratios |\n|---|---:|---|")
     out = {}
-    for name, ts in times.items():
-        out[name] = statistics.fmean(ts) / mean0
-        print(f"| {name} | {out[name]:.3f} | {statistics.median(ts) / med0:.3f} |")
+    for name, rs in ratios.items():
+        out[name] = statistics.median(rs)
+        print(f"| {name} | {out[name]:.3f} | {', '.join(f'{x:.2f}' for x in rs)} |")
+    print(f"load average after: {os.getloadavg()[0]:.1f}")
     return out
 
 
@@ -167,6 +188,7 @@ def main() -> None:
     os.environ.setdefault("WANDB_MODE", "offline")
     os.environ.setdefault("WANDB_SILENT", "true")
     print("command:", " ".join([os.path.basename(sys.executable), *sys.argv]))
+    print(f"load average before: {os.getloadavg()[0]:.1f}")
     compare(
         "Lightning",
         {
@@ -187,6 +209,11 @@ def main() -> None:
         },
         a.rounds,
     )
+    print("\nstepscope's own clocks (telemetry / training seconds, median over fits; load-immune):")
+    for fw, fractions in TELEMETRY.items():
+        print(
+            f"  {fw}: {statistics.median(fractions):.3f} ({', '.join(f'{f:.3f}' for f in fractions)})"
+        )
 
 
 if __name__ == "__main__":
