@@ -63,3 +63,19 @@ def assert_gradients_match(oracle: list[dict[str, tuple[float, ...]]], run: str)
 def state_equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
     """Bitwise equality of two state dicts (parameters and buffers)."""
     return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def optimizer_state_equal(a: dict, b: dict) -> bool:
+    """Bitwise equality of two optimizer ``state_dict()``s (state tensors and param groups)."""
+    if a["param_groups"] != b["param_groups"] or a["state"].keys() != b["state"].keys():
+        return False
+    for k, sa in a["state"].items():
+        sb = b["state"][k]
+        if sa.keys() != sb.keys():
+            return False
+        for name, va in sa.items():
+            vb = sb[name]
+            same = torch.equal(va, vb) if isinstance(va, torch.Tensor) else va == vb
+            if not same:
+                return False
+    return True

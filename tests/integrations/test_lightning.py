@@ -19,6 +19,7 @@ import torch
 from integrations_testkit import (
     assert_gradients_match,
     grad_facts,
+    optimizer_state_equal,
     recorded_gradients,
     state_equal,
 )
@@ -117,7 +118,13 @@ def recorded(tmp_path_factory):
     oracle = Oracle()
     cb = StepscopeCallback(cadence=1, settings=ss.WatchSettings(durable=False))
     trainer, model = fit(root, [cb, oracle], num_sanity_val_steps=1)
-    return {"run": str(root / "stepscope"), "oracle": oracle, "model": model, "trainer": trainer}
+    return {
+        "run": str(root / "stepscope"),
+        "oracle": oracle,
+        "model": model,
+        "trainer": trainer,
+        "rng": torch.get_rng_state(),
+    }
 
 
 def test_gradient_rows_equal_the_gradient_the_optimizer_consumed(recorded):
@@ -159,9 +166,13 @@ def test_loss_and_learning_rate_are_run_scalars(recorded):
 
 def test_observation_is_bitwise_pure(recorded, tmp_path):
     control = Oracle()
-    _, model = fit(tmp_path, [control], num_sanity_val_steps=1)
+    trainer, model = fit(tmp_path, [control], num_sanity_val_steps=1)
+    assert torch.equal(torch.get_rng_state(), recorded["rng"])  # no extra random draws
     assert control.losses == recorded["oracle"].losses
-    assert state_equal(model.state_dict(), recorded["model"].state_dict())
+    assert state_equal(model.state_dict(), recorded["model"].state_dict())  # BatchNorm too
+    assert optimizer_state_equal(
+        trainer.optimizers[0].state_dict(), recorded["trainer"].optimizers[0].state_dict()
+    )
 
 
 def test_gradient_clipping_is_declared(tmp_path):

@@ -17,7 +17,12 @@ import numpy as np
 import pytest
 import torch
 import transformers as tf
-from integrations_testkit import assert_gradients_match, grad_facts, state_equal
+from integrations_testkit import (
+    assert_gradients_match,
+    grad_facts,
+    optimizer_state_equal,
+    state_equal,
+)
 
 import stepscope as ss
 from stepscope.cli import main
@@ -90,10 +95,16 @@ def train(root: Path, callbacks: list, *, epochs: int = EPOCHS, resume: str | No
 def recorded(tmp_path_factory):
     root = tmp_path_factory.mktemp("hf")
     oracle = Oracle()
-    _, model = train(
+    trainer, model = train(
         root, [StepscopeCallback(cadence=1, settings=ss.WatchSettings(durable=False)), oracle]
     )
-    return {"run": str(root / "stepscope"), "oracle": oracle, "model": model}
+    return {
+        "run": str(root / "stepscope"),
+        "oracle": oracle,
+        "model": model,
+        "optimizer": trainer.optimizer.state_dict(),
+        "rng": torch.get_rng_state(),
+    }
 
 
 def test_gradient_rows_equal_the_gradient_the_optimizer_consumed(recorded):
@@ -136,10 +147,11 @@ def test_the_trainers_logged_values_are_run_scalars(recorded):
 
 def test_observation_is_bitwise_pure(recorded, tmp_path):
     control = Oracle()
-    _, model = train(tmp_path, [control])
-    strip = lambda logs: [{k: v for k, v in log.items()} for log in logs]  # noqa: E731
-    assert strip(control.logs) == strip(recorded["oracle"].logs)
+    trainer, model = train(tmp_path, [control])
+    assert torch.equal(torch.get_rng_state(), recorded["rng"])  # no extra random draws
+    assert control.logs == recorded["oracle"].logs  # losses, grad norms, eval losses
     assert state_equal(model.state_dict(), recorded["model"].state_dict())
+    assert optimizer_state_equal(trainer.optimizer.state_dict(), recorded["optimizer"])
 
 
 @pytest.mark.slow
