@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any
 
@@ -610,9 +610,3 @@ def close(a: Numbers, b: Numbers) -> bool:
         and a.min == b.min
         and a.max == b.max
     )
-
-
-def leaf_and_container_names(model: nn.Module) -> Iterator[str]:
-    """Every module name (the oracle watches all of them when the collector selects ``*``)."""
-    for name, _ in model.named_modules():
-        yield name

@@ -236,3 +236,11 @@ def test_a_forward_hook_that_raises_records_capture_failed_and_the_step_complete
     c.close()
     assert records(c)["0"] == (Presence.CAPTURE_FAILED, None, ("capture_failed:KeyError",))
     assert all(p is Presence.OBSERVED for p, _, _ in records(c, "gradient").values())
+
+
+def test_output_keys_must_map_globs_to_paths():
+    from stepscope import Refusal
+
+    with pytest.raises(Refusal) as err:
+        WatchSettings(output_keys={"encoder": 0})
+    assert err.value.code == "settings_invalid"

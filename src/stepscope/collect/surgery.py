@@ -39,10 +39,12 @@ class Change:
 def _lookup(model: torch.nn.Module, name: str) -> torch.nn.Module | None:
     if name in ("", ROOT_SITE):
         return model
-    try:
-        return model.get_submodule(name)
-    except AttributeError:
-        return None
+    module: torch.nn.Module | None = model
+    for part in name.split("."):  # plain dict lookups: this runs once a step per module
+        module = module._modules.get(part)  # type: ignore[union-attr]
+        if module is None:
+            return None
+    return module
 
 
 def find_changes(
@@ -93,13 +95,18 @@ class StructureWatch:
     ) -> None:
         self.model, self.rows, self.sites, self.catalog = model, rows, sites, catalog
         self.by_stream, self.sample_size, self.seed = by_stream, sample_size, seed
+        self._params: list[Row] | None = None
 
     def check(self, step: int) -> list[Change]:
         """Find and apply the changes since the last check; series end at ``step``."""
-        params = [r for r in self.rows if r.param is not None]
-        changes = find_changes(self.model, self.sites.bound, params)
+        if self._params is None:  # one row per parameter site is enough to notice a change
+            first = {r.site: r for r in self.rows if r.param is not None}
+            self._params = list(first.values())
+        changes = find_changes(self.model, self.sites.bound, self._params)
         for change in changes:
             self._apply(change, step)
+        if changes:
+            self._params = None
         return changes
 
     def _apply(self, change: Change, step: int) -> None:
