@@ -97,6 +97,8 @@ CODES: dict[str, str] = {
     # distributed / runs
     "distributed_unavailable": "torch.distributed is not initialised where it is required",
     "run_config_invalid": "a demo or run configuration is invalid",
+    # trainer integrations (Lightning, Hugging Face)
+    "integration_step_mismatch": "a trainer counts optimizer steps other than the recorded ones (recording stops)",
     # report
     "report_input_invalid": "a report was given no runs, bad endpoints or an unreadable file",
     "overlay_invalid": "a historical overlay file is not the documented JSON shape",

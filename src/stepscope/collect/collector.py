@@ -683,6 +683,14 @@ class HistoryCollector(UserLog):
         finally:
             self._handles, self._watches = [], {}
             self._state = None
+            # rows logged for already written steps (step=k) are kept; the open step's are not
+            try:
+                dated = self._pending.drain(self._next_step).dated if self._pending else []
+            except Refusal:  # the open step's own rows clash: they are dropped with it
+                dated = []
+            for name, at, value in dated:
+                if at < self._next_step:
+                    self._rows.write_scalar(name, at, value)
             self._pending.clear()
             self._updates.clear()
             write_clock_rows(self._rows, self.clock.resolve(block=True))  # CUDA rows still waiting

@@ -81,12 +81,24 @@ class StepTransaction:
         """The optimizer step being recorded (0-based)."""
         return self._s.step
 
-    def declare(self, *, clipped: bool | None = None, micro_batches: int | None = None) -> None:
-        """Record facts the collector cannot see (gradient clipping, micro-batch count)."""
+    def declare(
+        self,
+        *,
+        clipped: bool | None = None,
+        micro_batches: int | None = None,
+        examples: int | None = None,
+    ) -> None:
+        """Record facts the collector cannot see (gradient clipping, micro-batch count).
+
+        ``examples`` replaces the count given to :meth:`HistoryCollector.step` (a trainer
+        callback knows it only after the step's last micro-batch).
+        """
         if clipped is not None:
             self._s.clipped = bool(clipped)
         if micro_batches is not None:
             self._s.micro_batches = int(micro_batches)
+        if examples is not None:
+            self._s.examples = int(examples)
 
     def log(self, name: str, value: float | torch.Tensor, step: int | None = None) -> None:
         """A user scalar for this step (batched to the host at the step boundary)."""

@@ -1,0 +1,379 @@
+"""The framework-agnostic half of the trainer integrations: one optimizer step at a time.
+
+A trainer (Lightning, Hugging Face) calls its callbacks at fixed events; a
+:class:`TrainerSession` turns those events into the collector's explicit spelling::
+
+    with collector.step(optimizer, scaler=..., epoch=...) as st:   # begin_step()
+        ...micro-batches...                                         # micro_batch() each
+        st.declare(micro_batches=..., examples=..., clipped=...)    # end_step()
+
+The ``with`` block is entered and exited from two different callback events, so the session holds
+the context manager between them. Everything a framework adapter needs is here: the default run
+directory, one run id shared by every rank (broadcast from rank 0), resume at the trainer's
+checkpoint step with segment ancestry, scalars and evaluation rows, and the optional dense probe.
+The adapters (:mod:`stepscope.integrations.lightning`, :mod:`stepscope.integrations.transformers`)
+only read their framework's state and delegate here, one line per event.
+
+Example
+-------
+>>> import torch
+>>> from stepscope.integrations.session import TrainerSession
+>>> model = torch.nn.Linear(4, 2)
+>>> opt = torch.optim.SGD(model.parameters(), lr=0.1)
+>>> session = TrainerSession(settings=None)
+>>> _ = session.start(model, default_dir=None, trainer_step=0, rank=0, announce=print)
+stepscope: run ... recording to RAM (no output_dir)
+>>> for step in range(2):
+...     session.begin_step(opt, trainer_step=step, epoch=0)
+...     for _ in range(2):  # two micro-batches of 8 examples
+...         model(torch.randn(8, 4)).pow(2).mean().backward()
+...         session.micro_batch(examples=8)
+...     opt.step(); opt.zero_grad()
+...     recorded = session.end_step(clipped=False, scalars={"train/loss": 1.0})
+>>> [(r.block.optimizer_step, r.block.examples_seen, r.block.truth.micro_batches)
+...  for r in session.collector.ring.blocks()]
+[(0, 16, 2), (1, 32, 2)]
+>>> session.close()
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+import uuid
+import warnings
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from stepscope.collect import DEFAULT_STREAMS, HistoryCollector, StepTransaction, WatchSettings
+from stepscope.errors import Refusal
+from stepscope.probe import DenseProbe, choose_cadence, write_probe_record
+
+#: Steps whose training-clock seconds are timed before the probe's cadence is chosen.
+PROBE_TIMING_STEPS = 5
+
+
+class IntegrationStoppedWarning(RuntimeWarning):
+    """A trainer callback stopped recording (the run goes on; committed steps are kept)."""
+
+
+def shared_run_id(run_id: str | None) -> str:
+    """One run id for every rank: ``run_id`` if given, else a fresh one broadcast from rank 0.
+
+    Without an initialised process group this is just ``run_id`` or a fresh id.
+    """
+    chosen = run_id or uuid.uuid4().hex[:12]
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        box = [chosen]
+        dist.broadcast_object_list(box, src=0)
+        chosen = box[0]
+    return chosen
+
+
+@dataclass
+class ProbePlan:
+    """How the optional dense probe runs: every ``every`` optimizer steps, chosen from timings.
+
+    Attributes
+    ----------
+    probe
+        The :class:`~stepscope.DenseProbe` (a fixed probe from the training split).
+    every
+        Probe cadence in optimizer steps; ``None`` until it is chosen from measurements (the
+        probe's own time at step 0 and the first :data:`PROBE_TIMING_STEPS` training steps).
+    target
+        Overhead target of the choice (fraction of training time).
+    decision
+        The :class:`~stepscope.probe.CadenceDecision` as a dict once made (run scalars
+        ``probe/cadence_steps`` and ``probe/expected_overhead`` record it too).
+    probe_seconds
+        Measured seconds of each probe measurement so far (the cadence is chosen from them).
+    """
+
+    probe: DenseProbe
+    every: int | None = None
+    target: float = 0.05
+    decision: dict[str, Any] | None = None
+    probe_seconds: list[float] = dataclasses.field(default_factory=list)
+
+    def due(self, step: int) -> bool:
+        """Step 0 always (the init reference); then every ``every`` steps once chosen."""
+        return step == 0 or (self.every is not None and step % self.every == 0)
+
+
+def as_probe_plan(probe: DenseProbe | ProbePlan | None) -> ProbePlan | None:
+    """Accept a :class:`~stepscope.DenseProbe` or a :class:`ProbePlan` (``None``: no probe)."""
+    if probe is None or isinstance(probe, ProbePlan):
+        return probe
+    if isinstance(probe, DenseProbe):
+        return ProbePlan(probe)
+    raise Refusal(
+        "settings_invalid",
+        f"probe= must be a DenseProbe or a ProbePlan, not {type(probe).__name__}",
+        ["build one with ss.DenseProbe(inputs, labels, size=...)"],
+    )
+
+
+@dataclass
+class _OpenStep:
+    """The step transaction held between the framework's begin and end events."""
+
+    manager: Any
+    txn: StepTransaction
+    started: float
+    micro_batches: int = 0
+    examples: int | None = 0
+
+
+class TrainerSession:
+    """Drive a :class:`~stepscope.HistoryCollector` from a trainer's callback events.
+
+    Parameters
+    ----------
+    sites, streams, cadence, settings
+        As for :class:`~stepscope.HistoryCollector`. ``settings.output_dir`` defaults to the
+        trainer's directory (``default_dir``) so a long run never meets the RAM ring's limit.
+    probe
+        Optional :class:`~stepscope.DenseProbe` (or a :class:`ProbePlan` fixing its cadence).
+    """
+
+    def __init__(
+        self,
+        sites: Any = None,
+        streams: tuple[str, ...] | list[str] = DEFAULT_STREAMS,
+        cadence: Any = None,
+        settings: WatchSettings | None = None,
+        probe: DenseProbe | ProbePlan | None = None,
+    ) -> None:
+        self.sites, self.streams, self.cadence = sites, tuple(streams), cadence
+        self.settings = settings
+        self.probe = as_probe_plan(probe)
+        self.collector: HistoryCollector | None = None
+        self.path: Path | None = None
+        self._open: _OpenStep | None = None
+        self._model: torch.nn.Module | None = None
+        self._step_seconds: list[float] = []
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(
+        self,
+        model: torch.nn.Module,
+        *,
+        default_dir: str | Path | None,
+        trainer_step: int,
+        rank: int,
+        announce: Callable[[str], None] = print,
+    ) -> HistoryCollector:
+        """Open the collector at the trainer's current optimizer step ``trainer_step``.
+
+        ``trainer_step > 0`` (a run resumed from a checkpoint) appends a segment to the existing
+        artifact whose steps continue at ``trainer_step`` (``WatchSettings.resume_step``): steps
+        recorded after an earlier checkpoint are superseded by the new segment, never duplicated.
+        Rank 0 announces the run directory.
+        """
+        if self.collector is not None and not self.collector.closed:
+            return self.collector
+        settings = self.settings or WatchSettings()
+        out = settings.output_dir or (None if default_dir is None else str(default_dir))
+        resume = trainer_step > 0 and out is not None and _has_artifact(out)
+        settings = dataclasses.replace(
+            settings,
+            output_dir=out,
+            run_id=None if resume else shared_run_id(settings.run_id),
+            resume=resume,
+            resume_step=trainer_step if resume else None,
+        )
+        self.collector = HistoryCollector(
+            model, sites=self.sites, streams=self.streams, cadence=self.cadence, settings=settings
+        )
+        self._model = model
+        self.path = self.collector.path
+        if rank == 0:
+            where = out if out is not None else "RAM (no output_dir)"
+            announce(f"stepscope: run {self.collector.run.run_id} recording to {where}")
+        if self.probe is not None and trainer_step == 0:
+            self._measure_probe(0)
+        return self.collector
+
+    def close(self) -> None:
+        """End an open step (if any) and close the collector (idempotent)."""
+        if self.collector is None:
+            return
+        self._open = None  # a half-open step is dropped, like the collector's own close
+        self.collector.close()
+
+    def abort(self, exc: BaseException) -> None:
+        """The trainer raised: exit an open transaction with ``exc`` (the collector closes)."""
+        if self._open is not None:
+            manager, self._open = self._open.manager, None
+            try:
+                manager.__exit__(type(exc), exc, exc.__traceback__)
+            except BaseException as err:  # the transaction re-raises what it was given
+                if err is not exc:
+                    raise
+        self.close()
+
+    # ------------------------------------------------------------------ steps
+    @property
+    def in_step(self) -> bool:
+        """Whether a step transaction is open."""
+        return self._open is not None
+
+    def begin_step(
+        self,
+        optimizer: Any,
+        *,
+        trainer_step: int,
+        scaler: Any = None,
+        epoch: int | None = None,
+    ) -> None:
+        """Enter ``collector.step(...)`` for the trainer's optimizer step ``trainer_step``.
+
+        When the collector would record another step number (e.g. a manual-optimization loop
+        stepping twice per batch), recording stops: the open step is dropped, the collector
+        closes with everything already committed, and an :class:`IntegrationStoppedWarning`
+        (code ``integration_step_mismatch``) says why. Training is never interrupted.
+        """
+        collector = self.collector
+        if collector is None or collector.closed:
+            return
+        manager = collector.step(optimizer, scaler=scaler, epoch=epoch)
+        txn = manager.__enter__()
+        if txn.step != trainer_step:
+            self._stop(manager, trainer_step, txn.step)
+            return
+        self._open = _OpenStep(manager, txn, time.perf_counter())
+
+    def micro_batch(self, examples: int | None) -> None:
+        """Count one forward/backward of the open step (``examples``: ``None`` if unknown)."""
+        if self._open is None:
+            return
+        self._open.micro_batches += 1
+        if examples is None or self._open.examples is None:
+            self._open.examples = None
+        else:
+            self._open.examples += int(examples)
+
+    def end_step(
+        self,
+        *,
+        clipped: bool | None,
+        scalars: Mapping[str, Any] | None = None,
+        trainer_step: int | None = None,
+    ) -> int | None:
+        """Declare the step's facts, log ``scalars`` and exit the transaction.
+
+        ``trainer_step`` is the trainer's optimizer-step count after the step: anything but one
+        more than at :meth:`begin_step` stops recording like a mismatch there (this step is not
+        written). Returns the recorded step, or ``None`` if none was open.
+        """
+        if self._open is None:
+            return None
+        opened, self._open = self._open, None
+        txn = opened.txn
+        if trainer_step is not None and trainer_step != txn.step + 1:
+            self._stop(opened.manager, trainer_step - 1, txn.step)
+            return None
+        txn.declare(
+            micro_batches=opened.micro_batches or None,
+            clipped=clipped,
+            examples=opened.examples,
+        )
+        for name, value in (scalars or {}).items():
+            txn.log(name, value)
+        opened.manager.__exit__(None, None, None)
+        if len(self._step_seconds) < PROBE_TIMING_STEPS:
+            self._step_seconds.append(time.perf_counter() - opened.started)
+            if len(self._step_seconds) == PROBE_TIMING_STEPS:
+                self._choose_probe_cadence()
+        if self.probe is not None and self.probe.due(txn.step + 1):
+            self._measure_probe(txn.step + 1)
+        return txn.step
+
+    def _stop(self, manager: Any, trainer_step: int, step: int) -> None:
+        """Stop recording on a step-count disagreement: drop the open step, warn, keep the rest."""
+        err = Refusal(
+            "integration_step_mismatch",
+            f"the trainer counts optimizer step {trainer_step} where stepscope records step "
+            f"{step} (several optimizer steps per batch?); recording stopped, steps before "
+            f"{step} are kept",
+            [
+                "run one optimizer step per step transaction (automatic optimization)",
+                "or drive HistoryCollector.step() yourself in a manual loop",
+            ],
+        )
+        manager.__exit__(Refusal, err, None)  # the exception path: no block, collector closed
+        warnings.warn(str(err), IntegrationStoppedWarning, stacklevel=3)
+
+    # ------------------------------------------------------------------ run log
+    def log(self, name: str, value: Any, step: int | None = None) -> None:
+        """A run scalar (``step``: a step already recorded, e.g. a framework's logging step)."""
+        if self.collector is not None and not self.collector.closed:
+            self.collector.log(name, value, step)
+
+    def log_eval(
+        self,
+        split: str,
+        metrics: Mapping[str, Any],
+        *,
+        sample_count: int | None = None,
+        epoch: int | None = None,
+    ) -> None:
+        """One evaluation row set (finite real metrics only) at the current training coordinate."""
+        if self.collector is None or self.collector.closed:
+            return
+        clean = {k: v for k, v in metrics.items() if _is_real(v)}
+        if clean:
+            self.collector.log_eval(split, clean, sample_count=sample_count, epoch=epoch)
+
+    # ------------------------------------------------------------------ probe
+    def _measure_probe(self, step: int) -> None:
+        plan, collector = self.probe, self.collector
+        if plan is None or collector is None or self._model is None:
+            return
+        last = getattr(collector, "last_block", None)
+        seen = 0 if last is None else (last.examples_seen or 0)
+        epoch = -1 if last is None or last.epoch is None else last.epoch
+        with collector.telemetry():  # charged to telemetry time; its forwards are not the step's
+            record = plan.probe.measure(self._model, step=step, examples_seen=seen, epoch=epoch)
+        plan.probe_seconds.append(float(record.cost.get("seconds", math.nan)))
+        if collector.writer is not None:
+            write_probe_record(collector.writer, record)
+
+    def _choose_probe_cadence(self) -> None:
+        """The densest probe cadence under the target, from the probe's and the steps' times."""
+        plan = self.probe
+        if plan is None or plan.every is not None or not plan.probe_seconds or self._model is None:
+            return
+        dtype = str(next(self._model.parameters()).dtype).replace("torch.", "")
+        choice = choose_cadence(
+            plan.probe_seconds,
+            self._step_seconds,
+            plan.target,
+            None,
+            plan.probe.selection.size,
+            dtype,
+        )
+        plan.decision = choice.to_dict()
+        plan.every = choice.cadence_steps
+        if plan.every is not None:
+            self.log("probe/cadence_steps", float(plan.every))
+        if choice.expected_overhead is not None:
+            self.log("probe/expected_overhead", float(choice.expected_overhead))
+
+
+def _has_artifact(path: str | Path) -> bool:
+    p = Path(path)
+    return (p / "manifest.json").exists() or any(p.glob("rank*/manifest.json"))
+
+
+def _is_real(value: Any) -> bool:
+    if isinstance(value, torch.Tensor):
+        return value.numel() == 1 and not value.is_complex()
+    return isinstance(value, (int, float)) and not isinstance(value, bool)

@@ -1,0 +1,16 @@
+"""Two-process HF Trainer under torchrun (gloo, CPU) with the stepscope callback.
+
+``torchrun --nproc_per_node 2 this.py ROOT``: each rank writes ``ROOT/stepscope/rank<k>``.
+"""
+
+import sys
+from pathlib import Path
+
+from test_transformers import train
+
+import stepscope as ss
+from stepscope.integrations.transformers import StepscopeCallback
+
+if __name__ == "__main__":
+    cb = StepscopeCallback(cadence=1, settings=ss.WatchSettings(durable=False))
+    train(Path(sys.argv[1]), [cb], epochs=1, ddp_backend="gloo")
