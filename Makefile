@@ -20,6 +20,10 @@ $(VENV)/.demo-installed: $(VENV)/bin/python pyproject.toml constraints.txt $(KER
 
 $(VENV)/.dev-installed: $(VENV)/bin/python pyproject.toml constraints.txt $(KERNEL)
 	$(PIP) -e ".[dev,demo,report,tensorboard]"
+	# BackPACK pulls in torchvision, whose PyPI wheel cannot load its ops next to the local CPU
+	# build of torch ("torchvision::nms does not exist") and then breaks `import lightning` and
+	# `transformers`; no test uses torchvision, so the dev environment goes without it.
+	$(PY) -m pip uninstall -y -q torchvision || true
 	touch $@ $(VENV)/.demo-installed
 
 demo: $(VENV)/.demo-installed
