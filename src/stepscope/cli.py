@@ -23,8 +23,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
-from collections.abc import Callable, Sequence
-from typing import TextIO
+from collections.abc import Sequence
 
 from stepscope.errors import Refusal
 
@@ -144,29 +143,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         for remedy in err.remedies:
             print(f"  - {remedy}", file=sys.stderr)
         return 3
-
-
-def progress_bar(label: str, stream: TextIO | None = None) -> Callable[[int, int], None]:
-    """A ``progress(done, total)`` callback that draws the demo's progress bar on stderr.
-
-    >>> import io
-    >>> out = io.StringIO()
-    >>> tick = progress_bar("export", out)
-    >>> for i in range(1, 5):
-    ...     tick(i, 4)
-    >>> out.getvalue().splitlines()[-1].startswith("export [###")
-    True
-    """
-    from stepscope.demo.run import Progress
-
-    bars: list[Progress] = []
-
-    def update(done: int, total: int) -> None:
-        if not bars:
-            bars.append(Progress(total, label, stream))
-        bars[0].advance(done - bars[0].done)
-
-    return update
 
 
 if __name__ == "__main__":  # pragma: no cover

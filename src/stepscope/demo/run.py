@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import sys
-import time
 from typing import TextIO
 
 import torch
@@ -11,33 +9,6 @@ import torch.nn.functional as F
 
 from stepscope.demo.data import DigitSplits
 from stepscope.stats import aggregate, render_histogram, render_spine
-
-
-class Progress:
-    """A dependency-free progress bar on stderr."""
-
-    def __init__(self, total: int, label: str, stream: TextIO | None = None) -> None:
-        self.total, self.label, self.stream, self.done = total, label, stream or sys.stderr, 0
-        self.start = time.perf_counter()
-
-    def advance(self, n: int = 1, note: str = "") -> None:
-        self.done += n
-        if (
-            self.done < self.total
-            and not self.stream.isatty()
-            and self.done % max(1, self.total // 4)
-        ):
-            return  # in logs, print a few lines rather than one per step
-        frac = self.done / max(self.total, 1)
-        bar = "#" * int(30 * frac)
-        rate = self.done / max(time.perf_counter() - self.start, 1e-9)
-        tty = self.stream.isatty()
-        line = f"{self.label} [{bar:<30}] {self.done}/{self.total} {rate:.0f}/s {note}"
-        # a terminal redraws one line; a log gets whole lines
-        self.stream.write(
-            ("\r" + line + ("\n" if self.done >= self.total else "")) if tty else line + "\n"
-        )
-        self.stream.flush()
 
 
 def evaluate(

@@ -69,8 +69,8 @@ def register(subparsers: Any) -> None:
 
 
 def _export(args: argparse.Namespace) -> int:
-    from stepscope.cli import progress_bar
     from stepscope.events.export import export_run
+    from stepscope.progress import progress_bar
 
     report = export_run(
         args.run,

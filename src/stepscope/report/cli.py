@@ -34,7 +34,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _main(args: argparse.Namespace) -> int:
-    from stepscope.cli import progress_bar
+    from stepscope.progress import progress_bar
     from stepscope.report.html import render_report
 
     endpoints = None
