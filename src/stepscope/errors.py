@@ -46,6 +46,9 @@ CODES: dict[str, str] = {
     "merge_incompatible": "segments that cannot be merged (runs, steps or layouts differ)",
     "history_step_out_of_order": "a step block was written at or before an already written step",
     "history_writer_active": "another live writer holds the artifact's writer lock",
+    "history_file_kind_invalid": "an artifact path is a link, directory, FIFO or device, not a regular file",
+    "history_disk_fault": "a commit failed on a full or read-only disk; rows kept pending or disclosed",
+    "history_index_incomplete": "the index accounts for fewer commits or evaluations than the artifact holds",
     # collector
     "step_transaction_required": "an operation needs the explicit step() transaction",
     "step_transaction_nested": "a step transaction was opened inside another",

@@ -1,3 +1,4 @@
+import hashlib
 import json
 import shutil
 
@@ -79,7 +80,27 @@ def test_malformed_or_truncated_json_refuses_json_invalid(run_dir, hx, file, dam
     )
     with pytest.raises(Refusal) as err:
         _read_everything(open_history(run_dir))
-    assert err.value.code == "history_json_invalid"
+    # index.json carries the manifest's sha256: any change to the manifest fails it first
+    want = "history_artifact_corrupt" if file == "manifest.json" else "history_json_invalid"
+    assert err.value.code == want
+    if file == "manifest.json":  # a forger who also re-signs the index meets the JSON check
+        _resign_index(run_dir)
+        with pytest.raises(Refusal) as err:
+            _read_everything(open_history(run_dir))
+        assert err.value.code == "history_json_invalid"
+
+
+def _resign_index(run_dir, mutate=None):
+    """Rewrite index.json (optionally mutated) with a matching manifest hash and self-hash."""
+    from stepscope.history.files import json_sha256
+
+    index = json.loads((run_dir / "index.json").read_text())
+    index.pop("sha256")
+    if mutate is not None:
+        mutate(index)
+    index["manifest_sha256"] = hashlib.sha256((run_dir / "manifest.json").read_bytes()).hexdigest()
+    index["sha256"] = json_sha256(index)
+    (run_dir / "index.json").write_text(json.dumps(index))
 
 
 @pytest.mark.parametrize("file", ["manifest.json", "catalog.json", "index.json"])
@@ -113,9 +134,7 @@ def test_chunk_names_with_separators_or_dotdot_refuse(run_dir, hx, bad):
 
 def test_log_names_outside_index_dir_refuse(run_dir, hx):
     _run(run_dir, hx)
-    index = json.loads((run_dir / "index.json").read_text())
-    index["logs"] = ["index/../manifest.json"]
-    (run_dir / "index.json").write_text(json.dumps(index))
+    _resign_index(run_dir, lambda index: index.update(logs=["index/../manifest.json"]))
     with pytest.raises(Refusal) as err:
         open_history(run_dir)
     assert err.value.code == "history_chunk_name_invalid"
@@ -129,7 +148,8 @@ def test_index_pointing_at_missing_chunk_refuses_missing(run_dir, hx):
         _read_everything(open_history(run_dir))
     assert err.value.code == "history_artifact_missing" and name in err.value.message
     failures = open_history(run_dir).verify().failures
-    assert failures == [(name, "history_artifact_missing", "file is missing")]
+    assert [(n, code) for n, code, _ in failures] == [(name, "history_artifact_missing")]
+    assert "does not exist" in failures[0][2] and "steps 0..1 unaccounted for" in failures[0][2]
 
 
 def test_chunk_that_is_not_npy_but_matches_its_hash_refuses_corrupt(run_dir, hx):
