@@ -67,6 +67,7 @@ from stepscope.runlog import (
     PendingStep,
     StepClock,
     clock_scalars,
+    close_artifact,
     make_eval,
     withhold_inactive,
     write_clock_rows,
@@ -755,9 +756,8 @@ class HistoryCollector:
             self._state = None
             self._pending.clear()
             write_clock_rows(self._rows, self.clock.resolve(block=True))  # CUDA rows still waiting
-            if self.writer is not None:
-                self.writer.close()
-                write_summary(self.path, self.clock.summary(closed=True))
+            if self.writer is not None:  # disk faults are reported, not raised (issue 18)
+                self.close_report = close_artifact(self._rows, self.clock.summary(closed=True))
 
     @property
     def closed(self) -> bool:

@@ -218,7 +218,8 @@ class ArtifactWriter:
             import fcntl
         except ImportError:  # pragma: no cover - not on POSIX: no lock, documented
             return
-        flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)
+        # read-only: flock needs no write access, and a read-only remount is not blocked by it
+        flags = os.O_RDONLY | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)
         try:
             fd = os.open(self.path / "writer.lock", flags, 0o644)
         except OSError as exc:

@@ -118,6 +118,8 @@ def _open_regular(path: Path, what: str, flags: int) -> int:
             raise _kind_refusal(path, what, "a directory") from None
         if exc.errno == errno.ENOTDIR:
             raise _kind_refusal(path, what, "under a non-directory") from None
+        if flags & os.O_ACCMODE != os.O_RDONLY:
+            raise  # a write that the disk refuses (EROFS, ENOSPC, EIO) is a disk fault
         raise Refusal(
             "history_artifact_missing", f"{what} {path} unreadable: {exc.strerror}.", []
         ) from None

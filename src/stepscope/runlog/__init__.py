@@ -23,6 +23,7 @@ from stepscope.runlog.runlog import (
 from stepscope.runlog.sink import (
     ArtifactRows,
     MemoryRows,
+    close_artifact,
     read_eval_log,
     read_summary,
     write_summary,
@@ -53,6 +54,7 @@ __all__ = [
     "StepClock",
     "branch_scalar",
     "clock_scalars",
+    "close_artifact",
     "make_eval",
     "read_eval_log",
     "read_summary",

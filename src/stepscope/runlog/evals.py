@@ -32,13 +32,20 @@ from stepscope.errors import Refusal
 from stepscope.runlog.names import HASH_WIDTH, METRIC_WIDTH, SPLIT_WIDTH, check_label
 
 EVAL_LOG = "evals.log"
+_MAX_COUNT = 1 << 62
 
 
 def _count(value: Any, what: str) -> int | None:
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
-        raise Refusal("runlog_value_invalid", f"{what} {value!r} is not an int >= 0 or None.")
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, np.integer))
+        or not 0 <= value <= _MAX_COUNT
+    ):
+        raise Refusal(
+            "runlog_value_invalid", f"{what} {str(value)[:40]} is not an int in 0..2**62 or None."
+        )
     return int(value)
 
 
@@ -92,7 +99,12 @@ class EvalRecord:
                     f"metric {name!r} is {type(value).__name__}, not a real number.",
                     ["convert tensors with RunLog.log_eval, which batches them"],
                 )
-            items.append((name, float(value)))
+            try:
+                items.append((name, float(value)))
+            except OverflowError:
+                raise Refusal(
+                    "runlog_value_invalid", f"metric {name!r} does not fit a float64.", []
+                ) from None
         object.__setattr__(self, "_sorted", tuple(sorted(items)))
         object.__setattr__(self, "metrics", dict(self._sorted))
         if _count(self.optimizer_step, "optimizer_step") is None:
@@ -104,7 +116,11 @@ class EvalRecord:
             check_label(self.data_hash, "data_hash", HASH_WIDTH)
         if not isinstance(self.endpoint, (bool, np.bool_)):
             raise Refusal("runlog_value_invalid", "endpoint must be True or False.", [])
-        if self.wall_time is not None and not math.isfinite(self.wall_time):
+        if self.wall_time is not None and (
+            isinstance(self.wall_time, bool)
+            or not isinstance(self.wall_time, (int, float))
+            or not math.isfinite(self.wall_time)
+        ):
             raise Refusal("runlog_value_invalid", "wall_time must be finite or None.", [])
 
     def to_dict(self) -> dict[str, Any]:
@@ -137,7 +153,7 @@ class EvalRecord:
                 endpoint=d.get("endpoint", False),
                 wall_time=d.get("wall_time"),
             )
-        except (KeyError, TypeError, ValueError, Refusal) as exc:
+        except (KeyError, TypeError, ValueError, ArithmeticError, Refusal) as exc:
             raise Refusal(
                 "history_json_invalid",
                 f"an evals.log row is malformed ({exc}).",

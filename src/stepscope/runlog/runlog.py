@@ -48,7 +48,7 @@ from stepscope.runlog.clocks import ClockRow, StepClock
 from stepscope.runlog.evals import EvalRecord
 from stepscope.runlog.names import CLOCK_ELAPSED, CLOCK_TELEMETRY, CLOCK_TRAINING, eval_scalar
 from stepscope.runlog.pending import PendingStep, _host_or_tensor, _to_host_all
-from stepscope.runlog.sink import ArtifactRows, MemoryRows, write_summary
+from stepscope.runlog.sink import ArtifactRows, MemoryRows, close_artifact, write_summary
 from stepscope.runlog.view import RunView
 
 _UNKNOWN_TRUTH = StepTruth()  # frozen: one shared record
@@ -314,8 +314,7 @@ class RunLog:
             self.sink.write_scalar(name, at, value)
         write_clock_rows(self.sink, self.clock.resolve(block=True))
         if isinstance(self.sink, ArtifactRows):
-            self.sink.writer.close()
-            write_summary(self.path, self.clock.summary(closed=True))
+            self.close_report = close_artifact(self.sink, self.clock.summary(closed=True))
 
     def __enter__(self) -> RunLog:
         return self

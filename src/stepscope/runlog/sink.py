@@ -25,6 +25,7 @@ False
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -45,6 +46,8 @@ class ArtifactRows:
     def __init__(self, writer: Any) -> None:
         self.writer = writer
         self.path = Path(writer.path)
+        #: evaluations whose ``evals.log`` line a disk fault kept back (retried at the next one)
+        self.unwritten: list[dict[str, Any]] = []
 
     def write_step(
         self, block: StepBlockRecord, batches: Sequence[Any] = (), scalars: dict | None = None
@@ -57,11 +60,36 @@ class ArtifactRows:
         self.writer.write_scalar(name, step, value)
 
     def write_eval(self, rec: EvalRecord) -> None:
-        """Append ``rec`` durably to ``evals.log`` (visible at once, like a committed row)."""
+        """Append ``rec`` durably to ``evals.log`` (visible at once, like a committed row).
+
+        A disk fault raises nothing: the line is kept and retried with the next evaluation
+        (and by :meth:`flush`); the first fault warns once with ``history_disk_fault``.
+        """
+        self.unwritten.append({"segment": self.writer.run.segment_id, **rec.to_dict()})
+        self.flush()
+
+    def flush(self) -> int:
+        """Append the kept-back evaluation lines in order; returns how many are still unwritten."""
         from stepscope.history.files import append_log_row
 
-        row = {"segment": self.writer.run.segment_id, **rec.to_dict()}
-        append_log_row(self.path / EVAL_LOG, row, durable=self.writer.durable)
+        while self.unwritten:
+            try:
+                append_log_row(self.path / EVAL_LOG, self.unwritten[0], durable=self.writer.durable)
+            except OSError as exc:
+                fault = Refusal(
+                    "history_disk_fault",
+                    f"evals.log append failed ({exc.strerror or exc}); {len(self.unwritten)} "
+                    "evaluation line(s) kept in RAM and retried.",
+                    ["free disk space or remount the output read-write; training continues"],
+                )
+                faults = getattr(self.writer, "faults", None)
+                if not faults:  # one warning per run, shared with the writer's commits
+                    warnings.warn(str(fault), RuntimeWarning, stacklevel=3)
+                if faults is not None:
+                    faults.append(fault)
+                break
+            self.unwritten.pop(0)
+        return len(self.unwritten)
 
 
 class MemoryRows:
@@ -126,6 +154,22 @@ class MemoryRows:
         return self.summary_data
 
 
+def close_artifact(rows: ArtifactRows, summary: dict[str, Any]) -> Any:
+    """Flush kept-back evaluations, close the writer, write ``runlog.json``; never raises a disk fault.
+
+    Returns the writer's :class:`~stepscope.history.artifact.CloseReport` (``uncommitted_steps``,
+    ``dropped_steps``, ``faults``), with an evaluation line that could not be written counted
+    in ``faults``. ``runlog.json`` is a convenience: failing to write it is ignored.
+    """
+    rows.flush()
+    report = rows.writer.close()
+    try:
+        write_summary(rows.path, summary)
+    except OSError:
+        pass
+    return report
+
+
 def write_summary(directory: str | os.PathLike[str] | None, summary: dict[str, Any]) -> None:
     """Atomically (re)write ``runlog.json`` in an artifact directory (no-op without one)."""
     if directory is None:
@@ -151,7 +195,16 @@ def read_eval_log(reader: Any) -> list[EvalRecord]:
 
     cutoff = _cutoffs(reader.segments)
     out = []
-    for row in read_log(Path(reader.path) / EVAL_LOG).rows:
+    got = read_log(Path(reader.path) / EVAL_LOG, missing_ok=True, what="evaluation log")
+    seal = getattr(reader, "sealed", {}).get(EVAL_LOG)
+    if seal is not None and (got.next_offset < seal["bytes"] or len(got.rows) < seal["rows"]):
+        raise Refusal(
+            "history_index_incomplete",
+            f"{EVAL_LOG} holds {len(got.rows)} rows ({got.next_offset} bytes); the run sealed "
+            f"{seal['rows']} rows ({seal['bytes']} bytes): evaluations were lost.",
+            ["restore evals.log from a copy"],
+        )
+    for row in got.rows:
         rec = EvalRecord.from_dict(row)
         if rec.optimizer_step < cutoff.get(str(row.get("segment")), np.iinfo(np.int64).max):
             out.append(rec)
