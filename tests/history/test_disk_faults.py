@@ -199,7 +199,7 @@ def test_past_the_pending_bound_steps_are_disclosed_dropped_never_silently_lost(
 ):
     inj = _InjectedFaults(monkeypatch)
     run = tmp_path / "run"
-    c, _sums, _before, faults = _train(
+    c, _sums, _before, _faults = _train(
         run, lambda: setattr(inj, "on", True), lambda: setattr(inj, "on", False), ram_capacity=4
     )
     report = c.close_report

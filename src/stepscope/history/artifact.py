@@ -512,9 +512,7 @@ class ArtifactWriter:
             return False  # after a failed commit: retry after commit_steps more steps
         if not due and self.commit_seconds is not None:
             due = time.monotonic() - self._last_commit >= self.commit_seconds
-        if due:
-            self.commit()
-        return due
+        return due and self.commit() is not None
 
     def commit(self) -> dict[str, Any] | None:
         """Make everything pending durable and visible; returns the index row (or None).

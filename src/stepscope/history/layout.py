@@ -203,7 +203,7 @@ def npy_load(data: bytes, name: str, expected: np.dtype | None) -> np.ndarray:
         read_header = fmt.read_array_header_1_0 if version == (1, 0) else fmt.read_array_header_2_0
         if version not in ((1, 0), (2, 0)):
             raise ValueError(f"unsupported .npy version {version}")
-        shape, fortran, dtype = read_header(buf)
+        shape, _fortran, dtype = read_header(buf)
     except Exception as exc:  # numpy raises ValueError, SyntaxError, TokenError, ... on junk
         raise Refusal(
             "history_artifact_corrupt",
