@@ -56,7 +56,7 @@ from stepscope.history.schema import (
     Stream,
     _enum,
 )
-from stepscope.history.verify import VerifyReport, validate_commit, verify_files
+from stepscope.history.verify import VerifyReport, check_codes, validate_commit, verify_files
 
 
 @dataclass(frozen=True)
@@ -309,6 +309,7 @@ class HistoryReader:
             array = npy_load(data, name, self._dtypes[f["table"]])
         if len(array) != f["rows"]:
             raise Refusal("history_artifact_corrupt", f"chunk {name} row count differs.", [])
+        check_codes(array, f["table"], name, self.sites, self.scalar_names, self.disclosures)
         self._cache[key] = array
         return array
 
@@ -484,7 +485,14 @@ class HistoryReader:
         Each failure names the step range it leaves unaccounted for; chunks of commits that the
         index does not list (a shortened log) are failures too.
         """
-        return verify_files(self.path / "chunks", self.commits, self._rows)
+        report = verify_files(self.path / "chunks", self.commits, self._rows)
+        from stepscope.runlog.sink import read_eval_log
+
+        try:
+            read_eval_log(self)  # evals.log: every row's sha256, its seal, its values
+        except Refusal as exc:
+            report.failures.append(("evals.log", exc.code, exc.message))
+        return report
 
     def clear_cache(self) -> None:
         """Forget decoded chunks (they are re-read and re-verified on next use)."""

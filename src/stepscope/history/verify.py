@@ -80,6 +80,54 @@ def validate_commit(row: Any, log: str) -> dict[str, Any]:
     return row
 
 
+def check_codes(
+    rows: np.ndarray, table: str, name: str, sites: list, scalar_names: list, disclosures: list
+) -> None:
+    """Refuse ``history_artifact_corrupt`` if a stored code or id is outside its vocabulary.
+
+    Checked once per chunk when it is loaded (vectorised), so decoding never indexes out of range:
+    enum codes, site / scalar-name / disclosure ids, reduction dtypes, and the integral,
+    non-negative counts of observed spines.
+    """
+    from stepscope.history.batch import OBSERVED, REDUCTION_DTYPES
+    from stepscope.history.vocab import Phase, Presence, StepProvenance, Stream, Tristate
+    from stepscope.stats import SPINE_FIELDS
+
+    def need(ok: np.ndarray | bool, what: str) -> None:
+        if not np.all(ok):
+            raise Refusal(
+                "history_artifact_corrupt",
+                f"chunk {name} holds {what} outside its vocabulary.",
+                ["restore the chunk from a copy", "run `stepscope verify`"],
+            )
+
+    def codes(col: str, vocab: Any) -> None:
+        need((rows[col] >= 1) & (rows[col] <= len(vocab)), f"{col} codes")
+
+    if not len(rows):
+        return
+    if table == "steps":
+        codes("provenance", StepProvenance)
+        for col in ("applied", "unscaled", "clipped"):
+            codes(col, Tristate)
+    elif table == "scalars":
+        need((rows["name"] >= 0) & (rows["name"] < len(scalar_names)), "scalar-name ids")
+    elif table in ("observations", "histograms"):
+        need((rows["site"] >= 0) & (rows["site"] < len(sites)), "site ids")
+        codes("stream", Stream)
+        codes("phase", Phase)
+        need(rows["micro_batch"] >= -1, "micro-batch indices")
+        if table == "observations":
+            codes("presence", Presence)
+            need(rows["rdtype"] < len(REDUCTION_DTYPES), "reduction dtypes")
+            d = rows["disclosure"]
+            need((d >= -1) & (d < len(disclosures)), "disclosure ids")
+            observed = rows["spine"][rows["presence"] == OBSERVED]
+            counts = observed[:, : SPINE_FIELDS.index("min")]
+            need(np.isfinite(counts) & (counts >= 0) & (counts == np.floor(counts)), "counts")
+            need(counts < 2.0**62, "counts")
+
+
 @dataclass(frozen=True)
 class VerifyReport:
     """Outcome of recomputing every committed chunk's sha256 and accounting for every commit.
