@@ -147,7 +147,9 @@ def test_sigkill_during_recovery_after_a_disk_fault_leaves_a_committed_prefix(tm
         assert os.read(r, 8) == struct.pack("<q", -1)
         seen = []
         while -2 not in seen:  # wait for the disk to heal, then kill during the catch-up
-            seen += [v for (v,) in struct.iter_unpack("<q", os.read(r, 8))]
+            data = os.read(r, 8)
+            assert data, "the writer died from the disk fault"
+            seen += [v for (v,) in struct.iter_unpack("<q", data)]
         time.sleep(float(rng.uniform(0.0, 0.05)))
         os.kill(proc.pid, signal.SIGKILL)
         proc.join()

@@ -61,6 +61,7 @@ def _reseal(run_dir, mutate_rows=None, mutate_index=None):
     index.pop("sha256")
     index["sealed"][f"index/{log.name}"] = {"rows": len(rows), "bytes": log.stat().st_size}
     index["manifest_sha256"] = hashlib.sha256((run_dir / "manifest.json").read_bytes()).hexdigest()
+    index["catalog_sha256"] = hashlib.sha256((run_dir / "catalog.json").read_bytes()).hexdigest()
     if mutate_index is not None:
         mutate_index(index)
     index["sha256"] = json_sha256(index)
@@ -412,3 +413,20 @@ def test_show_escapes_terminal_control_sequences_in_site_names(tmp_path, capsys)
     assert main(["show", str(run)]) == 0
     out = capsys.readouterr().out
     assert "\x1b" not in out and "\x07" not in out and "\\x1b" in out
+
+
+def test_a_renamed_site_in_catalog_json_refuses_or_is_disclosed(tmp_path):
+    run = _run(tmp_path / "run")  # closed: the seal carries the catalog's sha256
+    text = (run / "catalog.json").read_text()
+    (run / "catalog.json").write_text(text.replace('"s1"', '"sX"'))
+    _refuses(run, "history_artifact_corrupt")
+    live = tmp_path / "live"  # killed: the last commit row carries the catalog's sha256
+    w = ArtifactWriter(live, commit_steps=1, commit_seconds=None)
+    ids = [w.register_site("s0", "t", "sig")]
+    b = ObservationBatch.observed("activation", "forward", ids, np.ones((1, SPINE_WIDTH)))
+    w.write_step(StepBlockRecord(0), [b])
+    w._unlock()
+    assert open_history(live).catalog_confirmed
+    text = (live / "catalog.json").read_text()
+    (live / "catalog.json").write_text(text.replace('"s0"', '"sX"'))
+    assert not open_history(live).catalog_confirmed

@@ -80,10 +80,10 @@ def test_malformed_or_truncated_json_refuses_json_invalid(run_dir, hx, file, dam
     )
     with pytest.raises(Refusal) as err:
         _read_everything(open_history(run_dir))
-    # index.json carries the manifest's sha256: any change to the manifest fails it first
-    want = "history_artifact_corrupt" if file == "manifest.json" else "history_json_invalid"
-    assert err.value.code == want
-    if file == "manifest.json":  # a forger who also re-signs the index meets the JSON check
+    # a closed run's index.json carries the manifest's and catalog's sha256: they fail it first
+    signed = file in ("manifest.json", "catalog.json")
+    assert err.value.code == ("history_artifact_corrupt" if signed else "history_json_invalid")
+    if signed:  # a forger who also re-signs the index meets the JSON check
         _resign_index(run_dir)
         with pytest.raises(Refusal) as err:
             _read_everything(open_history(run_dir))
@@ -99,6 +99,7 @@ def _resign_index(run_dir, mutate=None):
     if mutate is not None:
         mutate(index)
     index["manifest_sha256"] = hashlib.sha256((run_dir / "manifest.json").read_bytes()).hexdigest()
+    index["catalog_sha256"] = hashlib.sha256((run_dir / "catalog.json").read_bytes()).hexdigest()
     index["sha256"] = json_sha256(index)
     (run_dir / "index.json").write_text(json.dumps(index))
 

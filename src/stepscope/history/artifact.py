@@ -44,6 +44,7 @@ Example
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import time
 import warnings
@@ -188,6 +189,8 @@ class ArtifactWriter:
         self._last_step: int | None = None
         self._catalog_dirty = False
         self.commits = 0
+        self._sealed_catalog: str | None = None  # set by close(): the final catalog's sha256
+        self._catalog_sha = ""
         self.committed_step: int | None = None  # the last step durable on disk (effective view)
         self._lock_fd: int | None = None
         if (self.path / "manifest.json").exists() or (self.path / "index.json").exists():
@@ -285,6 +288,7 @@ class ArtifactWriter:
         for name in self._logs:  # a killed writer never sealed its log: seal what it left
             if f"index/{name}" not in self._sealed:
                 self._sealed[f"index/{name}"] = reader.log_extent(name)
+        self._catalog_sha = reader.catalog_sha256
         self.sites = list(reader.sites)
         self.scalar_names = list(reader.scalar_names)
         self.disclosures = list(reader.disclosures)
@@ -325,6 +329,8 @@ class ArtifactWriter:
             "manifest_sha256": hashlib.sha256(manifest).hexdigest(),
             "sealed": self._sealed,
         }
+        if self._sealed_catalog is not None:  # a closed run: the catalog is final
+            index["catalog_sha256"] = self._sealed_catalog
         index["sha256"] = json_sha256(index)
         atomic_write_json(self.path / "index.json", index, durable=self.durable)
 
@@ -339,6 +345,7 @@ class ArtifactWriter:
             except Refusal:  # a damaged evals.log is left to the reader to refuse
                 pass
         self._sealed = sealed
+        self._sealed_catalog = self._catalog_sha
         self._write_index()
 
     @staticmethod
@@ -349,7 +356,9 @@ class ArtifactWriter:
 
     def _write_catalog(self) -> None:
         cat = catalog_dict(self.sites, self.scalar_names, self.disclosures)
-        atomic_write_json(self.path / "catalog.json", cat, durable=self.durable)
+        data = (json.dumps(cat, indent=1) + "\n").encode()
+        atomic_write_bytes(self.path / "catalog.json", data, durable=self.durable)
+        self._catalog_sha = hashlib.sha256(data).hexdigest()
         self._catalog_dirty = False
 
     def _reset_pending(self) -> None:
@@ -598,6 +607,7 @@ class ArtifactWriter:
             "step_lo": min(steps),
             "step_hi": max(steps),
             "n_steps": len(self._p_steps),
+            "catalog_sha256": self._catalog_sha,
             "files": files,
             "time": time.time(),
         }

@@ -140,6 +140,10 @@ def _verify(args: argparse.Namespace) -> int:
             f"note: {len(report.orphans)} uncommitted file(s) in chunks/ (ignored): "
             + ", ".join(escape(o) for o in report.orphans[:5])
         )
+    if not h.catalog_confirmed:
+        print("note: catalog.json is newer than the last commit (a killed writer); unconfirmed")
+    if h.torn_tail_bytes:
+        print(f"note: {h.torn_tail_bytes} bytes of an unfinished commit ignored (torn tail)")
     status = "ok" if report.ok else f"{len(report.failures)} FAILED"
     print(
         f"{status}: {report.checked_files} chunks, {_human(report.checked_bytes)} checked "

@@ -129,14 +129,15 @@ class HistoryReader:
         for attempt in range(3):  # a writer starting a segment replaces manifest, then index
             index = _read_index(self.path)
             try:
-                self._load_meta(index["manifest_sha256"])
+                self._load_meta(index["manifest_sha256"], index.get("catalog_sha256"))
                 break
             except _ManifestChanged:
                 if attempt == 2:
                     raise Refusal(
                         "history_artifact_corrupt",
-                        f"{self.path / 'manifest.json'} does not match the sha256 in index.json.",
-                        ["restore manifest.json from a copy", "run `stepscope verify`"],
+                        f"{self.path} manifest.json or catalog.json does not match the sha256 "
+                        "in index.json.",
+                        ["restore the file from a copy", "run `stepscope verify`"],
                     ) from None
         check_dir(self.path / "index", "index directory")
         check_dir(self.path / "chunks", "chunk directory")
@@ -151,6 +152,10 @@ class HistoryReader:
             torn += self._read_log_rows(name, seal)
         self.torn_tail_bytes = torn
         self._check_segments()
+        last = self.commits[-1].get("catalog_sha256") if self.commits else None
+        #: False when the catalog could not be matched to a checksum: a killed (unsealed) run
+        #: whose catalog is newer than its last commit (or was edited). Disclosed by ``verify``.
+        self.catalog_confirmed = "catalog_sha256" in index or last == self.catalog_sha256
         self._steps: np.ndarray | None = None
         return len(self.commits) - before
 
@@ -204,7 +209,7 @@ class HistoryReader:
         """Rows and bytes of log ``name`` read so far (what a resume seals)."""
         return {"rows": self._rows.get(name, 0), "bytes": self._offsets.get(name, 0)}
 
-    def _load_meta(self, manifest_sha256: str) -> None:
+    def _load_meta(self, manifest_sha256: str, catalog_sha256: Any) -> None:
         from stepscope.stats import SPINE_WIDTH, HistogramDescriptor
 
         raw = read_regular(self.path / "manifest.json", "manifest", max_bytes=MAX_JSON)
@@ -227,8 +232,12 @@ class HistoryReader:
             self.descriptor = HistogramDescriptor.from_dict(man["descriptor"])
         except TypeError as exc:
             raise Refusal("history_json_invalid", f"manifest descriptor: {exc}", []) from None
+        raw = read_regular(self.path / "catalog.json", "catalog", max_bytes=MAX_JSON)
+        self.catalog_sha256 = hashlib.sha256(raw).hexdigest()
+        if catalog_sha256 is not None and catalog_sha256 != self.catalog_sha256:
+            raise _ManifestChanged
         self.sites, self.scalar_names, self.disclosures = parse_catalog(
-            read_json(self.path / "catalog.json", "catalog")
+            parse_json_object(raw, self.path / "catalog.json", "catalog")
         )
         known = {s.segment_id for s in self.segments}
         self._cutoff = {s.segment_id: np.iinfo(np.int64).max for s in self.segments}
@@ -511,7 +520,7 @@ MAX_JSON = 64 << 20
 
 
 class _ManifestChanged(Exception):
-    """manifest.json does not match index.json (a segment start in progress, or damage)."""
+    """manifest/catalog do not match index.json (a segment start in progress, or damage)."""
 
 
 def _steps_chunk(log: str, seq: int) -> str:
