@@ -16,7 +16,7 @@ import pytest
 from stepscope import Refusal
 from stepscope.cli import main
 from stepscope.history import ArtifactWriter, ObservationBatch, StepBlockRecord, open_history
-from stepscope.history.files import encode_log_row, json_sha256
+from stepscope.history.files import encode_log_row, json_sha256, log_extent
 from stepscope.stats import SPINE_WIDTH
 
 
@@ -59,7 +59,7 @@ def _reseal(run_dir, mutate_rows=None, mutate_index=None):
     log.write_bytes(b"".join(encode_log_row(r) for r in rows))
     index = json.loads((run_dir / "index.json").read_text())
     index.pop("sha256")
-    index["sealed"][f"index/{log.name}"] = {"rows": len(rows), "bytes": log.stat().st_size}
+    index["sealed"][f"index/{log.name}"] = log_extent(log)
     index["manifest_sha256"] = hashlib.sha256((run_dir / "manifest.json").read_bytes()).hexdigest()
     index["catalog_sha256"] = hashlib.sha256((run_dir / "catalog.json").read_bytes()).hexdigest()
     if mutate_index is not None:
@@ -385,7 +385,11 @@ def test_huge_numbers_in_evals_log_refuse(tmp_path):
         log.step()
     from stepscope.runlog import EvalRecord
 
-    row = {"segment": "x", **EvalRecord("validation", {"ce": 1.0}, optimizer_step=0).to_dict()}
+    row = {
+        "segment": "x",
+        "n": 0,
+        **EvalRecord("validation", {"ce": 1.0}, optimizer_step=0).to_dict(),
+    }
     for key, value in [("optimizer_step", 10**400), ("examples_seen", 10**30)]:
         bad = {**row, key: value}
         (path / "evals.log").write_bytes(encode_log_row(bad))
@@ -399,7 +403,7 @@ def test_huge_numbers_in_evals_log_refuse(tmp_path):
 
 def _reseal_evals(path):
     def mutate(index):
-        index["sealed"]["evals.log"] = {"rows": 1, "bytes": (path / "evals.log").stat().st_size}
+        index["sealed"]["evals.log"] = log_extent(path / "evals.log")
 
     _reseal(path, mutate_index=mutate)
 

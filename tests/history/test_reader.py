@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from stepscope import Refusal
 from stepscope.history import ArtifactWriter, ObservationBatch, StepBlockRecord, open_history
-from stepscope.history.files import encode_log_row
+from stepscope.history.files import encode_log_row, log_extent
 from stepscope.stats import Histogram
 
 
@@ -118,6 +118,8 @@ def _rewrite_log(run_dir, mutate):
     rows = [json.loads(line.split(b" ", 1)[1]) for line in log.read_bytes().splitlines()]
     mutate(rows)
     log.write_bytes(b"".join(encode_log_row(r) for r in rows))  # valid checksums
+    seal = log_extent(log)  # and a matching seal: a forger's edit, not damage
+    _resign_index(run_dir, lambda index: index["sealed"].update({f"index/{log.name}": seal}))
 
 
 @pytest.mark.parametrize("bad", ["../escape.npy", "sub/dir.npy", "/etc/passwd", "..", "a\\b.npy"])

@@ -64,6 +64,7 @@ from stepscope.history.files import (
     check_dir,
     fsync_dir,
     json_sha256,
+    log_extent,
     read_log,
     read_regular,
 )
@@ -125,11 +126,6 @@ def _check_commit_policy(steps: Any, seconds: Any, pending: Any) -> None:
             raise Refusal(
                 "settings_invalid", f"commit_seconds must be finite and > 0, not {seconds}."
             )
-
-
-def _extent(path: Path) -> dict[str, int]:
-    got = read_log(path, missing_ok=True)
-    return {"rows": len(got.rows), "bytes": got.next_offset}
 
 
 class ArtifactWriter:
@@ -287,7 +283,7 @@ class ArtifactWriter:
         self._sealed = dict(reader.sealed)
         for name in self._logs:  # a killed writer never sealed its log: seal what it left
             if f"index/{name}" not in self._sealed:
-                self._sealed[f"index/{name}"] = reader.log_extent(name)
+                self._sealed[f"index/{name}"] = log_extent(self.path / "index" / name)
         self._catalog_sha = reader.catalog_sha256
         self.sites = list(reader.sites)
         self.scalar_names = list(reader.scalar_names)
@@ -337,11 +333,11 @@ class ArtifactWriter:
     def _seal(self) -> None:
         """Record the final extent of this segment's log and of ``evals.log`` in ``index.json``."""
         sealed = dict(self._sealed)
-        sealed[f"index/{self._log_path.name}"] = _extent(self._log_path)
+        sealed[f"index/{self._log_path.name}"] = log_extent(self._log_path)
         evals = self.path / "evals.log"
         if os.path.lexists(evals):
             try:
-                sealed["evals.log"] = _extent(evals)
+                sealed["evals.log"] = log_extent(evals)
             except Refusal:  # a damaged evals.log is left to the reader to refuse
                 pass
         self._sealed = sealed

@@ -287,20 +287,66 @@ class LogRead:
     row_offsets: tuple[int, ...] = ()
 
 
+def log_extent(path: Path) -> dict[str, Any]:
+    """The seal of a log: its complete rows, their bytes and their sha256 (a missing log: 0)."""
+    try:
+        data = read_regular(path, "log")
+    except Refusal as exc:
+        if exc.code == "history_artifact_missing" and not os.path.lexists(path):
+            data = b""
+        else:
+            raise
+    end = data.rfind(b"\n") + 1
+    return {
+        "rows": data[:end].count(b"\n"),
+        "bytes": end,
+        "sha256": hashlib.sha256(data[:end]).hexdigest(),
+    }
+
+
+def _check_seal(path: Path, data: bytes, seal: dict[str, Any], what: str) -> None:
+    end = data.rfind(b"\n") + 1
+    rows = data[:end].count(b"\n")
+    if end < seal["bytes"] or data[: seal["bytes"]].count(b"\n") != seal["rows"]:
+        raise Refusal(
+            "history_index_incomplete",
+            f"{what} {path.name} holds {rows} rows ({end} bytes); its seal "
+            f"says {seal['rows']} rows ({seal['bytes']} bytes): rows were lost.",
+            ["restore the log from a copy", "run `stepscope verify` to list every gap"],
+        )
+    if hashlib.sha256(data[: seal["bytes"]]).hexdigest() != seal["sha256"]:
+        raise Refusal(
+            "history_artifact_corrupt",
+            f"{what} {path.name} no longer matches the sha256 sealed when its segment ended.",
+            ["restore the log from a copy", "run `stepscope verify` to list all damage"],
+        )
+
+
 def read_log(
-    path: Path, offset: int = 0, *, missing_ok: bool = False, what: str = "index log"
+    path: Path,
+    offset: int = 0,
+    *,
+    missing_ok: bool = False,
+    what: str = "index log",
+    seal: dict[str, Any] | None = None,
 ) -> LogRead:
     """Read the committed rows of an index log, verifying every row's checksum.
 
     A missing log refuses ``history_artifact_missing`` unless ``missing_ok`` (then it reads as
-    empty).
+    empty). ``seal`` (from :func:`log_extent`, read with ``offset=0``) must match the log's start:
+    a shorter log refuses ``history_index_incomplete``, a changed one ``history_artifact_corrupt``.
     """
     try:
         data = read_regular(path, what, offset=offset)
     except Refusal as exc:
         if missing_ok and exc.code == "history_artifact_missing" and not os.path.lexists(path):
-            return LogRead([], offset, 0)
-        raise
+            data = b""
+            if seal is None or seal["bytes"] == 0:
+                return LogRead([], offset, 0)
+        else:
+            raise
+    if seal is not None and offset == 0:
+        _check_seal(path, data, seal, what)
     end = data.rfind(b"\n") + 1
     rows: list[dict[str, Any]] = []
     offsets: list[int] = []

@@ -163,7 +163,7 @@ class HistoryReader:
         """Append the new rows of one log; returns its torn-tail bytes."""
         path = self.path / "index" / name
         offset = self._offsets.get(name, 0)
-        got = read_log(path, offset)
+        got = read_log(path, offset, seal=seal)
         seq0 = self._rows.get(name, 0)
         n = seq0 + len(got.rows)
         if seal is None and (self.path / "chunks" / _steps_chunk(name, n + 1)).exists():
@@ -179,21 +179,10 @@ class HistoryReader:
             validate_commit(row, name)
         rows = got.rows
         torn = got.torn_tail_bytes
-        if seal is not None:
-            if (
-                got.next_offset < seal["bytes"]
-                or self._rows.get(name, 0) + len(rows) < seal["rows"]
-            ):
-                raise _incomplete(
-                    f"index log {name} holds {got.next_offset} bytes / "
-                    f"{self._rows.get(name, 0) + len(rows)} rows; its seal says "
-                    f"{seal['bytes']} / {seal['rows']}"
-                )
-            keep = [i for i, o in enumerate(got.row_offsets) if o < seal["bytes"]]
-            rows, torn = rows[: len(keep)], 0
-            got_next = seal["bytes"]
-        else:
-            got_next = got.next_offset
+        got_next = got.next_offset
+        if seal is not None:  # rows past the seal are not part of the run: ignored
+            rows = [r for r, o in zip(rows, got.row_offsets) if o < seal["bytes"]]
+            torn, got_next = 0, max(offset, seal["bytes"])
         for k, row in enumerate(rows):
             if row["seq"] != seq0 + k:
                 raise _incomplete(
@@ -204,10 +193,6 @@ class HistoryReader:
         self._rows[name] = seq0 + len(rows)
         self._offsets[name] = got_next
         return torn
-
-    def log_extent(self, name: str) -> dict[str, int]:
-        """Rows and bytes of log ``name`` read so far (what a resume seals)."""
-        return {"rows": self._rows.get(name, 0), "bytes": self._offsets.get(name, 0)}
 
     def _load_meta(self, manifest_sha256: str, catalog_sha256: Any) -> None:
         from stepscope.stats import SPINE_WIDTH, HistogramDescriptor
@@ -557,10 +542,13 @@ def _read_index(path: Path) -> dict[str, Any]:
     for key, seal in sealed.items():
         if (
             not isinstance(seal, dict)
-            or set(seal) != {"rows", "bytes"}
+            or set(seal) != {"rows", "bytes", "sha256"}
+            or not isinstance(seal["sha256"], str)
             or not all(
-                isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= MAX_DECLARED
-                for v in seal.values()
+                isinstance(seal[k], int)
+                and not isinstance(seal[k], bool)
+                and 0 <= seal[k] <= MAX_DECLARED
+                for k in ("rows", "bytes")
             )
         ):
             raise Refusal("history_json_invalid", f"index.json seal of {key!r} is malformed.", [])

@@ -48,6 +48,7 @@ class ArtifactRows:
         self.path = Path(writer.path)
         #: evaluations whose ``evals.log`` line a disk fault kept back (retried at the next one)
         self.unwritten: list[dict[str, Any]] = []
+        self._next_n: int | None = None  # rows in evals.log (read once, on first use)
 
     def write_step(
         self, block: StepBlockRecord, batches: Sequence[Any] = (), scalars: dict | None = None
@@ -68,13 +69,21 @@ class ArtifactRows:
         self.unwritten.append({"segment": self.writer.run.segment_id, **rec.to_dict()})
         self.flush()
 
+    def _rows_before(self) -> int:
+        if self._next_n is None:
+            from stepscope.history.files import log_extent
+
+            self._next_n = log_extent(self.path / EVAL_LOG)["rows"]
+        return self._next_n
+
     def flush(self) -> int:
         """Append the kept-back evaluation lines in order; returns how many are still unwritten."""
         from stepscope.history.files import append_log_row
 
         while self.unwritten:
+            row = {**self.unwritten[0], "n": self._rows_before()}  # its position: gaps show
             try:
-                append_log_row(self.path / EVAL_LOG, self.unwritten[0], durable=self.writer.durable)
+                append_log_row(self.path / EVAL_LOG, row, durable=self.writer.durable)
             except OSError as exc:
                 fault = Refusal(
                     "history_disk_fault",
@@ -89,6 +98,7 @@ class ArtifactRows:
                     faults.append(fault)
                 break
             self.unwritten.pop(0)
+            self._next_n = row["n"] + 1
         return len(self.unwritten)
 
 
@@ -195,16 +205,28 @@ def read_eval_log(reader: Any) -> list[EvalRecord]:
 
     cutoff = _cutoffs(reader.segments)
     out = []
-    got = read_log(Path(reader.path) / EVAL_LOG, missing_ok=True, what="evaluation log")
     seal = getattr(reader, "sealed", {}).get(EVAL_LOG)
-    if seal is not None and (got.next_offset < seal["bytes"] or len(got.rows) < seal["rows"]):
-        raise Refusal(
-            "history_index_incomplete",
-            f"{EVAL_LOG} holds {len(got.rows)} rows ({got.next_offset} bytes); the run sealed "
-            f"{seal['rows']} rows ({seal['bytes']} bytes): evaluations were lost.",
-            ["restore evals.log from a copy"],
-        )
-    for row in got.rows:
+    path = Path(reader.path) / EVAL_LOG
+    got = read_log(path, missing_ok=True, what="evaluation log", seal=seal)
+    segments = [s.segment_id for s in reader.segments]
+    # past the seal, only the open (last, unsealed) segment may have appended
+    open_segment = (
+        segments[-1] if f"index/{segments[-1]}.log" not in getattr(reader, "sealed", {}) else None
+    )
+    for i, (row, at) in enumerate(zip(got.rows, got.row_offsets)):
+        if row.get("n") != i:
+            raise Refusal(
+                "history_index_incomplete",
+                f"{EVAL_LOG} row {i + 1} (byte {at}) says it is row {row.get('n')!r}: "
+                "rows before it were lost, duplicated or reordered.",
+                ["restore evals.log from a copy"],
+            )
+        if seal is not None and at >= seal["bytes"] and row.get("segment") != open_segment:
+            raise Refusal(
+                "history_artifact_corrupt",
+                f"{EVAL_LOG} row at byte {at} was appended after its segment was sealed.",
+                ["restore evals.log from a copy"],
+            )
         rec = EvalRecord.from_dict(row)
         if rec.optimizer_step < cutoff.get(str(row.get("segment")), np.iinfo(np.int64).max):
             out.append(rec)
