@@ -66,6 +66,7 @@ from stepscope.runlog import (
     MemoryRows,
     PendingStep,
     StepClock,
+    check_count,
     clock_scalars,
     close_artifact,
     make_eval,
@@ -177,6 +178,8 @@ class HistoryCollector:
         settings: WatchSettings | None = None,
         optimizer: torch.optim.Optimizer | None = None,
     ) -> None:
+        if not isinstance(model, torch.nn.Module):  # issue 18: never a raw AttributeError
+            raise TypeError(f"model must be a torch.nn.Module, not {type(model).__name__}")
         streams = list(dict.fromkeys(streams))
         unknown = [s for s in streams if s not in ALL_STREAMS]
         if unknown or not streams:
@@ -471,6 +474,7 @@ class HistoryCollector:
         closes the collector (hooks removed, committed data kept) and propagates.
         """
         self._check_open()
+        examples, epoch = check_count(examples, "examples"), check_count(epoch, "epoch")
         if self._txn_open:
             raise Refusal(
                 "step_transaction_nested", "a step transaction is already open", ["close it first"]

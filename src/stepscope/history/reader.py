@@ -317,6 +317,7 @@ class HistoryReader:
         """Committed rows of one table as a structured array (the low-level access path)."""
         if table not in TABLES:
             raise Refusal("history_series_unknown", f"unknown table {table!r}; one of {TABLES}.")
+        steps = check_steps(steps)
         sv = None if stream is None else _enum(Stream, stream, "stream").value
         parts = []
         for row, f in self._selected(table, sv, steps, site_ids):
@@ -365,10 +366,16 @@ class HistoryReader:
 
     def _cells(self, table: str, site: Any, stream: Any, phase: Any, steps: Any, micro: Any):
         ids = self.site_ids(site)
+        if micro is not None and (
+            isinstance(micro, bool) or not isinstance(micro, (int, np.integer)) or micro < 0
+        ):
+            raise Refusal("history_query_invalid", f"micro_batch {micro!r} is not an int >= 0.")
         rows = self.table(table, stream, steps, ids)
         rows = rows[rows["micro_batch"] == (-1 if micro is None else micro)]
         if phase is not None:
-            rows = rows[rows["phase"] == code_of(_enum(Phase, phase, "phase"))]
+            rows = rows[
+                rows["phase"] == code_of(_enum(Phase, phase, "phase", "history_series_unknown"))
+            ]
         elif len(np.unique(rows["phase"])) > 1:
             names = sorted(member_of(Phase, c).value for c in np.unique(rows["phase"]))
             raise Refusal(
@@ -506,6 +513,28 @@ MAX_JSON = 64 << 20
 
 class _ManifestChanged(Exception):
     """manifest/catalog do not match index.json (a segment start in progress, or damage)."""
+
+
+def check_steps(steps: Any) -> tuple[int, int] | None:
+    """An inclusive ``(first, last)`` step range of ints, or None; else ``history_query_invalid``.
+
+    >>> check_steps([2, 5])
+    (2, 5)
+    """
+    if steps is None:
+        return None
+    if (
+        not isinstance(steps, (tuple, list))
+        or len(steps) != 2
+        or not all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in steps)
+        or steps[0] > steps[1]
+    ):
+        raise Refusal(
+            "history_query_invalid",
+            f"steps={steps!r} is not an inclusive (first, last) pair of ints.",
+            ["pass steps=(first, last) with first <= last, or None for all steps"],
+        )
+    return int(steps[0]), int(steps[1])
 
 
 def _steps_chunk(log: str, seq: int) -> str:

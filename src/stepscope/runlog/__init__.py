@@ -1,7 +1,7 @@
 """Run log: user scalars, evaluation rows, clocks and branch activity in the run's history."""
 
 from stepscope.runlog.clocks import ClockKind, ClockRow, StepClock
-from stepscope.runlog.evals import EVAL_LOG, EvalRecord
+from stepscope.runlog.evals import EVAL_LOG, EvalRecord, check_count
 from stepscope.runlog.masks import withhold_inactive
 from stepscope.runlog.names import (
     CLOCK_ELAPSED,
@@ -53,6 +53,7 @@ __all__ = [
     "Split",
     "StepClock",
     "branch_scalar",
+    "check_count",
     "clock_scalars",
     "close_artifact",
     "make_eval",

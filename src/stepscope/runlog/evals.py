@@ -35,7 +35,14 @@ EVAL_LOG = "evals.log"
 _MAX_COUNT = 1 << 62
 
 
-def _count(value: Any, what: str) -> int | None:
+def check_count(value: Any, what: str) -> int | None:
+    """``value`` as an exact int >= 0 (or None); anything else refuses ``runlog_value_invalid``.
+
+    Never coerced: ``-1``, ``1.5``, ``"3"`` and ``True`` all refuse.
+
+    >>> check_count(8, "examples")
+    8
+    """
     if value is None:
         return None
     if (
@@ -107,11 +114,11 @@ class EvalRecord:
                 ) from None
         object.__setattr__(self, "_sorted", tuple(sorted(items)))
         object.__setattr__(self, "metrics", dict(self._sorted))
-        if _count(self.optimizer_step, "optimizer_step") is None:
+        if check_count(self.optimizer_step, "optimizer_step") is None:
             raise Refusal("runlog_step_invalid", "an evaluation needs its optimizer_step.", [])
-        _count(self.examples_seen, "examples_seen")
-        _count(self.epoch, "epoch")
-        _count(self.sample_count, "sample_count")
+        check_count(self.examples_seen, "examples_seen")
+        check_count(self.epoch, "epoch")
+        check_count(self.sample_count, "sample_count")
         if self.data_hash is not None:
             check_label(self.data_hash, "data_hash", HASH_WIDTH)
         if not isinstance(self.endpoint, (bool, np.bool_)):
