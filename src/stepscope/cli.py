@@ -139,7 +139,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except Refusal as err:
-        print(f"stepscope: refused [{err.code}]: {err.message}", file=sys.stderr)
+        message = "".join(c if c.isprintable() else repr(c)[1:-1] for c in err.message)
+        print(f"stepscope: refused [{err.code}]: {message}", file=sys.stderr)
         for remedy in err.remedies:
             print(f"  - {remedy}", file=sys.stderr)
         return 3

@@ -48,6 +48,10 @@ CODES: dict[str, str] = {
     "history_writer_active": "another live writer holds the artifact's writer lock",
     "resume_fingerprint_mismatch": "a resumed run's model architecture differs from the artifact's",
     "resume_descriptor_mismatch": "a resumed run's histogram descriptor differs from the artifact's",
+    "history_file_kind_invalid": "an artifact path is a link, directory, FIFO or device, not a regular file",
+    "history_disk_fault": "a commit failed on a full or read-only disk; rows kept pending or disclosed",
+    "history_index_incomplete": "the index accounts for fewer commits or evaluations than the artifact holds",
+    "history_query_invalid": "a reader query has a malformed step range or micro-batch",
     # collector
     "step_transaction_required": "an operation needs the explicit step() transaction",
     "step_transaction_nested": "a step transaction was opened inside another",

@@ -93,3 +93,82 @@ def test_sigkill_at_random_moments_leaves_exactly_a_committed_prefix(tmp_path):
             assert again.verify().ok and len(again.segments) == 2
     # the random kills landed at different points (not all before the first commit)
     assert len({n for _, n, _ in outcomes}) > 5, outcomes
+
+
+RECOVERY_TRIALS = 10
+
+
+def _faulty_child(path, commit_steps, fault_steps, fd):
+    """Like ``_child``, but the disk fails (torn appends, failed renames) for ``fault_steps``."""
+    import errno
+
+    real_pwrite, real_replace = os.pwrite, os.replace
+    on = [False]
+
+    def pwrite(f, data, pos):
+        if on[0]:
+            real_pwrite(f, bytes(data[: max(1, len(data) // 2)]), pos)
+            raise OSError(errno.ENOSPC, "injected")
+        return real_pwrite(f, data, pos)
+
+    def replace(a, b):
+        if on[0]:
+            raise OSError(errno.ENOSPC, "injected")
+        return real_replace(a, b)
+
+    os.pwrite, os.replace = pwrite, replace  # a forked child: patching os is local to it
+    w = ArtifactWriter(path, commit_steps=commit_steps, commit_seconds=None)
+    ids = [w.register_site(f"s{i}", "t", "sig") for i in range(N_SITES)]
+    os.write(fd, struct.pack("<q", -1))  # ready
+    for step in range(100_000):
+        on[0] = fault_steps[0] <= step < fault_steps[1]
+        if step == fault_steps[1]:
+            os.write(fd, struct.pack("<q", -2))  # healed: recovery starts now
+        b = ObservationBatch.observed("activation", "forward", ids, _spines(step))
+        if w.write_step(StepBlockRecord(step), [b], scalars={"x": float(step)}):
+            os.write(fd, struct.pack("<q", w.committed_step))
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_sigkill_during_recovery_after_a_disk_fault_leaves_a_committed_prefix(tmp_path):
+    ctx = multiprocessing.get_context("fork")
+    rng = np.random.default_rng(20261130)
+    lengths = set()
+    for trial in range(RECOVERY_TRIALS):
+        path = tmp_path / f"run{trial}"
+        commit_steps = int(rng.integers(1, 4))
+        start = int(rng.integers(0, 40))
+        r, w = os.pipe()
+        proc = ctx.Process(
+            target=_faulty_child, args=(path, commit_steps, (start, start + 30), w), daemon=True
+        )
+        proc.start()
+        os.close(w)
+        assert os.read(r, 8) == struct.pack("<q", -1)
+        seen = []
+        while -2 not in seen:  # wait for the disk to heal, then kill during the catch-up
+            data = os.read(r, 8)
+            assert data, "the writer died from the disk fault"
+            seen += [v for (v,) in struct.iter_unpack("<q", data)]
+        time.sleep(float(rng.uniform(0.0, 0.05)))
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.join()
+        os.set_blocking(r, False)
+        committed = [v for v in seen + _reported(r) if v >= 0]
+        os.close(r)
+
+        h = open_history(path)
+        assert h.verify().ok
+        steps = h.steps.tolist()
+        assert steps == list(range(len(steps)))
+        assert len(steps) - 1 >= (committed[-1] if committed else -1)
+        assert len(steps) >= start - start % commit_steps  # committed before the fault: kept
+        for i in range(N_SITES if steps else 0):
+            s = h.series(f"s{i}", "activation", "sum")
+            np.testing.assert_array_equal(s.values, [_spines(t)[i, 10] for t in steps])
+        lengths.add(len(steps))
+        w2 = ArtifactWriter(path, resume=True, commit_steps=1)  # recovery of the recovery
+        assert w2.committed_step == (steps[-1] if steps else None)
+        w2.close()
+        assert open_history(path).steps.tolist() == steps
+    assert len(lengths) > 3, lengths

@@ -1,9 +1,10 @@
 import os
 
+import numpy as np
 import pytest
 
 from stepscope import Refusal
-from stepscope.history import open_history
+from stepscope.history import ArtifactWriter, ObservationBatch, StepBlockRecord, open_history
 from stepscope.history.files import (
     append_log_row,
     atomic_write_bytes,
@@ -12,6 +13,7 @@ from stepscope.history.files import (
     read_json,
     read_log,
 )
+from stepscope.stats import SPINE_WIDTH
 
 
 def test_log_rows_round_trip_and_a_torn_tail_is_ignored(tmp_path):
@@ -46,11 +48,27 @@ def test_incremental_log_reads_resume_from_the_offset(tmp_path):
     append_log_row(log, {"seq": 1})
     second = read_log(log, first.next_offset)
     assert [r["seq"] for r in second.rows] == [1]
-    assert read_log(tmp_path / "never.log").rows == []
+    assert read_log(tmp_path / "never.log", missing_ok=True).rows == []
+    with pytest.raises(Refusal) as err:  # a log that index.json names always exists
+        read_log(tmp_path / "never.log")
+    assert err.value.code == "history_artifact_missing"
 
 
-def test_torn_tail_in_a_real_artifact_opens_to_the_last_commit(run_dir, hx):
-    hx.write_simple_run(run_dir, n_steps=6, commit_steps=2)
+def _live_run(run_dir, n_steps, commit_steps):
+    """A run whose writer never closed (as after a kill): its log is not sealed."""
+    w = ArtifactWriter(run_dir, commit_steps=commit_steps, commit_seconds=None)
+    ids = [w.register_site("s0", "torch.nn.Linear", "f32[7]")]
+    for step in range(n_steps):
+        w.write_step(
+            StepBlockRecord(step),
+            [ObservationBatch.observed("activation", "forward", ids, np.ones((1, SPINE_WIDTH)))],
+        )
+    w._unlock()
+    return w
+
+
+def test_torn_tail_in_a_live_artifact_opens_to_the_last_commit(run_dir):
+    _live_run(run_dir, n_steps=6, commit_steps=2)
     log = next((run_dir / "index").glob("*.log"))
     raw = log.read_bytes()
     last_start = raw.rstrip(b"\n").rfind(b"\n") + 1
@@ -58,6 +76,18 @@ def test_torn_tail_in_a_real_artifact_opens_to_the_last_commit(run_dir, hx):
     h = open_history(run_dir)
     assert h.steps.tolist() == [0, 1, 2, 3] and h.torn_tail_bytes == 40
     assert h.verify().ok
+
+
+def test_a_cut_in_a_sealed_log_refuses_incomplete(run_dir, hx):
+    hx.write_simple_run(run_dir, n_steps=6, commit_steps=2)  # closed: the log is sealed
+    log = next((run_dir / "index").glob("*.log"))
+    raw = log.read_bytes()
+    last_start = raw.rstrip(b"\n").rfind(b"\n") + 1
+    for cut in (last_start + 40, last_start):  # mid-line, and after a whole line
+        log.write_bytes(raw[:cut])
+        with pytest.raises(Refusal) as err:
+            open_history(run_dir)
+        assert err.value.code == "history_index_incomplete"
 
 
 def test_atomic_write_replaces_whole_and_leaves_no_temp(tmp_path):

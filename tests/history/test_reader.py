@@ -1,3 +1,4 @@
+import hashlib
 import json
 import shutil
 
@@ -9,7 +10,7 @@ from hypothesis import strategies as st
 
 from stepscope import Refusal
 from stepscope.history import ArtifactWriter, ObservationBatch, StepBlockRecord, open_history
-from stepscope.history.files import encode_log_row
+from stepscope.history.files import encode_log_row, log_extent
 from stepscope.stats import Histogram
 
 
@@ -79,7 +80,28 @@ def test_malformed_or_truncated_json_refuses_json_invalid(run_dir, hx, file, dam
     )
     with pytest.raises(Refusal) as err:
         _read_everything(open_history(run_dir))
-    assert err.value.code == "history_json_invalid"
+    # a closed run's index.json carries the manifest's and catalog's sha256: they fail it first
+    signed = file in ("manifest.json", "catalog.json")
+    assert err.value.code == ("history_artifact_corrupt" if signed else "history_json_invalid")
+    if signed:  # a forger who also re-signs the index meets the JSON check
+        _resign_index(run_dir)
+        with pytest.raises(Refusal) as err:
+            _read_everything(open_history(run_dir))
+        assert err.value.code == "history_json_invalid"
+
+
+def _resign_index(run_dir, mutate=None):
+    """Rewrite index.json (optionally mutated) with a matching manifest hash and self-hash."""
+    from stepscope.history.files import json_sha256
+
+    index = json.loads((run_dir / "index.json").read_text())
+    index.pop("sha256")
+    if mutate is not None:
+        mutate(index)
+    index["manifest_sha256"] = hashlib.sha256((run_dir / "manifest.json").read_bytes()).hexdigest()
+    index["catalog_sha256"] = hashlib.sha256((run_dir / "catalog.json").read_bytes()).hexdigest()
+    index["sha256"] = json_sha256(index)
+    (run_dir / "index.json").write_text(json.dumps(index))
 
 
 @pytest.mark.parametrize("file", ["manifest.json", "catalog.json", "index.json"])
@@ -96,6 +118,8 @@ def _rewrite_log(run_dir, mutate):
     rows = [json.loads(line.split(b" ", 1)[1]) for line in log.read_bytes().splitlines()]
     mutate(rows)
     log.write_bytes(b"".join(encode_log_row(r) for r in rows))  # valid checksums
+    seal = log_extent(log)  # and a matching seal: a forger's edit, not damage
+    _resign_index(run_dir, lambda index: index["sealed"].update({f"index/{log.name}": seal}))
 
 
 @pytest.mark.parametrize("bad", ["../escape.npy", "sub/dir.npy", "/etc/passwd", "..", "a\\b.npy"])
@@ -113,9 +137,7 @@ def test_chunk_names_with_separators_or_dotdot_refuse(run_dir, hx, bad):
 
 def test_log_names_outside_index_dir_refuse(run_dir, hx):
     _run(run_dir, hx)
-    index = json.loads((run_dir / "index.json").read_text())
-    index["logs"] = ["index/../manifest.json"]
-    (run_dir / "index.json").write_text(json.dumps(index))
+    _resign_index(run_dir, lambda index: index.update(logs=["index/../manifest.json"]))
     with pytest.raises(Refusal) as err:
         open_history(run_dir)
     assert err.value.code == "history_chunk_name_invalid"
@@ -129,7 +151,8 @@ def test_index_pointing_at_missing_chunk_refuses_missing(run_dir, hx):
         _read_everything(open_history(run_dir))
     assert err.value.code == "history_artifact_missing" and name in err.value.message
     failures = open_history(run_dir).verify().failures
-    assert failures == [(name, "history_artifact_missing", "file is missing")]
+    assert [(n, code) for n, code, _ in failures] == [(name, "history_artifact_missing")]
+    assert "does not exist" in failures[0][2] and "steps 0..1 unaccounted for" in failures[0][2]
 
 
 def test_chunk_that_is_not_npy_but_matches_its_hash_refuses_corrupt(run_dir, hx):

@@ -68,7 +68,9 @@ from stepscope.runlog import (
     MemoryRows,
     PendingStep,
     StepClock,
+    check_count,
     clock_scalars,
+    close_artifact,
     withhold_inactive,
     write_clock_rows,
     write_summary,
@@ -141,6 +143,8 @@ class HistoryCollector(UserLog):
         optimizer: torch.optim.Optimizer | None = None,
         scaler: Any = None,
     ) -> None:
+        if not isinstance(model, torch.nn.Module):  # never a raw AttributeError later
+            raise TypeError(f"model must be a torch.nn.Module, not {type(model).__name__}")
         streams = list(dict.fromkeys(streams))
         unknown = [s for s in streams if s not in ALL_STREAMS]
         if unknown or not streams:
@@ -509,6 +513,7 @@ class HistoryCollector(UserLog):
         ``step()`` refuses ``step_transaction_required``.
         """
         self._check_open()
+        examples, epoch = check_count(examples, "examples"), check_count(epoch, "epoch")
         if self._txn_open:
             raise Refusal(
                 "step_transaction_nested", "a step transaction is already open", ["close it first"]
@@ -694,9 +699,8 @@ class HistoryCollector(UserLog):
             self._pending.clear()
             self._updates.clear()
             write_clock_rows(self._rows, self.clock.resolve(block=True))  # CUDA rows still waiting
-            if self.writer is not None:
-                self.writer.close()
-                write_summary(self.path, self.clock.summary(closed=True))
+            if self.writer is not None:  # disk faults are reported, not raised (issue 18)
+                self.close_report = close_artifact(self._rows, self.clock.summary(closed=True))
 
     @property
     def closed(self) -> bool:

@@ -15,6 +15,7 @@ Cadence(spine=10, histogram=100)
 from __future__ import annotations
 
 import enum
+import math
 import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -142,6 +143,29 @@ def resolve_cadence(
     return dict.fromkeys(streams, c)
 
 
+def _check_types(s: Any) -> None:
+    """Plain ``TypeError`` for a field of the wrong type (never a silent coercion)."""
+    ints = ("ram_capacity", "update_sample_size", "update_seed", "commit_steps")
+    checks = [(f, (int,), "an int") for f in ints]
+    checks += [(f, (bool,), "a bool") for f in ("resume", "durable")]
+    checks += [(f, (str,), "a str") for f in ("ram_policy", "kernel_backend")]
+    checks += [("extra", (Mapping,), "a mapping")]
+    for name, kinds, what in checks:
+        v = getattr(s, name)
+        if not isinstance(v, kinds) or (kinds == (int,) and isinstance(v, bool)):
+            raise TypeError(f"WatchSettings.{name} must be {what}, not {type(v).__name__}")
+    optional = [
+        ("output_dir", (str, os.PathLike), "a str or path"),
+        ("run_id", (str,), "a str"),
+        ("commit_seconds", (int, float), "a number"),
+        ("histogram_descriptor", (HistogramDescriptor,), "a HistogramDescriptor"),
+    ]
+    for name, kinds, what in optional:
+        v = getattr(s, name)
+        if v is not None and (not isinstance(v, kinds) or isinstance(v, bool)):
+            raise TypeError(f"WatchSettings.{name} must be {what} or None, not {type(v).__name__}")
+
+
 @dataclass(frozen=True)
 class WatchSettings:
     """Plumbing knobs of a :class:`~stepscope.HistoryCollector` (frozen).
@@ -194,6 +218,13 @@ class WatchSettings:
         ``{site glob: path}``: which tensor of a structured module output is the site's
         activation (a dotted path of keys, attributes, indices, e.g. ``"logits"``); sites not
         named use the first tensor depth-first (see :mod:`stepscope.collect.capture`).
+
+    Raises
+    ------
+    TypeError
+        A field of the wrong type (e.g. ``commit_steps="3"``, ``output_dir=123``): never coerced.
+    Refusal
+        ``settings_invalid`` for a value out of range (``commit_seconds=nan``, ``ram_capacity=0``).
     """
 
     output_dir: str | os.PathLike[str] | None = None
@@ -215,7 +246,16 @@ class WatchSettings:
     resume_examples_seen: int | None = None
 
     def __post_init__(self) -> None:
+        _check_types(self)
         problems = []
+        if self.commit_steps < 1:
+            problems.append(f"commit_steps must be >= 1, not {self.commit_steps}")
+        if self.commit_seconds is not None and not 0 < self.commit_seconds < math.inf:
+            problems.append(f"commit_seconds must be finite and > 0, not {self.commit_seconds}")
+        if self.update_seed < 0:
+            problems.append("update_seed must be >= 0")
+        if self.run_id is not None and not self.run_id.strip():
+            problems.append("run_id must be a non-empty string or None")
         if self.ram_capacity < 1:
             problems.append("ram_capacity must be >= 1")
         if self.ram_policy not in ("refuse", "drop_oldest", "coarsen"):

@@ -1,6 +1,6 @@
 """History: the per-step schema, the crash-safe artifact, the RAM ring and exact merges."""
 
-from stepscope.history.artifact import ArtifactWriter
+from stepscope.history.artifact import ArtifactWriter, CloseReport
 from stepscope.history.batch import ObservationBatch, batches_from_records
 from stepscope.history.fingerprint import model_fingerprint
 from stepscope.history.merge import (
@@ -32,6 +32,7 @@ __all__ = [
     "FORMAT",
     "SCHEMA_VERSION",
     "ArtifactWriter",
+    "CloseReport",
     "HistogramSeries",
     "HistoryReader",
     "ObservationBatch",

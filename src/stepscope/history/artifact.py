@@ -14,6 +14,18 @@ at step 10 and at step 10 million: nothing growing is rewritten. A chunk is visi
 line is durable, so a kill loses at most the steps written since the last commit
 (``commit_steps`` steps or ``commit_seconds`` seconds, whichever comes first).
 
+``index.json`` is self-checksummed and carries the manifest's sha256; when a segment ends
+(``close()``, or a resume after a kill) it also *seals* the segment's log (and ``evals.log``) with
+their row count and byte length, so a reader refuses a shortened or deleted log
+(``history_index_incomplete``) instead of showing a shorter run.
+
+A commit that fails on the disk (``ENOSPC``, a read-only remount, ``EIO``) raises nothing into
+the caller: the rows stay pending in RAM and the commit is retried ``commit_steps`` steps later;
+the first failure warns once with the code ``history_disk_fault``. Past ``max_pending_steps``
+pending steps the oldest steps' payloads are dropped and their cells kept as
+``budget_dropped`` rows disclosed ``disk_fault`` (step blocks are never dropped). ``close()``
+returns a :class:`CloseReport` that says what stayed uncommitted instead of raising.
+
 Example
 -------
 >>> import tempfile, numpy as np
@@ -31,22 +43,30 @@ Example
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import time
+import warnings
 from collections.abc import Iterable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from stepscope.errors import Refusal
-from stepscope.history.batch import ObservationBatch, batches_from_records
+from stepscope.history.batch import ObservationBatch, batches_from_records, code_of
 from stepscope.history.files import (
     append_log_row,
     atomic_write_bytes,
     atomic_write_json,
+    check_dir,
     fsync_dir,
+    json_sha256,
+    log_extent,
+    read_log,
+    read_regular,
 )
 from stepscope.history.layout import (
     SCALAR_DTYPE,
@@ -62,6 +82,7 @@ from stepscope.history.schema import (
     FORMAT,
     SCHEMA_VERSION,
     ObservationRecord,
+    Presence,
     RunRecord,
     SiteRecord,
     StepBlockRecord,
@@ -99,6 +120,45 @@ def check_resume_facts(parent: RunRecord, descriptor: dict[str, Any], run: RunRe
         )
 
 
+@dataclass(frozen=True)
+class CloseReport:
+    """What :meth:`ArtifactWriter.close` left on disk.
+
+    ``uncommitted_steps`` steps were written but could not be committed (the disk kept failing);
+    ``dropped_steps`` steps had their payload dropped (disclosed ``disk_fault`` rows, if later
+    committed); ``faults`` are the ``history_disk_fault`` refusals, oldest first.
+    """
+
+    committed_step: int | None
+    uncommitted_steps: int
+    dropped_steps: int
+    faults: tuple[Refusal, ...]
+
+    @property
+    def ok(self) -> bool:
+        """Everything written was committed and nothing was dropped."""
+        return not self.uncommitted_steps and not self.dropped_steps
+
+
+def _check_commit_policy(steps: Any, seconds: Any, pending: Any) -> None:
+    for name, v in (("commit_steps", steps), ("max_pending_steps", pending)):
+        if v is None and name == "max_pending_steps":
+            continue
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise TypeError(f"{name} must be an int, not {type(v).__name__}")
+        if v < 1:
+            raise Refusal("settings_invalid", f"{name} must be >= 1, not {v}.")
+    if seconds is not None:
+        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
+            raise TypeError(
+                f"commit_seconds must be a number or None, not {type(seconds).__name__}"
+            )
+        if not (seconds > 0 and seconds != float("inf")):
+            raise Refusal(
+                "settings_invalid", f"commit_seconds must be finite and > 0, not {seconds}."
+            )
+
+
 class ArtifactWriter:
     """Append step blocks, observations and scalars to an artifact directory.
 
@@ -124,6 +184,9 @@ class ArtifactWriter:
         ``fsync`` files and directories (turn off only for throwaway benchmarks).
     ring
         An optional :class:`~stepscope.history.ring.StepRing` kept as a RAM cache of recent blocks.
+    max_pending_steps
+        Steps kept pending in RAM while commits fail on the disk before the oldest steps' payloads
+        are dropped (default: the ring's capacity, else 256; at least ``commit_steps``).
     """
 
     def __init__(
@@ -137,12 +200,20 @@ class ArtifactWriter:
         commit_seconds: float | None = 10.0,
         durable: bool = True,
         ring: Any = None,
+        max_pending_steps: int | None = None,
     ) -> None:
-        if commit_steps < 1 or (commit_seconds is not None and commit_seconds <= 0):
-            raise Refusal("settings_invalid", "commit_steps must be >= 1, commit_seconds > 0.")
+        _check_commit_policy(commit_steps, commit_seconds, max_pending_steps)
         self.path = Path(path)
         self.commit_steps, self.commit_seconds = commit_steps, commit_seconds
         self.durable, self.ring = durable, ring
+        capacity = getattr(ring, "capacity", None)
+        self.max_pending_steps = max(
+            commit_steps,
+            max_pending_steps or (capacity if isinstance(capacity, int) else 256),
+        )
+        self.faults: list[Refusal] = []  # every failed commit, oldest first
+        self.dropped_steps = 0  # steps whose payload was dropped while the disk failed
+        self._due_at = commit_steps
         self._closed = False
         self.sites: list[SiteRecord] = []
         self.scalar_names: list[str] = []
@@ -151,6 +222,8 @@ class ArtifactWriter:
         self._last_step: int | None = None
         self._catalog_dirty = False
         self.commits = 0
+        self._sealed_catalog: str | None = None  # set by close(): the final catalog's sha256
+        self._catalog_sha = ""
         self.committed_step: int | None = None  # the last step durable on disk (effective view)
         self._lock_fd: int | None = None
         if (self.path / "manifest.json").exists() or (self.path / "index.json").exists():
@@ -181,7 +254,16 @@ class ArtifactWriter:
             import fcntl
         except ImportError:  # pragma: no cover - not on POSIX: no lock, documented
             return
-        fd = os.open(self.path / "writer.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        # read-only: flock needs no write access, and a read-only remount is not blocked by it
+        flags = os.O_RDONLY | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)
+        try:
+            fd = os.open(self.path / "writer.lock", flags, 0o644)
+        except OSError as exc:
+            raise Refusal(
+                "history_file_kind_invalid",
+                f"{self.path / 'writer.lock'} cannot be opened as a plain file ({exc.strerror}).",
+                ["remove the link or directory named writer.lock", "do not resume untrusted runs"],
+            ) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
@@ -212,6 +294,7 @@ class ArtifactWriter:
         self.segments = [run]
         self.descriptor = HistogramDescriptor.from_dict(dict(run.histogram_descriptor))
         self._logs: list[str] = []
+        self._sealed: dict[str, dict[str, int]] = {}
         self._write_catalog()
         self._start_segment()
 
@@ -219,6 +302,7 @@ class ArtifactWriter:
         from stepscope.history.reader import HistoryReader
 
         reader = HistoryReader(self.path)
+        check_dir(self.path / "chunks", "chunk directory")
         parent = reader.segments[-1]
         last = int(reader.steps[-1]) if len(reader.steps) else None
         if at_step is None:
@@ -244,6 +328,11 @@ class ArtifactWriter:
         self.segments = [*reader.segments, self.run]
         self.descriptor = reader.descriptor
         self._logs = list(reader.logs)
+        self._sealed = dict(reader.sealed)
+        for name in self._logs:  # a killed writer never sealed its log: seal what it left
+            if f"index/{name}" not in self._sealed:
+                self._sealed[f"index/{name}"] = log_extent(self.path / "index" / name)
+        self._catalog_sha = reader.catalog_sha256
         self.sites = list(reader.sites)
         self.scalar_names = list(reader.scalar_names)
         self.disclosures = list(reader.disclosures)
@@ -257,8 +346,9 @@ class ArtifactWriter:
 
     def _start_segment(self) -> None:
         log = f"{self.run.segment_id}.log"
-        (self.path / "index" / log).touch()
         self._log_path = self.path / "index" / log
+        read_log(self._log_path, missing_ok=True)  # a link or a non-file refuses here
+        self._log_path.touch()
         self._logs.append(log)
         self._seq = 0
         manifest = {
@@ -270,10 +360,37 @@ class ArtifactWriter:
         }
         # manifest before index.json: every log that index.json names has a segment record
         atomic_write_json(self.path / "manifest.json", manifest, durable=self.durable)
-        index = {"format": FORMAT, "logs": [f"index/{name}" for name in self._logs]}
-        atomic_write_json(self.path / "index.json", index, durable=self.durable)
+        self._write_index()
         self._obs_dtype = observation_dtype(self._spine_width())
         self._hist_dtype = histogram_dtype(self.descriptor.width)
+
+    def _write_index(self) -> None:
+        """``index.json``: the logs, the manifest's sha256, the seals, and its own sha256."""
+        manifest = read_regular(self.path / "manifest.json", "manifest")
+        index: dict[str, Any] = {
+            "format": FORMAT,
+            "logs": [f"index/{name}" for name in self._logs],
+            "manifest_sha256": hashlib.sha256(manifest).hexdigest(),
+            "sealed": self._sealed,
+        }
+        if self._sealed_catalog is not None:  # a closed run: the catalog is final
+            index["catalog_sha256"] = self._sealed_catalog
+        index["sha256"] = json_sha256(index)
+        atomic_write_json(self.path / "index.json", index, durable=self.durable)
+
+    def _seal(self) -> None:
+        """Record the final extent of this segment's log and of ``evals.log`` in ``index.json``."""
+        sealed = dict(self._sealed)
+        sealed[f"index/{self._log_path.name}"] = log_extent(self._log_path)
+        evals = self.path / "evals.log"
+        if os.path.lexists(evals):
+            try:
+                sealed["evals.log"] = log_extent(evals)
+            except Refusal:  # a damaged evals.log is left to the reader to refuse
+                pass
+        self._sealed = sealed
+        self._sealed_catalog = self._catalog_sha
+        self._write_index()
 
     @staticmethod
     def _spine_width() -> int:
@@ -283,10 +400,13 @@ class ArtifactWriter:
 
     def _write_catalog(self) -> None:
         cat = catalog_dict(self.sites, self.scalar_names, self.disclosures)
-        atomic_write_json(self.path / "catalog.json", cat, durable=self.durable)
+        data = (json.dumps(cat, indent=1) + "\n").encode()
+        atomic_write_bytes(self.path / "catalog.json", data, durable=self.durable)
+        self._catalog_sha = hashlib.sha256(data).hexdigest()
         self._catalog_dirty = False
 
     def _reset_pending(self) -> None:
+        self._dropped_seen: set[int] = set()
         self._p_steps: list[StepBlockRecord] = []
         self._p_obs: dict[str, list[np.ndarray]] = {}
         self._p_hist: dict[str, list[np.ndarray]] = {}
@@ -440,18 +560,75 @@ class ArtifactWriter:
             )
 
     def _maybe_commit(self) -> bool:
-        due = len(self._p_steps) >= self.commit_steps
+        due = len(self._p_steps) >= self._due_at
+        if not due and self.faults and self._due_at > self.commit_steps:
+            return False  # after a failed commit: retry after commit_steps more steps
         if not due and self.commit_seconds is not None:
             due = time.monotonic() - self._last_commit >= self.commit_seconds
-        if due:
-            self.commit()
-        return due
+        return due and self.commit() is not None
 
     def commit(self) -> dict[str, Any] | None:
-        """Make everything pending durable and visible; returns the index row (or None)."""
+        """Make everything pending durable and visible; returns the index row (or None).
+
+        A disk failure (``OSError``) returns None and keeps the rows pending (see the module
+        docstring); :attr:`faults` lists every failure.
+        """
         self._check_open()
         if not (self._p_steps or self._p_scalars):
             return None
+        try:
+            row = self._commit_pending()
+        except OSError as exc:
+            self._commit_failed(exc)
+            return None
+        self._due_at = self.commit_steps
+        return row
+
+    @property
+    def pending_steps(self) -> int:
+        """Steps written but not yet committed (more than usual only while the disk fails)."""
+        return len(self._p_steps)
+
+    def _commit_failed(self, exc: OSError) -> None:
+        steps = [b.optimizer_step for b in self._p_steps]
+        span = f"steps {min(steps)}..{max(steps)}" if steps else "scalar rows"
+        fault = Refusal(
+            "history_disk_fault",
+            f"commit of {span} to {self.path} failed ({exc.strerror or exc}); "
+            f"the rows stay pending in RAM and the commit is retried.",
+            ["free disk space or remount the output read-write; training continues"],
+        )
+        if not self.faults:
+            warnings.warn(str(fault), RuntimeWarning, stacklevel=4)
+        self.faults.append(fault)
+        self._due_at = len(self._p_steps) + self.commit_steps
+        self._last_commit = time.monotonic()
+        self._drop_oldest_payloads()
+
+    def _drop_oldest_payloads(self) -> None:
+        """Keep at most ``max_pending_steps`` steps' payloads; older cells become disclosed drops."""
+        excess = len(self._p_steps) - self.max_pending_steps
+        if excess <= 0:
+            return
+        last_dropped = self._p_steps[excess - 1].optimizer_step
+        disc = self._intern(self.disclosures, ("disk_fault",))
+        dropped_code = code_of(Presence.BUDGET_DROPPED)
+        for parts in self._p_obs.values():
+            for arr in parts:
+                if not len(arr) or arr["step"][0] > last_dropped:
+                    continue
+                sel = (arr["step"] <= last_dropped) & (arr["presence"] != dropped_code)
+                arr["presence"][sel] = dropped_code
+                arr["spine"][sel] = np.nan
+                arr["disclosure"][sel] = disc
+                arr["rdtype"][sel] = 0
+        for stream, parts in self._p_hist.items():
+            self._p_hist[stream] = [a[a["step"] > last_dropped] for a in parts]
+        newly = sum(1 for b in self._p_steps[:excess] if b.optimizer_step not in self._dropped_seen)
+        self._dropped_seen.update(b.optimizer_step for b in self._p_steps[:excess])
+        self.dropped_steps += newly
+
+    def _commit_pending(self) -> dict[str, Any]:
         if self._catalog_dirty:  # catalog first: every index row's site ids are cataloged
             self._write_catalog()
         prefix = f"{self.run.segment_id}-{self._seq:07d}"
@@ -474,6 +651,7 @@ class ArtifactWriter:
             "step_lo": min(steps),
             "step_hi": max(steps),
             "n_steps": len(self._p_steps),
+            "catalog_sha256": self._catalog_sha,
             "files": files,
             "time": time.time(),
         }
@@ -514,16 +692,31 @@ class ArtifactWriter:
         if self._closed:
             raise Refusal("history_writer_closed", f"the writer of {self.path} is closed.")
 
-    def close(self) -> None:
-        """Commit what is pending and close (idempotent)."""
+    def close(self) -> CloseReport:
+        """Commit what is pending, seal the segment and close (idempotent).
+
+        A disk failure is reported, not raised: the returned :class:`CloseReport` says how many
+        steps stayed uncommitted (and lists the faults).
+        """
         if not self._closed:
             try:
                 self.commit()
-                if self._catalog_dirty:
-                    self._write_catalog()
+                if not self._p_steps and not self._p_scalars:
+                    try:
+                        if self._catalog_dirty:
+                            self._write_catalog()
+                        self._seal()
+                    except OSError as exc:
+                        self._commit_failed(exc)
             finally:
                 self._closed = True
                 self._unlock()
+        return CloseReport(
+            committed_step=self.committed_step,
+            uncommitted_steps=len(self._p_steps),
+            dropped_steps=self.dropped_steps,
+            faults=tuple(self.faults),
+        )
 
     def __enter__(self) -> ArtifactWriter:
         return self

@@ -106,9 +106,13 @@ class ObservationBatch:
     def __post_init__(self) -> None:
         s = object.__setattr__
         s(self, "stream", _enum(Stream, self.stream, "stream"))
-        s(self, "phase", _enum(Phase, self.phase, "phase"))
+        s(self, "phase", _enum(Phase, self.phase, "phase", "stat_payload_invalid"))
         if self.scale_grad is not None:
-            s(self, "scale_grad", _enum(ScaleGrad, self.scale_grad, "scale_grad"))
+            s(
+                self,
+                "scale_grad",
+                _enum(ScaleGrad, self.scale_grad, "scale_grad", "stat_payload_invalid"),
+            )
         if not isinstance(self.disclosures, (tuple, list)) or not all(
             isinstance(d, str) for d in self.disclosures
         ):

@@ -35,6 +35,17 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=_merge)
 
 
+def escape(text: object) -> str:
+    """``text`` with every non-printable character (terminal escapes, newlines) backslash-escaped.
+
+    >>> escape("fc\x1b[2J\n")
+    'fc\\x1b[2J\\n'
+    """
+    return "".join(
+        c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in str(text)
+    )
+
+
 def _table(rows: list[list[str]]) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
@@ -128,17 +139,18 @@ def _show(args: argparse.Namespace) -> int:
         return 0
     r = h.run
     steps = h.steps
-    print(f"run {r.run_id}  ({h.path})")
+    print(f"run {escape(r.run_id)}  ({escape(h.path)})")
     print(
         f"  segments   {len(h.segments)}: "
         + ", ".join(
-            s.segment_id + (f" (resumed at {s.resumed_at_step})" if s.parent_segment else "")
+            escape(s.segment_id)
+            + (f" (resumed at {s.resumed_at_step})" if s.parent_segment else "")
             for s in h.segments
         )
     )
-    print(f"  rank/world {r.rank}/{r.world_size}  device {r.device}")
-    print(f"  model      {r.model_fingerprint or 'not recorded'}")
-    print("  packages   " + ", ".join(f"{k} {v}" for k, v in r.packages.items()))
+    print(f"  rank/world {r.rank}/{r.world_size}  device {escape(r.device)}")
+    print(f"  model      {escape(r.model_fingerprint or 'not recorded')}")
+    print("  packages   " + ", ".join(f"{escape(k)} {escape(v)}" for k, v in r.packages.items()))
     span = f"{steps[0]}..{steps[-1]}" if len(steps) else "none"
     print(f"  steps      {len(steps)} committed ({span}), {len(h.commits)} commits")
     if h.torn_tail_bytes:
@@ -148,6 +160,7 @@ def _show(args: argparse.Namespace) -> int:
     for s in h.sites:
         ended = f"{s.ended_step} ({s.ended_reason})" if s.ended_step is not None else "-"
         rows.append([str(s.site_id), s.name, s.module_type, s.signature, ended])
+        rows[-1] = [escape(c) for c in rows[-1]]
     print(_table(rows))
     print()
     rows = [["stream", "rows", "observed", "histograms"]]
@@ -155,7 +168,7 @@ def _show(args: argparse.Namespace) -> int:
         rows.append([stream, str(n["rows"]), str(n["observed"]), str(n["histograms"])])
     print(_table(rows) if len(rows) > 1 else "no observations committed")
     if h.scalar_names:
-        print("\n" + _scalar_summary(h.scalar_names))
+        print("\n" + _scalar_summary([escape(n) for n in h.scalar_names]))
     print()
     sizes = h.sizes()
     print(
@@ -172,12 +185,16 @@ def _verify(args: argparse.Namespace) -> int:
     h = open_history(args.run)
     report = h.verify()
     for name, code, message in report.failures:
-        print(f"FAIL {name}: [{code}] {message}")
+        print(f"FAIL {escape(name)}: [{code}] {escape(message)}")
     if report.orphans:
         print(
             f"note: {len(report.orphans)} uncommitted file(s) in chunks/ (ignored): "
-            + ", ".join(report.orphans[:5])
+            + ", ".join(escape(o) for o in report.orphans[:5])
         )
+    if not h.catalog_confirmed:
+        print("note: catalog.json is newer than the last commit (a killed writer); unconfirmed")
+    if h.torn_tail_bytes:
+        print(f"note: {h.torn_tail_bytes} bytes of an unfinished commit ignored (torn tail)")
     status = "ok" if report.ok else f"{len(report.failures)} FAILED"
     print(
         f"{status}: {report.checked_files} chunks, {_human(report.checked_bytes)} checked "

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from stepscope.errors import Refusal
 from stepscope.history.batch import OBSERVED, REDUCTION_DTYPES, ObservationBatch, member_of
 from stepscope.history.schema import ObservationRecord, Phase, Presence, ScaleGrad, Stream
 
@@ -39,7 +40,15 @@ def records_from_rows(
         presence = member_of(Presence, r["presence"])
         spine = histogram = None
         if r["presence"] == OBSERVED:
-            spine = RunningStats.from_vector(r["spine"], REDUCTION_DTYPES[int(r["rdtype"])])
+            try:
+                spine = RunningStats.from_vector(r["spine"], REDUCTION_DTYPES[int(r["rdtype"])])
+            except (ValueError, OverflowError, Refusal) as exc:  # NaN or impossible counts
+                raise Refusal(
+                    "history_artifact_corrupt",
+                    f"stored spine of site {int(r['site'])} at step {int(r['step'])} is not a "
+                    f"valid spine ({str(exc)[:100]}).",
+                    ["run `stepscope verify`", "restore the chunk from a copy"],
+                ) from None
             counts = hist_by_key.get(_key(r))
             if counts is not None:
                 histogram = Histogram.from_vector(counts, descriptor)

@@ -185,31 +185,46 @@ def npy_bytes(array: np.ndarray) -> bytes:
 
 
 def npy_load(data: bytes, name: str, expected: np.dtype | None) -> np.ndarray:
-    """Parse ``.npy`` bytes without pickle; a wrong dtype refuses ``history_artifact_corrupt``.
+    """Parse ``.npy`` bytes without pickle; anything malformed refuses ``history_artifact_corrupt``.
 
     Fast path: a 1-D chunk whose header is exactly what this writer emits for ``expected`` is
-    viewed in place (no header ``literal_eval``, no copy); anything else goes through numpy's
-    parser with ``allow_pickle=False``.
+    viewed in place (no header ``literal_eval``, no copy). Anything else goes through numpy's
+    header parser and must still be a 1-D array of ``expected`` whose declared row count matches
+    the bytes present: nothing is allocated from a header's claim.
     """
     if expected is not None:
         fast = _fast_view(data, expected)
         if fast is not None:
             return fast
+    fmt = np.lib.format
+    buf = io.BytesIO(data)
     try:
-        array = np.lib.format.read_array(io.BytesIO(data), allow_pickle=False)
-    except (ValueError, OSError, EOFError, TypeError, SyntaxError) as exc:
+        version = fmt.read_magic(buf)
+        read_header = fmt.read_array_header_1_0 if version == (1, 0) else fmt.read_array_header_2_0
+        if version not in ((1, 0), (2, 0)):
+            raise ValueError(f"unsupported .npy version {version}")
+        shape, _fortran, dtype = read_header(buf)
+    except Exception as exc:  # numpy raises ValueError, SyntaxError, TokenError, ... on junk
         raise Refusal(
             "history_artifact_corrupt",
-            f"chunk {name} is not a readable .npy file ({exc}).",
+            f"chunk {name} is not a readable .npy file ({type(exc).__name__}: {str(exc)[:120]}).",
             ["restore the chunk from a copy", "run `stepscope verify` to list all damage"],
         ) from None
-    if expected is not None and array.dtype != expected:
+    if expected is not None and dtype != expected:
         raise Refusal(
             "history_artifact_corrupt",
-            f"chunk {name} has dtype {array.dtype}, expected {expected}.",
+            f"chunk {name} has dtype {dtype}, expected {expected}.",
             ["restore the chunk from a copy"],
         )
-    return array
+    body = len(data) - buf.tell()
+    if len(shape) != 1 or dtype.hasobject or shape[0] * dtype.itemsize != body:
+        raise Refusal(
+            "history_artifact_corrupt",
+            f"chunk {name} declares shape {shape} of {dtype.itemsize}-byte rows but holds "
+            f"{body} data bytes (chunks are 1-D).",
+            ["restore the chunk from a copy"],
+        )
+    return np.frombuffer(data, dtype=dtype, count=shape[0], offset=buf.tell())
 
 
 _SHAPE = re.compile(rb"'shape': \((\d+),\), \}\s*\n$")

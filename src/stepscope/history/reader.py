@@ -14,6 +14,7 @@ Example
 
 from __future__ import annotations
 
+import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +24,17 @@ import numpy as np
 
 from stepscope.errors import Refusal
 from stepscope.history.batch import OBSERVED, code_of, member_of
-from stepscope.history.files import check_name, read_json, read_log, sha256_file
+from stepscope.history.files import (
+    MAX_DECLARED,
+    check_dir,
+    check_name,
+    json_sha256,
+    parse_json_object,
+    read_json,
+    read_log,
+    read_regular,
+    sha256_file,
+)
 from stepscope.history.layout import (
     SCALAR_DTYPE,
     STEP_DTYPE,
@@ -45,7 +56,7 @@ from stepscope.history.schema import (
     Stream,
     _enum,
 )
-from stepscope.history.verify import VerifyReport, validate_commit, verify_files
+from stepscope.history.verify import VerifyReport, check_codes, validate_commit, verify_files
 
 
 @dataclass(frozen=True)
@@ -105,35 +116,91 @@ class HistoryReader:
         self.commits: list[dict[str, Any]] = []
         self.logs: list[str] = []
         self.torn_tail_bytes = 0
+        #: ``{"index/<seg>.log" or "evals.log": {"rows": n, "bytes": b}}`` of ended segments
+        self.sealed: dict[str, dict[str, int]] = {}
         self._offsets: dict[str, int] = {}
-        self._cache: dict[str, np.ndarray] = {}
+        self._rows: dict[str, int] = {}
+        self._cache: dict[tuple, np.ndarray] = {}
         self.refresh()
 
     # -- loading -----------------------------------------------------------------------------
     def refresh(self) -> int:
         """Pick up commits a live writer made since the last read; returns how many."""
-        index = read_json(self.path / "index.json", "index")
-        logs = index.get("logs")
-        if index.get("format") != FORMAT or not isinstance(logs, list):
-            raise Refusal("history_json_invalid", "index.json lacks format/logs.", [])
-        self.logs = [_log_name(x) for x in logs]
+        for attempt in range(3):  # a writer starting a segment replaces manifest, then index
+            index = _read_index(self.path)
+            try:
+                self._load_meta(index["manifest_sha256"], index.get("catalog_sha256"))
+                break
+            except _ManifestChanged:
+                if attempt == 2:
+                    raise Refusal(
+                        "history_artifact_corrupt",
+                        f"{self.path} manifest.json or catalog.json does not match the sha256 "
+                        "in index.json.",
+                        ["restore the file from a copy", "run `stepscope verify`"],
+                    ) from None
+        check_dir(self.path / "index", "index directory")
+        check_dir(self.path / "chunks", "chunk directory")
+        self.logs = [_log_name(x) for x in index["logs"]]
+        self.sealed = index["sealed"]
         before = len(self.commits)
         torn = 0
-        for name in self.logs:
-            got = read_log(self.path / "index" / name, self._offsets.get(name, 0))
-            for row in got.rows:
-                self.commits.append(validate_commit(row, name))
-            self._offsets[name] = got.next_offset
-            torn += got.torn_tail_bytes
+        for i, name in enumerate(self.logs):
+            seal = self.sealed.get(f"index/{name}")
+            if seal is None and i < len(self.logs) - 1:
+                raise _incomplete(f"index log {name} of an ended segment was never sealed")
+            torn += self._read_log_rows(name, seal)
         self.torn_tail_bytes = torn
-        self._load_meta()  # after the index: it is at least as new as every row read
+        self._check_segments()
+        last = self.commits[-1].get("catalog_sha256") if self.commits else None
+        #: False when the catalog could not be matched to a checksum: a killed (unsealed) run
+        #: whose catalog is newer than its last commit (or was edited). Disclosed by ``verify``.
+        self.catalog_confirmed = "catalog_sha256" in index or last == self.catalog_sha256
         self._steps: np.ndarray | None = None
         return len(self.commits) - before
 
-    def _load_meta(self) -> None:
+    def _read_log_rows(self, name: str, seal: dict[str, int] | None) -> int:
+        """Append the new rows of one log; returns its torn-tail bytes."""
+        path = self.path / "index" / name
+        offset = self._offsets.get(name, 0)
+        got = read_log(path, offset, seal=seal)
+        seq0 = self._rows.get(name, 0)
+        n = seq0 + len(got.rows)
+        if seal is None and (self.path / "chunks" / _steps_chunk(name, n + 1)).exists():
+            # chunks of commit n + 1 are written only after row n is durable (a kill between
+            # chunks and line leaves commit n's chunks only): the log lost rows, unless a live
+            # writer appended since the read above, so read again after the check
+            got = read_log(path, offset)
+            if seq0 + len(got.rows) <= n:
+                raise _incomplete(
+                    f"index log {name} ends after {n} rows but chunks of commit {n + 1} exist"
+                )
+        for row in got.rows:
+            validate_commit(row, name)
+        rows = got.rows
+        torn = got.torn_tail_bytes
+        got_next = got.next_offset
+        if seal is not None:  # rows past the seal are not part of the run: ignored
+            rows = [r for r, o in zip(rows, got.row_offsets) if o < seal["bytes"]]
+            torn, got_next = 0, max(offset, seal["bytes"])
+        for k, row in enumerate(rows):
+            if row["seq"] != seq0 + k:
+                raise _incomplete(
+                    f"index log {name} row {seq0 + k + 1} has seq {row['seq']}, expected "
+                    f"{seq0 + k}: rows are missing or reordered before it"
+                )
+            self.commits.append(row)
+        self._rows[name] = seq0 + len(rows)
+        self._offsets[name] = got_next
+        return torn
+
+    def _load_meta(self, manifest_sha256: str, catalog_sha256: Any) -> None:
         from stepscope.stats import SPINE_WIDTH, HistogramDescriptor
 
-        man = read_json(self.path / "manifest.json", "manifest")
+        raw = read_regular(self.path / "manifest.json", "manifest", max_bytes=MAX_JSON)
+        if hashlib.sha256(raw).hexdigest() != manifest_sha256:
+            raise _ManifestChanged
+        man = parse_json_object(raw, self.path / "manifest.json", "manifest")
         if man.get("format") != FORMAT or man.get("schema_version") != SCHEMA_VERSION:
             raise Refusal(
                 "history_schema_unsupported",
@@ -150,8 +217,12 @@ class HistoryReader:
             self.descriptor = HistogramDescriptor.from_dict(man["descriptor"])
         except TypeError as exc:
             raise Refusal("history_json_invalid", f"manifest descriptor: {exc}", []) from None
+        raw = read_regular(self.path / "catalog.json", "catalog", max_bytes=MAX_JSON)
+        self.catalog_sha256 = hashlib.sha256(raw).hexdigest()
+        if catalog_sha256 is not None and catalog_sha256 != self.catalog_sha256:
+            raise _ManifestChanged
         self.sites, self.scalar_names, self.disclosures = parse_catalog(
-            read_json(self.path / "catalog.json", "catalog")
+            parse_json_object(raw, self.path / "catalog.json", "catalog")
         )
         known = {s.segment_id for s in self.segments}
         self._cutoff = {s.segment_id: np.iinfo(np.int64).max for s in self.segments}
@@ -164,6 +235,16 @@ class HistoryReader:
                 seen.add(ancestor)
                 self._cutoff[ancestor] = min(self._cutoff[ancestor], s.resumed_at_step)
                 ancestor = parents[ancestor]
+        self._known_segments = known
+        self._dtypes = {
+            "steps": STEP_DTYPE,
+            "observations": observation_dtype(SPINE_WIDTH),
+            "histograms": histogram_dtype(self.descriptor.width),
+            "scalars": SCALAR_DTYPE,
+        }
+
+    def _check_segments(self) -> None:
+        known = self._known_segments
         for row in self.commits:
             if row["segment"] not in known:
                 raise Refusal(
@@ -171,12 +252,6 @@ class HistoryReader:
                     f"index row names segment {row['segment']!r} absent from the manifest.",
                     ["restore manifest.json from a copy"],
                 )
-        self._dtypes = {
-            "steps": STEP_DTYPE,
-            "observations": observation_dtype(SPINE_WIDTH),
-            "histograms": histogram_dtype(self.descriptor.width),
-            "scalars": SCALAR_DTYPE,
-        }
 
     @property
     def unknown_tables(self) -> set[str]:
@@ -203,18 +278,12 @@ class HistoryReader:
 
     def _load(self, f: dict[str, Any]) -> np.ndarray:
         name = f["name"]
-        cached = self._cache.get(name)
+        key = (name, f["sha256"], f["table"], f.get("counts_dtype"))
+        cached = self._cache.get(key)
         if cached is not None:
             return cached
         path = self.path / "chunks" / name
-        try:
-            digest, data = sha256_file(path)
-        except FileNotFoundError:
-            raise Refusal(
-                "history_artifact_missing",
-                f"committed chunk {name} is missing from {self.path / 'chunks'}.",
-                ["restore the chunk from a copy", "run `stepscope verify` to list all damage"],
-            ) from None
+        digest, data = sha256_file(path, "committed chunk", max_bytes=f["bytes"])
         if digest != f["sha256"]:
             raise Refusal(
                 "history_artifact_corrupt",
@@ -234,7 +303,8 @@ class HistoryReader:
             array = npy_load(data, name, self._dtypes[f["table"]])
         if len(array) != f["rows"]:
             raise Refusal("history_artifact_corrupt", f"chunk {name} row count differs.", [])
-        self._cache[name] = array
+        check_codes(array, f["table"], name, self.sites, self.scalar_names, self.disclosures)
+        self._cache[key] = array
         return array
 
     def table(
@@ -247,6 +317,7 @@ class HistoryReader:
         """Committed rows of one table as a structured array (the low-level access path)."""
         if table not in TABLES:
             raise Refusal("history_series_unknown", f"unknown table {table!r}; one of {TABLES}.")
+        steps = check_steps(steps)
         sv = None if stream is None else _enum(Stream, stream, "stream").value
         parts = []
         for row, f in self._selected(table, sv, steps, site_ids):
@@ -295,10 +366,16 @@ class HistoryReader:
 
     def _cells(self, table: str, site: Any, stream: Any, phase: Any, steps: Any, micro: Any):
         ids = self.site_ids(site)
+        if micro is not None and (
+            isinstance(micro, bool) or not isinstance(micro, (int, np.integer)) or micro < 0
+        ):
+            raise Refusal("history_query_invalid", f"micro_batch {micro!r} is not an int >= 0.")
         rows = self.table(table, stream, steps, ids)
         rows = rows[rows["micro_batch"] == (-1 if micro is None else micro)]
         if phase is not None:
-            rows = rows[rows["phase"] == code_of(_enum(Phase, phase, "phase"))]
+            rows = rows[
+                rows["phase"] == code_of(_enum(Phase, phase, "phase", "history_series_unknown"))
+            ]
         elif len(np.unique(rows["phase"])) > 1:
             names = sorted(member_of(Phase, c).value for c in np.unique(rows["phase"]))
             raise Refusal(
@@ -404,8 +481,19 @@ class HistoryReader:
         return records_from_rows(obs, hist, self.disclosures, self.descriptor)
 
     def verify(self) -> VerifyReport:
-        """Recompute the sha256 of every committed chunk (including superseded segments)."""
-        return verify_files(self.path / "chunks", [f for r in self.commits for f in r["files"]])
+        """Recompute the sha256 of every committed chunk (including superseded segments).
+
+        Each failure names the step range it leaves unaccounted for; chunks of commits that the
+        index does not list (a shortened log) are failures too.
+        """
+        report = verify_files(self.path / "chunks", self.commits, self._rows)
+        from stepscope.runlog.sink import read_eval_log
+
+        try:
+            read_eval_log(self)  # evals.log: every row's sha256, its seal, its values
+        except Refusal as exc:
+            report.failures.append(("evals.log", exc.code, exc.message))
+        return report
 
     def clear_cache(self) -> None:
         """Forget decoded chunks (they are re-read and re-verified on next use)."""
@@ -418,6 +506,82 @@ class HistoryReader:
             for f in r["files"]:
                 out[f["table"]] = out.get(f["table"], 0) + f["bytes"]
         return out
+
+
+MAX_JSON = 64 << 20
+
+
+class _ManifestChanged(Exception):
+    """manifest/catalog do not match index.json (a segment start in progress, or damage)."""
+
+
+def check_steps(steps: Any) -> tuple[int, int] | None:
+    """An inclusive ``(first, last)`` step range of ints, or None; else ``history_query_invalid``.
+
+    >>> check_steps([2, 5])
+    (2, 5)
+    """
+    if steps is None:
+        return None
+    if (
+        not isinstance(steps, (tuple, list))
+        or len(steps) != 2
+        or not all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in steps)
+        or steps[0] > steps[1]
+    ):
+        raise Refusal(
+            "history_query_invalid",
+            f"steps={steps!r} is not an inclusive (first, last) pair of ints.",
+            ["pass steps=(first, last) with first <= last, or None for all steps"],
+        )
+    return int(steps[0]), int(steps[1])
+
+
+def _steps_chunk(log: str, seq: int) -> str:
+    """The steps chunk of commit ``seq`` of the segment whose log is ``log`` (every commit has one)."""
+    return f"{log[: -len('.log')]}-{seq:07d}-steps.npy"
+
+
+def _incomplete(what: str) -> Refusal:
+    return Refusal(
+        "history_index_incomplete",
+        f"{what}.",
+        ["restore the index from a copy", "run `stepscope verify` to list every gap"],
+    )
+
+
+def _read_index(path: Path) -> dict[str, Any]:
+    """``index.json``, checked against its own sha256, with a valid ``sealed`` map."""
+    index = read_json(path / "index.json", "index")
+    claimed = index.pop("sha256", None)
+    if claimed != json_sha256(index):
+        raise Refusal(
+            "history_artifact_corrupt",
+            f"{path / 'index.json'} fails its sha256 (edited, damaged or from an older writer).",
+            ["restore index.json from a copy"],
+        )
+    logs, sealed = index.get("logs"), index.get("sealed")
+    if (
+        index.get("format") != FORMAT
+        or not isinstance(logs, list)
+        or not isinstance(index.get("manifest_sha256"), str)
+        or not isinstance(sealed, dict)
+    ):
+        raise Refusal("history_json_invalid", "index.json lacks format/logs/manifest/seals.", [])
+    for key, seal in sealed.items():
+        if (
+            not isinstance(seal, dict)
+            or set(seal) != {"rows", "bytes", "sha256"}
+            or not isinstance(seal["sha256"], str)
+            or not all(
+                isinstance(seal[k], int)
+                and not isinstance(seal[k], bool)
+                and 0 <= seal[k] <= MAX_DECLARED
+                for k in ("rows", "bytes")
+            )
+        ):
+            raise Refusal("history_json_invalid", f"index.json seal of {key!r} is malformed.", [])
+    return index
 
 
 def _log_name(entry: Any) -> str:

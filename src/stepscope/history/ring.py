@@ -94,7 +94,7 @@ class StepRing:
         *,
         disk_backed: bool = False,
     ) -> None:
-        self.policy = _enum(RingPolicy, policy, "ring policy")
+        self.policy = _enum(RingPolicy, policy, "ring policy", "settings_invalid")
         if not isinstance(capacity, int) or capacity < 1:
             raise Refusal("settings_invalid", f"ring capacity {capacity!r} must be an int >= 1.")
         if self.policy is RingPolicy.COARSEN and capacity < 2:

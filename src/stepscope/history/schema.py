@@ -79,6 +79,16 @@ def _need(d: Mapping[str, Any], key: str, kind: type | tuple[type, ...], what: s
     return value
 
 
+def _finite(value: int | float, key: str, what: str) -> float:
+    try:
+        out = float(value)
+    except OverflowError:
+        out = math.inf
+    if not math.isfinite(out):
+        raise Refusal("history_json_invalid", f"{what} field {key!r} is not a finite number.", [])
+    return out
+
+
 def _as_tuple(kind: type | tuple[type, ...]) -> tuple[type, ...]:
     return kind if isinstance(kind, tuple) else (kind,)
 
@@ -202,7 +212,7 @@ class RunRecord:
             device=_need(d, "device", str, w),
             rank=_need(d, "rank", int, w),
             world_size=_need(d, "world_size", int, w),
-            created_unix=float(_need(d, "created_unix", (int, float), w)),
+            created_unix=_finite(_need(d, "created_unix", (int, float), w), "created_unix", w),
             extra=_mapping(d, "extra", w),
         )
 

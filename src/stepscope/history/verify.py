@@ -15,8 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from stepscope.errors import Refusal
-from stepscope.history.files import check_name
+from stepscope.history.files import MAX_DECLARED, check_dir, check_name, read_regular
 from stepscope.history.layout import COUNT_DTYPES
 
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
@@ -32,8 +34,8 @@ def _bad(log: str, what: str) -> Refusal:
 
 def _int(row: dict[str, Any], key: str, log: str) -> int:
     v = row.get(key)
-    if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-        raise _bad(log, f"field {key!r} is {v!r}, not a non-negative int")
+    if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v <= MAX_DECLARED:
+        raise _bad(log, f"field {key!r} is {str(v)[:40]}, not an int in 0..2**62")
     return v
 
 
@@ -43,6 +45,8 @@ def validate_commit(row: Any, log: str) -> dict[str, Any]:
         raise _bad(log, "a row is not an object")
     for key in ("seq", "step_lo", "step_hi", "n_steps"):
         _int(row, key, log)
+    if row["step_hi"] > np.iinfo(np.int64).max // 2:
+        raise _bad(log, "step_hi is beyond int64")
     if row["step_hi"] < row["step_lo"]:
         raise _bad(log, "step_hi < step_lo")
     if not isinstance(row.get("segment"), str):
@@ -56,8 +60,10 @@ def validate_commit(row: Any, log: str) -> dict[str, Any]:
         check_name(f.get("name"), f"index log {log}")
         if not str(f.get("name")).endswith(".npy"):
             raise Refusal("history_chunk_name_invalid", f"{f.get('name')!r} is not a .npy chunk.")
-        if not isinstance(f.get("table"), str) or not isinstance(
-            f.get("stream"), (str, type(None))
+        if (
+            not isinstance(f.get("table"), str)
+            or "stream" not in f
+            or not isinstance(f["stream"], (str, type(None)))
         ):
             raise _bad(log, "a file entry lacks table/stream")
         if not isinstance(f.get("sha256"), str) or not _HEX64.match(f["sha256"]):
@@ -74,11 +80,56 @@ def validate_commit(row: Any, log: str) -> dict[str, Any]:
     return row
 
 
+def check_codes(
+    rows: np.ndarray, table: str, name: str, sites: list, scalar_names: list, disclosures: list
+) -> None:
+    """Refuse ``history_artifact_corrupt`` if a stored code or id is outside its vocabulary.
+
+    Checked once per chunk when it is loaded (vectorised), so decoding never indexes out of range:
+    enum codes, site / scalar-name / disclosure ids and reduction dtypes. (Spine counts are
+    checked where they become ints: :func:`stepscope.history.decode.records_from_rows`.)
+    """
+    from stepscope.history.batch import REDUCTION_DTYPES
+    from stepscope.history.vocab import Phase, Presence, StepProvenance, Stream, Tristate
+
+    def need(ok: np.ndarray | bool, what: str) -> None:
+        if not np.all(ok):
+            raise Refusal(
+                "history_artifact_corrupt",
+                f"chunk {name} holds {what} outside its vocabulary.",
+                ["restore the chunk from a copy", "run `stepscope verify`"],
+            )
+
+    def codes(col: str, vocab: Any) -> None:
+        need((rows[col] >= 1) & (rows[col] <= len(vocab)), f"{col} codes")
+
+    if not len(rows):
+        return
+    if table == "steps":
+        codes("provenance", StepProvenance)
+        for col in ("applied", "unscaled", "clipped"):
+            codes(col, Tristate)
+    elif table == "scalars":
+        need((rows["name"] >= 0) & (rows["name"] < len(scalar_names)), "scalar-name ids")
+    elif table in ("observations", "histograms"):
+        need((rows["site"] >= 0) & (rows["site"] < len(sites)), "site ids")
+        codes("stream", Stream)
+        codes("phase", Phase)
+        need(rows["micro_batch"] >= -1, "micro-batch indices")
+        if table == "observations":
+            codes("presence", Presence)
+            need(rows["rdtype"] < len(REDUCTION_DTYPES), "reduction dtypes")
+            d = rows["disclosure"]
+            need((d >= -1) & (d < len(disclosures)), "disclosure ids")
+
+
+
 @dataclass(frozen=True)
 class VerifyReport:
-    """Outcome of recomputing every committed chunk's sha256.
+    """Outcome of recomputing every committed chunk's sha256 and accounting for every commit.
 
-    ``failures`` lists ``(chunk name, code, message)``; ``ok`` is True only when it is empty.
+    ``failures`` lists ``(chunk or log name, code, message)``, each message naming the step range
+    it leaves unaccounted for; ``ok`` is True only when it is empty.
     """
 
     checked_files: int
@@ -89,7 +140,7 @@ class VerifyReport:
 
     @property
     def ok(self) -> bool:
-        """Every committed chunk exists and matches its sha256."""
+        """Every committed chunk exists and matches its sha256, and no commit is unaccounted."""
         return not self.failures
 
     def raise_if_failed(self) -> None:
@@ -104,23 +155,64 @@ class VerifyReport:
             )
 
 
-def verify_files(chunk_dir: Path, files: list[dict[str, Any]]) -> VerifyReport:
-    """Recompute the sha256 of each indexed chunk file under ``chunk_dir``."""
+def _steps_of(row: dict[str, Any]) -> str:
+    return f"steps {row['step_lo']}..{row['step_hi']} unaccounted for"
+
+
+def verify_files(
+    chunk_dir: Path, commits: list[dict[str, Any]], log_rows: dict[str, int] | None = None
+) -> VerifyReport:
+    """Recompute the sha256 of each indexed chunk file under ``chunk_dir``.
+
+    ``log_rows`` (rows read per segment log) lets chunks of unindexed *later* commits be reported
+    as a shortened log (a killed commit leaves only the very next commit's chunks: an orphan).
+    """
     failures: list[tuple[str, str, str]] = []
     nbytes = 0
-    for f in files:
-        path = chunk_dir / f["name"]
-        try:
-            data = path.read_bytes()
-        except FileNotFoundError:
-            failures.append((f["name"], "history_artifact_missing", "file is missing"))
+    files = 0
+    for row in commits:
+        for f in row["files"]:
+            files += 1
+            try:
+                data = read_regular(chunk_dir / f["name"], "chunk", max_bytes=f["bytes"])
+            except Refusal as exc:
+                failures.append((f["name"], exc.code, f"{exc.message} ({_steps_of(row)})"))
+                continue
+            nbytes += len(data)
+            digest = hashlib.sha256(data).hexdigest()
+            if digest != f["sha256"]:
+                failures.append(
+                    (
+                        f["name"],
+                        "history_artifact_corrupt",
+                        f"sha256 {digest[:12]}… != indexed ({_steps_of(row)})",
+                    )
+                )
+    named = {f["name"] for r in commits for f in r["files"]}
+    try:
+        listing = sorted(p.name for p in check_dir(chunk_dir, "chunk directory").iterdir())
+    except Refusal as exc:
+        failures.append((chunk_dir.name, exc.code, exc.message))
+        listing = []
+    orphans = [n for n in listing if n not in named]
+    shortened: dict[str, int] = {}
+    for name in orphans:  # <segment>-<seq>-<table>.npy beyond the next commit: a lost row
+        m = _CHUNK.match(name)
+        if m is None or log_rows is None or f"{m['segment']}.log" not in log_rows:
             continue
-        nbytes += len(data)
-        digest = hashlib.sha256(data).hexdigest()
-        if digest != f["sha256"]:
-            failures.append(
-                (f["name"], "history_artifact_corrupt", f"sha256 {digest[:12]}… != indexed")
+        if int(m["seq"]) > log_rows[f"{m['segment']}.log"]:
+            shortened[m["segment"]] = max(shortened.get(m["segment"], 0), int(m["seq"]))
+    for seg, top in sorted(shortened.items()):
+        n = (log_rows or {})[f"{seg}.log"]
+        failures.append(
+            (
+                f"index/{seg}.log",
+                "history_index_incomplete",
+                f"the log lists {n} commits but chunks of commits up to {top} exist "
+                f"(their steps are unaccounted for)",
             )
-    named = {f["name"] for f in files}
-    orphans = sorted(p.name for p in chunk_dir.iterdir() if p.name not in named)
-    return VerifyReport(len(files), nbytes, failures, orphans)
+        )
+    return VerifyReport(files, nbytes, failures, orphans)
+
+
+_CHUNK = re.compile(r"^(?P<segment>[A-Za-z0-9_]+)-(?P<seq>\d{7})-")

@@ -86,14 +86,19 @@ class Tristate(str, enum.Enum):
         return _enum(cls, value, "tristate")
 
 
-def _enum(kind: type[enum.Enum], value: Any, what: str) -> Any:
+def _enum(kind: type[enum.Enum], value: Any, what: str, code: str | None = None) -> Any:
+    """``value`` as a member of ``kind``, or refuse with ``code`` (what the caller was doing:
+    ``history_json_invalid`` when parsing a stored file, the default; an API argument passes its
+    own code). A stream always refuses ``stream_unknown``."""
     if isinstance(value, kind):
         return value
     try:
         return kind(value)
     except (ValueError, TypeError):
         allowed = ", ".join(m.value for m in kind)  # type: ignore[attr-defined]
-        code = "stream_unknown" if kind is Stream else "history_json_invalid"
+        if kind is Stream:
+            code = "stream_unknown"
+        code = code or "history_json_invalid"
         raise Refusal(
             code, f"{what} {value!r} is not one of: {allowed}.", [f"use one of: {allowed}"]
         ) from None

@@ -64,7 +64,94 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
         )
     if "epoch" not in doc:
         doc["epoch"] = _epoch_of(path.name)
+    problem = _panel_problem(doc)
+    if problem is not None:
+        raise Refusal(
+            "report_input_invalid",
+            f"{path} is not a well-formed curvature panel: {problem}.",
+            ["remove or restore the file", "rerun `stepscope curvature`"],
+        )
     return doc
+
+
+def _real(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _opt_obj(v: Any) -> bool:
+    return v is None or isinstance(v, dict)
+
+
+def _eigenvalues(entry: Any) -> bool:
+    ev = entry.get("eigenvalues") if isinstance(entry, dict) else None
+    return isinstance(ev, list) and all(_real(x) for x in ev)
+
+
+def _panel_problem(doc: dict[str, Any]) -> str | None:
+    """What is malformed in a panel document (every field the panel reads), else ``None``."""
+    if isinstance(doc["epoch"], bool) or not isinstance(doc["epoch"], int) or doc["epoch"] < 0:
+        return "epoch is not an int >= 0"
+    if not (doc.get("snapshot_duration_s") is None or _real(doc["snapshot_duration_s"])):
+        return "snapshot_duration_s is not a number"
+    a = doc["analysis"]
+    meta = a.get("metadata", {})
+    if not isinstance(meta, dict) or not isinstance(meta.get("estimators", {}), dict):
+        return "analysis.metadata is not an object with an estimators object"
+    layers = a.get("layers")
+    if not isinstance(layers, dict):
+        return "analysis.layers is not an object"
+    for name, entry in layers.items():
+        if not isinstance(entry, dict) or not _eigenvalues(entry.get("activation_factor")):
+            return f"layer {name!r} lacks activation_factor eigenvalues (numbers)"
+        for fam in FAMILIES:
+            f = entry.get(fam)
+            if not isinstance(f, dict) or not _eigenvalues(f.get("backprop_factor")):
+                return f"layer {name!r} lacks {fam} backprop_factor eigenvalues (numbers)"
+            k = f.get("kfac")
+            if not isinstance(k, dict) or not all(
+                k.get(x) is None or _real(k.get(x))
+                for x in (
+                    "top_eigenvalue",
+                    "effective_rank",
+                    "stable_rank",
+                    "relative_diagonal_error",
+                )
+            ):
+                return f"layer {name!r} {fam} kfac is not an object of numbers"
+    directional = a.get("directional")
+    if not _opt_obj(directional):
+        return "analysis.directional is not an object"
+    for name, entry in (directional or {}).items():
+        if not isinstance(entry, dict):
+            return f"directional entry {name!r} is not an object"
+        for fam in FAMILIES:
+            q = entry.get(fam)
+            if not _opt_obj(q) or not (
+                (q or {}).get("mean_gradient_rayleigh_quotient") is None
+                or _real(q["mean_gradient_rayleigh_quotient"])
+            ):
+                return f"directional {name!r} {fam} quotient is not a number"
+    out = a.get("output_space")
+    if not _opt_obj(out):
+        return "analysis.output_space is not an object"
+    out = out or {}
+    if not _opt_obj(out.get("support")) or not _opt_obj(out.get("lyapunov")):
+        return "output_space support/lyapunov are not objects"
+    values = [
+        (out.get("support") or {}).get("rank"),
+        *((out.get("lyapunov") or {}).get(k) for k in ("rho_ambient", "rho_support")),
+        *(
+            out.get(k)
+            for k in (
+                "lyapunov_to_preconditioned_intrinsic_dimension_ratio",
+                "solution_residual",
+                "discarded_fisher_fraction",
+            )
+        ),
+    ]
+    if not all(v is None or _real(v) for v in values):
+        return "an output_space value is not a number"
+    return None
 
 
 def _spectrum_traces(layers: dict[str, Any]) -> list[Trace]:

@@ -107,6 +107,8 @@ def _figure(width: float = 6.4, height: float = 3.2, left: float = 1.0, right: f
 
 
 def _png(fig: Any) -> bytes:
+    for text in fig.findobj(lambda o: hasattr(o, "set_parse_math")):
+        text.set_parse_math(False)  # names are data: "$" is a dollar sign, never math text
     buf = io.BytesIO()
     # keep legends below the axes whole; PNG_SCALE x the pixels for HiDPI screens
     fig.savefig(buf, format="png", dpi=_DPI * PNG_SCALE, bbox_inches="tight")

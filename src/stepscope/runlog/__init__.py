@@ -1,7 +1,7 @@
 """Run log: user scalars, evaluation rows, clocks and branch activity in the run's history."""
 
 from stepscope.runlog.clocks import ClockKind, ClockRow, StepClock
-from stepscope.runlog.evals import EVAL_LOG, EvalRecord
+from stepscope.runlog.evals import EVAL_LOG, EvalRecord, check_count
 from stepscope.runlog.masks import withhold_inactive
 from stepscope.runlog.names import (
     CLOCK_ELAPSED,
@@ -23,6 +23,7 @@ from stepscope.runlog.runlog import (
 from stepscope.runlog.sink import (
     ArtifactRows,
     MemoryRows,
+    close_artifact,
     read_eval_log,
     read_summary,
     write_summary,
@@ -52,7 +53,9 @@ __all__ = [
     "Split",
     "StepClock",
     "branch_scalar",
+    "check_count",
     "clock_scalars",
+    "close_artifact",
     "make_eval",
     "read_eval_log",
     "read_summary",

@@ -75,13 +75,27 @@ def expand_confusion(metrics: Mapping[str, Any]) -> dict[str, Any]:
     for p, count in enumerate(counts.sum(0).tolist()):
         out[f"predicted_counts/{p}"] = count
     return out
+_MAX_COUNT = 1 << 62
 
 
-def _count(value: Any, what: str) -> int | None:
+def check_count(value: Any, what: str) -> int | None:
+    """``value`` as an exact int >= 0 (or None); anything else refuses ``runlog_value_invalid``.
+
+    Never coerced: ``-1``, ``1.5``, ``"3"`` and ``True`` all refuse.
+
+    >>> check_count(8, "examples")
+    8
+    """
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
-        raise Refusal("runlog_value_invalid", f"{what} {value!r} is not an int >= 0 or None.")
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, np.integer))
+        or not 0 <= value <= _MAX_COUNT
+    ):
+        raise Refusal(
+            "runlog_value_invalid", f"{what} {str(value)[:40]} is not an int in 0..2**62 or None."
+        )
     return int(value)
 
 
@@ -135,19 +149,28 @@ class EvalRecord:
                     f"metric {name!r} is {type(value).__name__}, not a real number.",
                     ["convert tensors with RunLog.log_eval, which batches them"],
                 )
-            items.append((name, float(value)))
+            try:
+                items.append((name, float(value)))
+            except OverflowError:
+                raise Refusal(
+                    "runlog_value_invalid", f"metric {name!r} does not fit a float64.", []
+                ) from None
         object.__setattr__(self, "_sorted", tuple(sorted(items)))
         object.__setattr__(self, "metrics", dict(self._sorted))
-        if _count(self.optimizer_step, "optimizer_step") is None:
+        if check_count(self.optimizer_step, "optimizer_step") is None:
             raise Refusal("runlog_step_invalid", "an evaluation needs its optimizer_step.", [])
-        _count(self.examples_seen, "examples_seen")
-        _count(self.epoch, "epoch")
-        _count(self.sample_count, "sample_count")
+        check_count(self.examples_seen, "examples_seen")
+        check_count(self.epoch, "epoch")
+        check_count(self.sample_count, "sample_count")
         if self.data_hash is not None:
             check_label(self.data_hash, "data_hash", HASH_WIDTH)
         if not isinstance(self.endpoint, (bool, np.bool_)):
             raise Refusal("runlog_value_invalid", "endpoint must be True or False.", [])
-        if self.wall_time is not None and not math.isfinite(self.wall_time):
+        if self.wall_time is not None and (
+            isinstance(self.wall_time, bool)
+            or not isinstance(self.wall_time, (int, float))
+            or not math.isfinite(self.wall_time)
+        ):
             raise Refusal("runlog_value_invalid", "wall_time must be finite or None.", [])
 
     def to_dict(self) -> dict[str, Any]:
@@ -180,7 +203,7 @@ class EvalRecord:
                 endpoint=d.get("endpoint", False),
                 wall_time=d.get("wall_time"),
             )
-        except (KeyError, TypeError, ValueError, Refusal) as exc:
+        except (KeyError, TypeError, ValueError, ArithmeticError, Refusal) as exc:
             raise Refusal(
                 "history_json_invalid",
                 f"an evals.log row is malformed ({exc}).",

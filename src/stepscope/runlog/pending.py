@@ -120,7 +120,12 @@ def _host_or_tensor(value: Any, what: str) -> float | torch.Tensor:
     if isinstance(value, np.ndarray) and value.size == 1:
         value = value.reshape(()).item()
     if isinstance(value, (bool, int, float, np.integer, np.floating, np.bool_)):
-        return float(value)
+        try:
+            return float(value)
+        except OverflowError:
+            raise Refusal(
+                "runlog_value_invalid", f"{what} does not fit a float64.", ["log a float"]
+            ) from None
     raise Refusal(
         "runlog_value_invalid",
         f"{what} is {type(value).__name__}, not a real number or a one-element tensor.",

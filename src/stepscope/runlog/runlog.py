@@ -47,7 +47,7 @@ from stepscope.history import (
 from stepscope.runlog.clocks import ClockRow, StepClock
 from stepscope.runlog.names import CLOCK_ELAPSED, CLOCK_TELEMETRY, CLOCK_TRAINING
 from stepscope.runlog.pending import PendingStep
-from stepscope.runlog.sink import ArtifactRows, MemoryRows, write_summary
+from stepscope.runlog.sink import ArtifactRows, MemoryRows, close_artifact, write_summary
 from stepscope.runlog.userlog import UserLog, make_eval, write_eval  # noqa: F401  (re-exported)
 from stepscope.runlog.view import RunView
 
@@ -230,8 +230,7 @@ class RunLog(UserLog):
             self.sink.write_scalar(name, at, value)
         write_clock_rows(self.sink, self.clock.resolve(block=True))
         if isinstance(self.sink, ArtifactRows):
-            self.sink.writer.close()
-            write_summary(self.path, self.clock.summary(closed=True))
+            self.close_report = close_artifact(self.sink, self.clock.summary(closed=True))
 
     def __enter__(self) -> RunLog:
         return self

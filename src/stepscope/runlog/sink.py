@@ -25,6 +25,7 @@ False
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -45,6 +46,9 @@ class ArtifactRows:
     def __init__(self, writer: Any) -> None:
         self.writer = writer
         self.path = Path(writer.path)
+        #: evaluations whose ``evals.log`` line a disk fault kept back (retried at the next one)
+        self.unwritten: list[dict[str, Any]] = []
+        self._next_n: int | None = None  # rows in evals.log (read once, on first use)
 
     def write_step(
         self, block: StepBlockRecord, batches: Sequence[Any] = (), scalars: dict | None = None
@@ -57,11 +61,45 @@ class ArtifactRows:
         self.writer.write_scalar(name, step, value)
 
     def write_eval(self, rec: EvalRecord) -> None:
-        """Append ``rec`` durably to ``evals.log`` (visible at once, like a committed row)."""
+        """Append ``rec`` durably to ``evals.log`` (visible at once, like a committed row).
+
+        A disk fault raises nothing: the line is kept and retried with the next evaluation
+        (and by :meth:`flush`); the first fault warns once with ``history_disk_fault``.
+        """
+        self.unwritten.append({"segment": self.writer.run.segment_id, **rec.to_dict()})
+        self.flush()
+
+    def _rows_before(self) -> int:
+        if self._next_n is None:
+            from stepscope.history.files import log_extent
+
+            self._next_n = log_extent(self.path / EVAL_LOG)["rows"]
+        return self._next_n
+
+    def flush(self) -> int:
+        """Append the kept-back evaluation lines in order; returns how many are still unwritten."""
         from stepscope.history.files import append_log_row
 
-        row = {"segment": self.writer.run.segment_id, **rec.to_dict()}
-        append_log_row(self.path / EVAL_LOG, row, durable=self.writer.durable)
+        while self.unwritten:
+            row = {**self.unwritten[0], "n": self._rows_before()}  # its position: gaps show
+            try:
+                append_log_row(self.path / EVAL_LOG, row, durable=self.writer.durable)
+            except OSError as exc:
+                fault = Refusal(
+                    "history_disk_fault",
+                    f"evals.log append failed ({exc.strerror or exc}); {len(self.unwritten)} "
+                    "evaluation line(s) kept in RAM and retried.",
+                    ["free disk space or remount the output read-write; training continues"],
+                )
+                faults = getattr(self.writer, "faults", None)
+                if not faults:  # one warning per run, shared with the writer's commits
+                    warnings.warn(str(fault), RuntimeWarning, stacklevel=3)
+                if faults is not None:
+                    faults.append(fault)
+                break
+            self.unwritten.pop(0)
+            self._next_n = row["n"] + 1
+        return len(self.unwritten)
 
 
 class MemoryRows:
@@ -126,6 +164,22 @@ class MemoryRows:
         return self.summary_data
 
 
+def close_artifact(rows: ArtifactRows, summary: dict[str, Any]) -> Any:
+    """Flush kept-back evaluations, close the writer, write ``runlog.json``; never raises a disk fault.
+
+    Returns the writer's :class:`~stepscope.history.artifact.CloseReport` (``uncommitted_steps``,
+    ``dropped_steps``, ``faults``), with an evaluation line that could not be written counted
+    in ``faults``. ``runlog.json`` is a convenience: failing to write it is ignored.
+    """
+    rows.flush()
+    report = rows.writer.close()
+    try:
+        write_summary(rows.path, summary)
+    except OSError:
+        pass
+    return report
+
+
 def write_summary(directory: str | os.PathLike[str] | None, summary: dict[str, Any]) -> None:
     """Atomically (re)write ``runlog.json`` in an artifact directory (no-op without one)."""
     if directory is None:
@@ -151,7 +205,28 @@ def read_eval_log(reader: Any) -> list[EvalRecord]:
 
     cutoff = _cutoffs(reader.segments)
     out = []
-    for row in read_log(Path(reader.path) / EVAL_LOG).rows:
+    seal = getattr(reader, "sealed", {}).get(EVAL_LOG)
+    path = Path(reader.path) / EVAL_LOG
+    got = read_log(path, missing_ok=True, what="evaluation log", seal=seal)
+    segments = [s.segment_id for s in reader.segments]
+    # past the seal, only the open (last, unsealed) segment may have appended
+    open_segment = (
+        segments[-1] if f"index/{segments[-1]}.log" not in getattr(reader, "sealed", {}) else None
+    )
+    for i, (row, at) in enumerate(zip(got.rows, got.row_offsets)):
+        if row.get("n") != i:
+            raise Refusal(
+                "history_index_incomplete",
+                f"{EVAL_LOG} row {i + 1} (byte {at}) says it is row {row.get('n')!r}: "
+                "rows before it were lost, duplicated or reordered.",
+                ["restore evals.log from a copy"],
+            )
+        if seal is not None and at >= seal["bytes"] and row.get("segment") != open_segment:
+            raise Refusal(
+                "history_artifact_corrupt",
+                f"{EVAL_LOG} row at byte {at} was appended after its segment was sealed.",
+                ["restore evals.log from a copy"],
+            )
         rec = EvalRecord.from_dict(row)
         if rec.optimizer_step < cutoff.get(str(row.get("segment")), np.iinfo(np.int64).max):
             out.append(rec)
