@@ -37,8 +37,7 @@ Record to disk (crash-safe, readable while training runs, no step limit); withou
 from __future__ import annotations
 
 import time
-import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -46,23 +45,23 @@ import torch
 
 from stepscope.collect.activations import ActivationSites
 from stepscope.collect.autocadence import AutoCadence
-from stepscope.collect.capture import reducible
-from stepscope.collect.optimizers import OptimizerWatch, unwrap_optimizer
+from stepscope.collect.optimizers import OptimizerWatch
 from stepscope.collect.plan import Plan, build_plan
-from stepscope.collect.scaler import grad_scale_status, scale_in_force, update_marker
+from stepscope.collect.reduce import Reducer
+from stepscope.collect.scaler import scale_in_force, update_marker
 from stepscope.collect.settings import ALL_STREAMS, Cadence, WatchSettings, resolve_cadence
 from stepscope.collect.sites import Row, build_rows, param_signature
 from stepscope.collect.staging import Staging, by_device, to_host  # noqa: F401  (tests patch it here)
+from stepscope.collect.stepping import OptimizerSteps
 from stepscope.collect.stepstate import StepState, StepTransaction, assemble_batches, step_truth
 from stepscope.collect.store import open_store
 from stepscope.collect.surgery import StructureWatch
 from stepscope.collect.telemetry import TelemetryWindow
-from stepscope.collect.updates import UpdateSampler, assign_update_indices
+from stepscope.collect.updates import assign_update_indices
 from stepscope.collect.warmup import WarmupMeter
 from stepscope.errors import Refusal
 from stepscope.events.convert import events_from_step
 from stepscope.history import StepBlockRecord, StepProvenance
-from stepscope.profile.scope import internal_scope
 from stepscope.runlog import (
     ArtifactRows,
     MemoryRows,
@@ -156,8 +155,10 @@ class HistoryCollector(UserLog):
                 "step_transaction_required",
                 "a resumed run records only explicit steps (its step and examples_seen "
                 "continue from the artifact); the implicit optimizer= spelling cannot resume.",
-                ["drop optimizer= and wrap each step in `with collector.step(optimizer, "
-                 "examples=n):`"],
+                [
+                    "drop optimizer= and wrap each step in `with collector.step(optimizer, "
+                    "examples=n):`"
+                ],
             )
         self.streams = streams
         self.auto: AutoCadence | None = None
@@ -182,16 +183,15 @@ class HistoryCollector(UserLog):
         self._sites = ActivationSites(
             self, model, self.modules, self.rows, self.settings.output_keys
         )
-        self._stagings: dict[torch.device, Staging] = {}
-        self._handles: list[Any] = []
-        self._watches: dict[int, OptimizerWatch] = {}
-        self._explicit_only = self.settings.resume  # bare optimizer steps are not steps
-        self._stray_step: int | None = None  # a bare optimizer step after explicit ones
-        self._implicit_scaler = scaler
+        self._reducer = Reducer(
+            len(self.rows), self.descriptor, self.settings.kernel_backend, self._recording
+        )
+        self._steps = OptimizerSteps(
+            self, self.rows, self._by_stream, streams, self._reducer, self.settings.resume
+        )
         self._telemetry = TelemetryWindow(self._charge)
         self._pending = PendingStep()  # user scalars and branch masks of the current step
         self._timer = time.perf_counter
-        self._updates = UpdateSampler()
         self._closed = False
         self._state: StepState | None = None
         self._txn_open = False
@@ -220,9 +220,9 @@ class HistoryCollector(UserLog):
         try:
             self._sites.attach()
             if optimizer is not None:
-                self._attach_optimizer(optimizer)
+                self._steps.attach(optimizer)
                 if scaler is not None:  # implicit + GradScaler: iterations end at update()
-                    self._handles.append(model.register_forward_pre_hook(self._iteration_hook))
+                    self._steps.attach_scaler(model, scaler, self._sites)
         except BaseException:
             self.close()
             raise
@@ -255,76 +255,19 @@ class HistoryCollector(UserLog):
             self.rows, self.cadences, self.descriptor.width, self.settings.update_sample_size
         )
 
-    # ------------------------------------------------------------------ reductions
+    # ------------------------------------------------------------------ hooks (delegates)
+    def _recording(self) -> StepState | None:
+        """The step being recorded, ``None`` when the hooks must record nothing."""
+        return None if self._telemetry.open else self._state
+
     def _staging(self, device: torch.device) -> Staging:
-        st = self._stagings.get(device)
-        if st is None:
-            st = Staging(len(self.rows), device, self.descriptor, self.settings.kernel_backend)
-            self._stagings[device] = st
-        return st
+        return self._reducer.staging(device)
 
     def _reduce(self, row: Row, tensor: torch.Tensor) -> None:
-        state = self._state
-        if state is None or not state.spine_due[row.stream] or self._telemetry.open:
-            return
-        t0 = time.perf_counter()
-        try:
-            with internal_scope("collector.reduce"):  # profiled as stepscope's work, not the user's
-                x, note = reducible(tensor)  # detached: no graph is built
-                if x is None:
-                    state.unsupported[row.index] = note
-                else:
-                    self._staging(x.device).write(row.index, x, state.hist_due[row.stream])
-                    if note is not None:
-                        state.row_notes[row.index] = note
-        except Exception as e:  # telemetry never raises into the training step
-            if isinstance(e, Refusal) and e.code == "stat_dtype_unsupported":  # no ordered stats
-                state.unsupported[row.index] = f"dtype:{str(tensor.dtype).replace('torch.', '')}"
-            else:
-                state.failed[row.index] = type(e).__name__
-        state.charge(row.stream, time.perf_counter() - t0)
+        self._reducer.reduce(row, tensor)
 
-    def _reduce_many(self, stream: str, pairs: Sequence[tuple[Row, torch.Tensor]]) -> None:
-        """Parameter-sized streams: every due tensor of a device in one multi-tensor reduction.
-
-        Tensors that cannot be reduced are recorded as :meth:`_reduce` records them; a batch the
-        native call refuses falls back to one reduction per row (telemetry never raises).
-        """
-        state = self._state
-        if not pairs or state is None or not state.spine_due[stream] or self._telemetry.open:
-            return
-        t0 = time.perf_counter()
-        with internal_scope("collector.reduce"):  # profiled as stepscope's work, not the user's
-            self._write_many(state, stream, pairs)
-        state.charge(stream, time.perf_counter() - t0)
-
-    def _write_many(
-        self, state: StepState, stream: str, pairs: Sequence[tuple[Row, torch.Tensor]]
-    ) -> None:
-        by_index: dict[int, Row] = {}
-        ready: list[tuple[int, torch.Tensor]] = []
-        for row, tensor in pairs:
-            try:
-                x, note = reducible(tensor)
-            except Exception as e:
-                state.failed[row.index] = type(e).__name__
-                continue
-            if x is None:
-                state.unsupported[row.index] = note
-                continue
-            if note is not None:
-                state.row_notes[row.index] = note
-            by_index[row.index] = row
-            ready.append((row.index, x))
-        histogram = state.hist_due[stream]
-        for dev, (idx, ts) in by_device(ready).items():
-            staging = self._staging(dev)
-            try:
-                staging.write_many(idx, ts, histogram)
-            except Exception:  # e.g. a dtype the kernels refuse: record each row on its own
-                for i, t in zip(idx, ts):
-                    if staging.fired[i] == 0:
-                        self._reduce(by_index[i], t)
+    def _attach_optimizer(self, optimizer: Any) -> OptimizerWatch:
+        return self._steps.attach(optimizer)
 
     def _forward_may_count(self) -> bool:
         """The collector's half of the training-forward rule (see :mod:`.activations`)."""
@@ -336,131 +279,12 @@ class HistoryCollector(UserLog):
 
     def _check_structure(self) -> None:
         """Model surgery: end the series of replaced or removed modules and parameters."""
-        self._state.structure_checked = True
-        if self._structure.check(self._state.step):
-            for watch in self._watches.values():
-                watch.invalidate()
-
-    def _attach_optimizer(self, optimizer: Any) -> OptimizerWatch:
-        opt = unwrap_optimizer(optimizer)
-        watch = self._watches.get(id(opt))
-        if watch is None:
-            watch = OptimizerWatch(opt, self.rows, self._pre_step, self._post_step)
-            self._watches[id(opt)] = watch
-        return watch
-
-    def _take_gradients(self, rows: Sequence[Row], phase_scale: str) -> None:
         state = self._state
-        if state is None or "gradient" not in self.streams:
+        if state is None:
             return
-        pairs = []
-        for row in rows:
-            if row.index not in state.grad_rows and row.param.grad is not None:
-                if not state.grads_taken:  # the first read of the step states the scaling
-                    state.grads_taken, state.scale_grad = True, phase_scale
-                state.grad_rows.add(row.index)
-                pairs.append((row, row.param.grad))
-        self._reduce_many("gradient", pairs)
-
-    def _closure_gradient(self, row: Row, grad: torch.Tensor) -> None:
-        """A closure's backward accumulated ``grad``: it replaces what the row held."""
-        state = self._state
-        if state is None or not state.spine_due["gradient"] or self._telemetry.open:
-            return
-        self._staging(grad.device).reset_row(row.index)
-        state.grad_rows.add(row.index)
-        state.row_notes[row.index] = "gradient_after_closure_backward"
-        self._reduce(row, grad)
-
-    def _outside_transaction(self) -> bool:
-        """A bare ``optimizer.step()`` where only explicit steps count (never silently implicit)."""
-        return self._explicit_only and not self._txn_open
-
-    def _pre_step(self, watch: OptimizerWatch, closure: Callable[[], Any] | None) -> None:
-        state = self._state
-        if state is None or self._telemetry.open or self._outside_transaction():
-            return
-        # implicit spelling: known only when the scaler was given to the collector
-        scaler = self._scaler if self._txn_open else self._implicit_scaler
-        status = grad_scale_status(scaler, self._txn_open or scaler is not None)
-        if closure is not None and "gradient" in self.streams and state.spine_due["gradient"]:
-            if not state.grads_taken:
-                state.grads_taken, state.scale_grad = True, status
-            # the backward runs inside step(): rows not reached by it stay absent, never stale
-            state.grad_rows.update(r.index for r in watch.owned("gradient"))
-            watch.arm_gradient_hooks(self._closure_gradient)
-        else:
-            self._take_gradients(watch.owned("gradient"), status)
-        if "update" in self.streams and state.spine_due["update"]:
-            t0 = time.perf_counter()
-            with internal_scope("collector.update_sample"):
-                self._updates.snapshot(watch.owned("update"))
-            state.charge("update", time.perf_counter() - t0)
-
-    def _post_step(self, watch: OptimizerWatch) -> None:
-        watch.disarm_gradient_hooks()
-        state = self._state
-        if state is None or self._telemetry.open:
-            return
-        if self._outside_transaction():
-            self._discard_stray_step(watch)
-            return
-        state.stepped = True
-        t0 = time.perf_counter()
-        with internal_scope("collector.post_step"):
-            deltas = list(self._updates.deltas(watch.owned("update")))
-        if deltas:  # the sampling is telemetry too (its pre-step half is charged as well)
-            state.charge("update", time.perf_counter() - t0)
-        self._reduce_many("update", deltas)
-        self._take_parameters(watch.owned("parameter"))
-        if not self._txn_open:  # implicit spelling: the optimizer step ends the step
-            self._take_parameters(self._by_stream.get("parameter", []))  # frozen ones too
-            self._finish_step(StepProvenance.IMPLICIT)
-
-    def _take_parameters(self, rows: Sequence[Row]) -> None:
-        state = self._state
-        pairs = []
-        for row in rows:
-            if row.index not in state.param_rows:
-                state.param_rows.add(row.index)
-                pairs.append((row, row.param))
-        with torch.no_grad():
-            self._reduce_many("parameter", pairs)
-
-    def _discard_stray_step(self, watch: OptimizerWatch) -> None:
-        """Drop what a bare optimizer step's iteration staged; the next step() refuses."""
-        step = self._state.step
-        self._stray_step = step
-        warnings.warn(
-            f"stepscope: {type(watch.optimizer).__name__}.step() ran outside `with "
-            f"collector.step(...)` at step {step}; it is not recorded, and the next "
-            "collector.step() refuses step_transaction_required.",
-            RuntimeWarning,
-            stacklevel=3,
-        )
-        self._updates.clear()
-        self._state = None
-        self._begin_step()
-
-    def _iteration_hook(self, _module: torch.nn.Module, _inputs: Any) -> None:
-        """Implicit spelling with a scaler: a training forward after ``scaler.update()``.
-
-        An iteration whose optimizer step the scaler skipped never fires the step hooks; its
-        ``update()`` is seen here, at the next iteration's first forward, and ends it as its
-        own step with ``applied=no``.
-        """
-        state = self._state
-        if state is None or self._txn_open or not self._sites.training_forward():
-            return
-        scaler = self._implicit_scaler
-        marker = update_marker(scaler)
-        if state.scaler_marker is not None and marker is not state.scaler_marker:
-            state.skipped = True
-            self._finish_step(StepProvenance.IMPLICIT)
-            state = self._state
-        if state.scaler_marker is None:
-            state.scaler_marker = marker
-            state.scale_in_force = scale_in_force(scaler)
+        state.structure_checked = True
+        if self._structure.check(state.step):
+            self._steps.invalidate()
 
     def telemetry(self) -> Any:
         """A context manager for work done *for* telemetry outside the hooks (a dense probe).
@@ -483,8 +307,7 @@ class HistoryCollector(UserLog):
             started=time.perf_counter(),
         )
         self.clock.begin(step)
-        for st in self._stagings.values():
-            st.reset()
+        self._reducer.reset()
 
     @contextmanager
     def step(
@@ -513,19 +336,8 @@ class HistoryCollector(UserLog):
             raise Refusal(
                 "step_transaction_nested", "a step transaction is already open", ["close it first"]
             )
-        if self._stray_step is not None:
-            stray, self._stray_step = self._stray_step, None
-            raise Refusal(
-                "step_transaction_required",
-                f"an optimizer step ran outside `with collector.step(...)` at step {stray}; it "
-                "was not recorded (this collector records explicit steps only).",
-                ["run every optimizer step inside `with collector.step(optimizer):`"],
-            )
-        self._explicit_only = True
-        if optimizer is not None:
-            opts = optimizer if isinstance(optimizer, (list, tuple)) else [optimizer]
-            for opt in opts:
-                self._attach_optimizer(opt)
+        opts = [] if optimizer is None else optimizer
+        self._steps.open_transaction(opts if isinstance(opts, (list, tuple)) else [opts])
         if self._state is None:
             self._begin_step()
         state = self._state
@@ -544,16 +356,9 @@ class HistoryCollector(UserLog):
             self.close()
             raise
         self._txn_open = False
-        for watch in self._watches.values():
-            watch.disarm_gradient_hooks()  # a closure step that raised inside the optimizer
-        # rows of parameters no optimizer stepped: gradients as left, values at the step's end
-        status = grad_scale_status(scaler, True)
-        if scaler is not None and update_marker(scaler) is not state.scaler_marker:
-            status = "unscaled"  # scaler.step() unscaled them; update() has reset its stages
-        self._take_gradients(self._by_stream.get("gradient", []), status)
-        self._take_parameters(self._by_stream.get("parameter", []))
+        self._steps.close_transaction(scaler, state)
         try:
-            self._finish_step(StepProvenance.EXPLICIT, optimizer_known=bool(self._watches))
+            self._finish_step(StepProvenance.EXPLICIT, optimizer_known=bool(self._steps.watches))
         finally:
             self._scaler = None
 
@@ -567,7 +372,7 @@ class HistoryCollector(UserLog):
         self._sites.register_not_run(state)  # never ran so far: recorded site_absent
         hist_step = any(state.hist_due.values())
         any_due = any(state.spine_due.values())  # nothing due: no copy at all this step
-        host = {dev: st.to_host(hist_step) for dev, st in self._stagings.items()} if any_due else {}
+        host = self._reducer.to_host(hist_step) if any_due else {}
         drained = self._pending.drain(state.step)
         scalars = drained.scalars
         inactive = {a.name for a in drained.activity if not a.ran}
@@ -576,7 +381,7 @@ class HistoryCollector(UserLog):
             self.streams,
             self._by_stream,
             host,
-            self._stagings,
+            self._reducer.stagings,
             self._scaler,
             self.settings.update_sample_size,
         )
@@ -662,26 +467,14 @@ class HistoryCollector(UserLog):
         if self._closed:
             return
         try:  # implicit + scaler: the last iteration's skipped step is still a step
-            state = self._state
-            if (
-                self._implicit_scaler is not None
-                and state is not None
-                and state.scaler_marker is not None
-                and update_marker(self._implicit_scaler) is not state.scaler_marker
-            ):
-                state.skipped = True
-                self._finish_step(StepProvenance.IMPLICIT)
+            self._steps.finish_skipped()
         except Exception:  # closing must not fail for telemetry reasons; hooks still go
             pass
         self._closed = True
         try:
             self._sites.remove()
-            for h in self._handles:
-                h.remove()
-            for watch in self._watches.values():
-                watch.remove()
         finally:
-            self._handles, self._watches = [], {}
+            self._steps.remove()  # optimizer hooks; pending update samples are dropped
             self._state = None
             # rows logged for already written steps (step=k) are kept; the open step's are not
             try:
@@ -692,7 +485,6 @@ class HistoryCollector(UserLog):
                 if at < self._next_step:
                     self._rows.write_scalar(name, at, value)
             self._pending.clear()
-            self._updates.clear()
             write_clock_rows(self._rows, self.clock.resolve(block=True))  # CUDA rows still waiting
             if self.writer is not None:
                 self.writer.close()
@@ -712,7 +504,6 @@ class HistoryCollector(UserLog):
         try:
             if not self._closed:
                 self._sites.remove()
-                for h in self._handles:
-                    h.remove()
+                self._steps.remove()
         except Exception:
             pass

@@ -118,7 +118,9 @@ class StructureWatch:
                 self._end(r, step, change.reason)
                 r.module = new
                 if r.param is not None:
-                    self._rebind_param(r, None if new is None else new._parameters.get(r.attr), step)
+                    self._rebind_param(
+                        r, None if new is None else new._parameters.get(r.attr), step
+                    )
                 elif new is not None:
                     r.module_type, r.signature = type(new).__name__, None  # rediscovered
             return
