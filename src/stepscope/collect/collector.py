@@ -45,6 +45,7 @@ import torch
 
 from stepscope.collect.activations import ActivationSites
 from stepscope.collect.autocadence import AutoCadence
+from stepscope.collect.boundary import StepBoundary
 from stepscope.collect.optimizers import OptimizerWatch
 from stepscope.collect.plan import Plan, build_plan
 from stepscope.collect.reduce import Reducer
@@ -53,22 +54,19 @@ from stepscope.collect.settings import ALL_STREAMS, Cadence, WatchSettings, reso
 from stepscope.collect.sites import Row, build_rows, param_signature
 from stepscope.collect.staging import Staging, by_device, to_host  # noqa: F401  (tests patch it here)
 from stepscope.collect.stepping import OptimizerSteps
-from stepscope.collect.stepstate import StepState, StepTransaction, assemble_batches, step_truth
+from stepscope.collect.stepstate import StepState, StepTransaction
 from stepscope.collect.store import open_store
 from stepscope.collect.surgery import StructureWatch
 from stepscope.collect.telemetry import TelemetryWindow
 from stepscope.collect.updates import assign_update_indices
 from stepscope.collect.warmup import WarmupMeter
 from stepscope.errors import Refusal
-from stepscope.events.convert import events_from_step
 from stepscope.history import StepBlockRecord, StepProvenance
 from stepscope.runlog import (
     ArtifactRows,
     MemoryRows,
     PendingStep,
     StepClock,
-    clock_scalars,
-    withhold_inactive,
     write_clock_rows,
     write_summary,
 )
@@ -196,16 +194,27 @@ class HistoryCollector(UserLog):
         self._state: StepState | None = None
         self._txn_open = False
         self._scaler: Any = None
-        self._examples_seen: int | None = 0
         self.last_block: StepBlockRecord | None = None
         self.telemetry_seconds = 0.0
         store = open_store(watched, self.settings, streams, self.cadences, self.auto)
         self._store = store
         self.run, self.ring, self.catalog = store.run, store.ring, store.catalog
         self.writer, self.path, self._next_step = store.writer, store.path, store.next_step
-        self._examples_seen = store.examples_seen
+        self._examples_seen: int | None = store.examples_seen
         self.clock = StepClock(self.run.device)
         self._rows: Any = ArtifactRows(self.writer) if self.writer is not None else MemoryRows()
+        self._boundary = StepBoundary(
+            streams,
+            self._by_stream,
+            self._sites,
+            self._reducer,
+            self._pending,
+            self.clock,
+            store,
+            self._rows,
+            self._meter,
+            self.settings,
+        )
         write_summary(self.path, self.clock.summary(closed=False))
         self._register_param_sites()
         self._structure = StructureWatch(
@@ -296,18 +305,26 @@ class HistoryCollector(UserLog):
         return self._telemetry()
 
     # ------------------------------------------------------------------ step lifecycle
-    def _begin_step(self) -> None:
+    def _begin_step(self) -> StepState:
         step = self._next_step
         if not self.ring.disk_backed:
             self.ring.check_room()  # refuse *before* the step that would not fit
-        self._state = StepState(
+        state = StepState(
             step=step,
             spine_due={s: self.cadences[s].spine_due(step) for s in self.streams},
             hist_due={s: self.cadences[s].histogram_due(step) for s in self.streams},
             started=time.perf_counter(),
         )
+        self._state = state
         self.clock.begin(step)
         self._reducer.reset()
+        return state
+
+    def _current(self) -> StepState:
+        """The open step (one is always open between steps of an open collector)."""
+        if self._state is None:
+            return self._begin_step()
+        return self._state
 
     @contextmanager
     def step(
@@ -338,9 +355,7 @@ class HistoryCollector(UserLog):
             )
         opts = [] if optimizer is None else optimizer
         self._steps.open_transaction(opts if isinstance(opts, (list, tuple)) else [opts])
-        if self._state is None:
-            self._begin_step()
-        state = self._state
+        state = self._current()
         if not state.structure_checked:
             self._check_structure()
         state.explicit, state.examples, state.epoch = True, examples, epoch
@@ -363,74 +378,30 @@ class HistoryCollector(UserLog):
             self._scaler = None
 
     def _finish_step(self, provenance: StepProvenance, optimizer_known: bool = True) -> None:
-        state = self._state
+        state = self._current()
         self.clock.end(state.step)
-        in_window = state.telemetry_s - state.window_from
-        t0 = time.perf_counter()
+        started = time.perf_counter()
         if not state.structure_checked:
             self._check_structure()
-        self._sites.register_not_run(state)  # never ran so far: recorded site_absent
-        hist_step = any(state.hist_due.values())
-        any_due = any(state.spine_due.values())  # nothing due: no copy at all this step
-        host = self._reducer.to_host(hist_step) if any_due else {}
-        drained = self._pending.drain(state.step)
-        scalars = drained.scalars
-        inactive = {a.name for a in drained.activity if not a.ran}
-        batches = assemble_batches(
-            state,
-            self.streams,
-            self._by_stream,
-            host,
-            self._reducer.stagings,
-            self._scaler,
-            self.settings.update_sample_size,
+        written = self._boundary.write(
+            state, started, provenance, optimizer_known, self._scaler, self._examples_seen
         )
-        batches = withhold_inactive(batches, self.sites, inactive)
-        if self._examples_seen is not None:  # None: unknown since a resume (never restarted at 0)
-            self._examples_seen += state.examples or 0
-        block = StepBlockRecord(
-            optimizer_step=state.step,
-            examples_seen=self._examples_seen if state.examples is not None else None,
-            epoch=state.epoch,
-            provenance=provenance,
-            truth=step_truth(state, self._scaler, provenance, optimizer_known),
-            wall_time=time.time(),
-        )
-        # clocks before the write: a host-clock row travels in the block's scalars (and live
-        # events); the write and publish below count in the next step's telemetry
-        t_split = time.perf_counter()
-        telemetry_now = state.telemetry_s + (t_split - t0)
-        clock_rows = self.clock.finish(state.step, in_window, telemetry_now)
-        own = [r for r in clock_rows if r.step == state.step]
-        if own:
-            scalars = {**scalars, **clock_scalars(own[0])}
-        if self._meter is not None and self._meter.decision is None:
-            train = (t0 - state.started) - (state.telemetry_s - state.window_from)
-            rows = self._meter.observe(
-                state.step, train, state.stream_s, telemetry_now, state.carried_s
-            )
-            if self._meter.cadences is not None:
-                self.cadences = self._meter.cadences
-            scalars = {**scalars, **rows}
-        late = [r for r in clock_rows if r.step != state.step]  # CUDA: resolved late
-        self._store.write_step(self._rows, block, batches, scalars, drained.dated, late)
-        self.telemetry_seconds += telemetry_now
-        self.last_block, self.last_batches = block, batches
+        if written.cadences is not None:
+            self.cadences = written.cadences
+        self._examples_seen = written.examples_seen
+        self.telemetry_seconds += written.telemetry_s
+        self.last_block, self.last_batches = written.block, written.batches
         self._next_step = state.step + 1
         self._state = None
-        self._begin_step()
+        nxt = self._begin_step()
         # publish last, once the step is written and the next one begun: a check that raises
         # (action="raise") leaves the collector ready for the next step
-        stream = self.settings.event_stream
         try:
-            if stream is not None and stream.active:  # no enabled subscriber: skip conversion
-                stream.publish(
-                    events_from_step(block, batches, self.sites, self.descriptor, scalars)
-                )
+            self._boundary.publish(written)
         finally:
             # write, publish, begin: charged to the next step (the auto-cadence meter reads it)
-            self._state.carried_s = time.perf_counter() - t_split
-            self._state.telemetry_s += self._state.carried_s
+            nxt.carried_s = time.perf_counter() - written.written_from
+            nxt.telemetry_s += nxt.carried_s
 
     # ------------------------------------------------------------------ run log (UserLog)
     def _charge(self, seconds: float) -> None:
