@@ -13,6 +13,8 @@ to :meth:`StepBoundary.write`, which
    feeds the :class:`~stepscope.collect.warmup.WarmupMeter` (``cadence/*`` scalars),
 5. writes the step (artifact, or RAM ring and run-log rows).
 
+:meth:`StepBoundary.close` flushes what is left when the collector closes.
+
 :meth:`StepBoundary.publish` then puts the step on the event stream; the collector calls it
 last, once the next step has begun, so that a check raising there leaves it ready.
 """
@@ -31,9 +33,17 @@ from stepscope.collect.sites import Row
 from stepscope.collect.stepstate import StepState, assemble_batches, step_truth
 from stepscope.collect.store import Store
 from stepscope.collect.warmup import WarmupMeter
+from stepscope.errors import Refusal
 from stepscope.events.convert import events_from_step
 from stepscope.history import ObservationBatch, StepBlockRecord, StepProvenance
-from stepscope.runlog import PendingStep, StepClock, clock_scalars, withhold_inactive
+from stepscope.runlog import (
+    PendingStep,
+    StepClock,
+    clock_scalars,
+    withhold_inactive,
+    write_clock_rows,
+    write_summary,
+)
 
 __all__ = ["StepBoundary", "WrittenStep"]
 
@@ -147,6 +157,22 @@ class StepBoundary:
         late = [r for r in clock_rows if r.step != state.step]  # CUDA: resolved late
         self.store.write_step(self.rows, block, batches, scalars, drained.dated, late)
         return WrittenStep(block, batches, scalars, examples_seen, telemetry_now, t_split, cadences)
+
+    def close(self, next_step: int) -> None:
+        """The collector closes: keep the scalars logged for written steps (the open step's
+        are dropped with it), write the clock rows still waiting (CUDA), close the artifact."""
+        try:
+            dated = self.pending.drain(next_step).dated if self.pending else ()
+        except Refusal:  # the open step's own rows clash: they are dropped with it
+            dated = ()
+        for name, at, value in dated:
+            if at < next_step:
+                self.rows.write_scalar(name, at, value)
+        self.pending.clear()
+        write_clock_rows(self.rows, self.clock.resolve(block=True))
+        if self.store.writer is not None:
+            self.store.writer.close()
+            write_summary(self.store.path, self.clock.summary(closed=True))
 
     def publish(self, written: WrittenStep) -> None:
         """Put a written step on the event stream (skipped without an enabled subscriber)."""

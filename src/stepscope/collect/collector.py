@@ -50,8 +50,14 @@ from stepscope.collect.optimizers import OptimizerWatch
 from stepscope.collect.plan import Plan, build_plan
 from stepscope.collect.reduce import Reducer
 from stepscope.collect.scaler import scale_in_force, update_marker
-from stepscope.collect.settings import ALL_STREAMS, Cadence, WatchSettings, resolve_cadence
-from stepscope.collect.sites import Row, build_rows, param_signature
+from stepscope.collect.settings import Cadence, WatchSettings, check_streams, resolve_cadence
+from stepscope.collect.sites import (
+    Row,
+    build_rows,
+    leaf_modules,
+    register_param_sites,
+    unwrap_compiled,
+)
 from stepscope.collect.staging import Staging, by_device, to_host  # noqa: F401  (tests patch it here)
 from stepscope.collect.stepping import OptimizerSteps
 from stepscope.collect.stepstate import StepState, StepTransaction
@@ -67,7 +73,6 @@ from stepscope.runlog import (
     MemoryRows,
     PendingStep,
     StepClock,
-    write_clock_rows,
     write_summary,
 )
 from stepscope.runlog.runlog import view_of
@@ -77,16 +82,6 @@ from stepscope.selection import Selector, select_modules
 DEFAULT_STREAMS: tuple[str, ...] = ("activation", "gradient", "parameter", "update")
 
 __all__ = ["DEFAULT_STREAMS", "HistoryCollector", "StepState", "StepTransaction"]
-
-
-def unwrap_compiled(model: torch.nn.Module) -> torch.nn.Module:
-    """The module inside ``torch.compile(model)`` (the model itself when not compiled)."""
-    inner = getattr(model, "_orig_mod", None)
-    return inner if isinstance(inner, torch.nn.Module) else model
-
-
-def _leaf_modules(name: str, module: torch.nn.Module) -> bool:
-    return next(module.children(), None) is None  # a bare module is its own (root) leaf
 
 
 class HistoryCollector(UserLog):
@@ -138,14 +133,7 @@ class HistoryCollector(UserLog):
         optimizer: torch.optim.Optimizer | None = None,
         scaler: Any = None,
     ) -> None:
-        streams = list(dict.fromkeys(streams))
-        unknown = [s for s in streams if s not in ALL_STREAMS]
-        if unknown or not streams:
-            raise Refusal(
-                "stream_unknown",
-                f"unknown streams {unknown or streams}",
-                [f"choose from {ALL_STREAMS}"],
-            )
+        streams = check_streams(streams)
         self.model = model
         self.settings = settings or WatchSettings()
         if self.settings.resume and optimizer is not None:
@@ -166,7 +154,7 @@ class HistoryCollector(UserLog):
         self.cadences: dict[str, Cadence] = resolve_cadence(cadence, streams)
         self._meter = None if self.auto is None else WarmupMeter(self.auto, streams)
         watched = unwrap_compiled(model)  # torch.compile(model): sites keep their own names
-        self.modules = select_modules(watched, sites if sites is not None else _leaf_modules)
+        self.modules = select_modules(watched, sites if sites is not None else leaf_modules)
         self.rows: list[Row] = build_rows(self.modules, streams)
         if not self.rows:
             raise Refusal(
@@ -216,7 +204,10 @@ class HistoryCollector(UserLog):
             self.settings,
         )
         write_summary(self.path, self.clock.summary(closed=False))
-        self._register_param_sites()
+        register_param_sites(self.rows, self.catalog, self._next_step)
+        assign_update_indices(
+            self.rows, self.settings.update_sample_size, self.settings.update_seed
+        )
         self._structure = StructureWatch(
             watched,
             self.rows,
@@ -241,17 +232,6 @@ class HistoryCollector(UserLog):
     def cadence_decision(self) -> dict[str, Any] | None:
         """The ``cadence="auto"`` decision (``None`` before it, or without auto cadence)."""
         return None if self._meter is None else self._meter.decision
-
-    def _register_param_sites(self) -> None:
-        for r in self.rows:
-            if r.param is not None:
-                r.signature = param_signature(r.param)
-                r.site_id = self.catalog.register_site(
-                    r.site, r.module_type, r.signature, step=self._next_step
-                )
-        assign_update_indices(
-            self.rows, self.settings.update_sample_size, self.settings.update_seed
-        )
 
     @property
     def sites(self) -> list:
@@ -447,19 +427,7 @@ class HistoryCollector(UserLog):
         finally:
             self._steps.remove()  # optimizer hooks; pending update samples are dropped
             self._state = None
-            # rows logged for already written steps (step=k) are kept; the open step's are not
-            try:
-                dated = self._pending.drain(self._next_step).dated if self._pending else []
-            except Refusal:  # the open step's own rows clash: they are dropped with it
-                dated = []
-            for name, at, value in dated:
-                if at < self._next_step:
-                    self._rows.write_scalar(name, at, value)
-            self._pending.clear()
-            write_clock_rows(self._rows, self.clock.resolve(block=True))  # CUDA rows still waiting
-            if self.writer is not None:
-                self.writer.close()
-                write_summary(self.path, self.clock.summary(closed=True))
+            self._boundary.close(self._next_step)
 
     @property
     def closed(self) -> bool:

@@ -142,6 +142,17 @@ def resolve_cadence(
     return dict.fromkeys(streams, c)
 
 
+def check_streams(streams: Iterable[str]) -> list[str]:
+    """``streams`` without repeats, in order; refuses ``stream_unknown`` for any other name."""
+    out = list(dict.fromkeys(streams))
+    unknown = [s for s in out if s not in ALL_STREAMS]
+    if unknown or not out:
+        raise Refusal(
+            "stream_unknown", f"unknown streams {unknown or out}", [f"choose from {ALL_STREAMS}"]
+        )
+    return out
+
+
 @dataclass(frozen=True)
 class WatchSettings:
     """Plumbing knobs of a :class:`~stepscope.HistoryCollector` (frozen).
