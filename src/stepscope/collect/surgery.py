@@ -61,10 +61,10 @@ def find_changes(
         if r.site in seen or r.param is None or r.attr is None:
             continue
         seen.add(r.site)
-        now = r.module._parameters.get(r.attr)
-        if now is not r.param:
-            reason = "parameter_removed" if now is None else "parameter_replaced"
-            out.append(Change(r.site, reason, now))
+        param_now = r.module._parameters.get(r.attr)
+        if param_now is not r.param:
+            reason = "parameter_removed" if param_now is None else "parameter_replaced"
+            out.append(Change(r.site, reason, param_now))
     return out
 
 
