@@ -8,11 +8,13 @@ device; rows reach the host in one copy per buffer at the step boundary, and the
 to the history (disk-first artifact or RAM ring) and published on the event stream.
 
 The class orchestrates; each job lives in its own module: which forwards count and which tensor
-(:mod:`.activations`, :mod:`.capture`), model surgery (:mod:`.surgery`), optimizer hooks and
-ownership (:mod:`.optimizers`), update sampling (:mod:`.updates`), loss-scaler facts
-(:mod:`.scaler`), step assembly (:mod:`.stepstate`), the destination (:mod:`.store`), auto
-cadence measurement (:mod:`.warmup`), the telemetry window (:mod:`.telemetry`) and the user
-log (:class:`stepscope.runlog.userlog.UserLog`, shared with ``RunLog``). What every row means:
+(:mod:`.activations`, :mod:`.capture`), reductions into staged rows (:mod:`.reduce`), what is
+read at an optimizer's step hooks (:mod:`.stepping`), model surgery (:mod:`.surgery`),
+optimizer hooks and ownership (:mod:`.optimizers`), update sampling (:mod:`.updates`),
+loss-scaler facts (:mod:`.scaler`), step assembly (:mod:`.stepstate`), the step boundary's
+write and publish (:mod:`.boundary`), the destination (:mod:`.store`), auto cadence
+measurement (:mod:`.warmup`), the telemetry window (:mod:`.telemetry`) and the user log
+(:class:`stepscope.runlog.userlog.UserLog`, shared with ``RunLog``). What every row means:
 ``docs/sites.md``.
 
 Example
@@ -49,7 +51,6 @@ from stepscope.collect.boundary import StepBoundary
 from stepscope.collect.optimizers import OptimizerWatch
 from stepscope.collect.plan import Plan, build_plan
 from stepscope.collect.reduce import Reducer
-from stepscope.collect.scaler import scale_in_force, update_marker
 from stepscope.collect.settings import Cadence, WatchSettings, check_streams, resolve_cadence
 from stepscope.collect.sites import (
     Row,
@@ -136,16 +137,7 @@ class HistoryCollector(UserLog):
         streams = check_streams(streams)
         self.model = model
         self.settings = settings or WatchSettings()
-        if self.settings.resume and optimizer is not None:
-            raise Refusal(
-                "step_transaction_required",
-                "a resumed run records only explicit steps (its step and examples_seen "
-                "continue from the artifact); the implicit optimizer= spelling cannot resume.",
-                [
-                    "drop optimizer= and wrap each step in `with collector.step(optimizer, "
-                    "examples=n):`"
-                ],
-            )
+        self.settings.check_spelling(implicit=optimizer is not None)
         self.streams = streams
         self.auto: AutoCadence | None = None
         if cadence == "auto" or isinstance(cadence, AutoCadence):
@@ -338,9 +330,7 @@ class HistoryCollector(UserLog):
         state = self._current()
         if not state.structure_checked:
             self._check_structure()
-        state.explicit, state.examples, state.epoch = True, examples, epoch
-        state.scale_in_force = scale_in_force(scaler)  # before update() changes it
-        state.scaler_marker = None if scaler is None else update_marker(scaler)
+        state.open_transaction(examples, epoch, scaler)
         self._txn_open, self._scaler = True, scaler
         self.clock.begin(state.step)  # the training clock times the transaction body
         state.window_from, state.started = state.telemetry_s, time.perf_counter()

@@ -250,6 +250,20 @@ class WatchSettings:
         if problems:
             raise Refusal("settings_invalid", "invalid WatchSettings: " + "; ".join(problems) + ".")
 
+    def check_spelling(self, implicit: bool) -> None:
+        """Refuse ``step_transaction_required`` for a resume with the implicit ``optimizer=``
+        spelling (a resumed run records explicit steps only)."""
+        if self.resume and implicit:
+            raise Refusal(
+                "step_transaction_required",
+                "a resumed run records only explicit steps (its step and examples_seen "
+                "continue from the artifact); the implicit optimizer= spelling cannot resume.",
+                [
+                    "drop optimizer= and wrap each step in `with collector.step(optimizer, "
+                    "examples=n):`"
+                ],
+            )
+
     @property
     def descriptor(self) -> HistogramDescriptor:
         return self.histogram_descriptor or HistogramDescriptor()

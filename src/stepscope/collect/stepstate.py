@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from stepscope.collect.scaler import as_scale, scale_grad_of
+from stepscope.collect.scaler import as_scale, scale_grad_of, scale_in_force, update_marker
 from stepscope.collect.sites import Row
 from stepscope.history import ObservationBatch, Presence, StepProvenance, StepTruth, Tristate
 from stepscope.history.batch import code_of
@@ -62,6 +62,13 @@ class StepState:
     skipped: bool = False  # an iteration ended (scaler.update) without an optimizer step
     scale_in_force: Any = None  # loss scale of this iteration (tensor or float; None: none)
     scaler_marker: Any = None  # the scaler's update marker when the iteration began
+
+    def open_transaction(self, examples: int | None, epoch: int | None, scaler: Any) -> None:
+        """An explicit transaction opens on this step: its declared facts, and the scaler's
+        scale and update marker before ``scaler.update()`` changes them."""
+        self.explicit, self.examples, self.epoch = True, examples, epoch
+        self.scale_in_force = scale_in_force(scaler)
+        self.scaler_marker = None if scaler is None else update_marker(scaler)
 
     def charge(self, stream: str | None, seconds: float) -> None:
         """Count ``seconds`` of telemetry work (for ``stream``, when it is one stream's)."""
