@@ -8,11 +8,13 @@ device; rows reach the host in one copy per buffer at the step boundary, and the
 to the history (disk-first artifact or RAM ring) and published on the event stream.
 
 The class orchestrates; each job lives in its own module: which forwards count and which tensor
-(:mod:`.activations`, :mod:`.capture`), model surgery (:mod:`.surgery`), optimizer hooks and
-ownership (:mod:`.optimizers`), update sampling (:mod:`.updates`), loss-scaler facts
-(:mod:`.scaler`), step assembly (:mod:`.stepstate`), the destination (:mod:`.store`), auto
-cadence measurement (:mod:`.warmup`), the telemetry window (:mod:`.telemetry`) and the user
-log (:class:`stepscope.runlog.userlog.UserLog`, shared with ``RunLog``). What every row means:
+(:mod:`.activations`, :mod:`.capture`), reductions into staged rows (:mod:`.reduce`), what is
+read at an optimizer's step hooks (:mod:`.stepping`), model surgery (:mod:`.surgery`),
+optimizer hooks and ownership (:mod:`.optimizers`), update sampling (:mod:`.updates`),
+loss-scaler facts (:mod:`.scaler`), step assembly (:mod:`.stepstate`), the step boundary's
+write and publish (:mod:`.boundary`), the destination (:mod:`.store`), auto cadence
+measurement (:mod:`.warmup`), the telemetry window (:mod:`.telemetry`) and the user log
+(:class:`stepscope.runlog.userlog.UserLog`, shared with ``RunLog``). What every row means:
 ``docs/sites.md``.
 
 Example
@@ -37,8 +39,7 @@ Record to disk (crash-safe, readable while training runs, no step limit); withou
 from __future__ import annotations
 
 import time
-import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -46,33 +47,34 @@ import torch
 
 from stepscope.collect.activations import ActivationSites
 from stepscope.collect.autocadence import AutoCadence
-from stepscope.collect.capture import reducible
-from stepscope.collect.optimizers import OptimizerWatch, unwrap_optimizer
+from stepscope.collect.boundary import StepBoundary
+from stepscope.collect.optimizers import OptimizerWatch
 from stepscope.collect.plan import Plan, build_plan
-from stepscope.collect.scaler import grad_scale_status, scale_in_force, update_marker
-from stepscope.collect.settings import ALL_STREAMS, Cadence, WatchSettings, resolve_cadence
-from stepscope.collect.sites import Row, build_rows, param_signature
+from stepscope.collect.reduce import Reducer
+from stepscope.collect.settings import Cadence, WatchSettings, check_streams, resolve_cadence
+from stepscope.collect.sites import (
+    Row,
+    build_rows,
+    leaf_modules,
+    register_param_sites,
+    unwrap_compiled,
+)
 from stepscope.collect.staging import Staging, by_device, to_host  # noqa: F401  (tests patch it here)
-from stepscope.collect.stepstate import StepState, StepTransaction, assemble_batches, step_truth
+from stepscope.collect.stepping import OptimizerSteps
+from stepscope.collect.stepstate import StepState, StepTransaction
 from stepscope.collect.store import open_store
 from stepscope.collect.surgery import StructureWatch
 from stepscope.collect.telemetry import TelemetryWindow
-from stepscope.collect.updates import UpdateSampler, assign_update_indices
+from stepscope.collect.updates import assign_update_indices
 from stepscope.collect.warmup import WarmupMeter
 from stepscope.errors import Refusal
-from stepscope.events.convert import events_from_step
-from stepscope.history import StepBlockRecord, StepProvenance
-from stepscope.profile.scope import internal_scope
+from stepscope.history import CloseReport, StepBlockRecord, StepProvenance
 from stepscope.runlog import (
     ArtifactRows,
     MemoryRows,
     PendingStep,
     StepClock,
     check_count,
-    clock_scalars,
-    close_artifact,
-    withhold_inactive,
-    write_clock_rows,
     write_summary,
 )
 from stepscope.runlog.runlog import view_of
@@ -82,16 +84,6 @@ from stepscope.selection import Selector, select_modules
 DEFAULT_STREAMS: tuple[str, ...] = ("activation", "gradient", "parameter", "update")
 
 __all__ = ["DEFAULT_STREAMS", "HistoryCollector", "StepState", "StepTransaction"]
-
-
-def unwrap_compiled(model: torch.nn.Module) -> torch.nn.Module:
-    """The module inside ``torch.compile(model)`` (the model itself when not compiled)."""
-    inner = getattr(model, "_orig_mod", None)
-    return inner if isinstance(inner, torch.nn.Module) else model
-
-
-def _leaf_modules(name: str, module: torch.nn.Module) -> bool:
-    return next(module.children(), None) is None  # a bare module is its own (root) leaf
 
 
 class HistoryCollector(UserLog):
@@ -145,24 +137,10 @@ class HistoryCollector(UserLog):
     ) -> None:
         if not isinstance(model, torch.nn.Module):  # never a raw AttributeError later
             raise TypeError(f"model must be a torch.nn.Module, not {type(model).__name__}")
-        streams = list(dict.fromkeys(streams))
-        unknown = [s for s in streams if s not in ALL_STREAMS]
-        if unknown or not streams:
-            raise Refusal(
-                "stream_unknown",
-                f"unknown streams {unknown or streams}",
-                [f"choose from {ALL_STREAMS}"],
-            )
+        streams = check_streams(streams)
         self.model = model
         self.settings = settings or WatchSettings()
-        if self.settings.resume and optimizer is not None:
-            raise Refusal(
-                "step_transaction_required",
-                "a resumed run records only explicit steps (its step and examples_seen "
-                "continue from the artifact); the implicit optimizer= spelling cannot resume.",
-                ["drop optimizer= and wrap each step in `with collector.step(optimizer, "
-                 "examples=n):`"],
-            )
+        self.settings.check_spelling(implicit=optimizer is not None)
         self.streams = streams
         self.auto: AutoCadence | None = None
         if cadence == "auto" or isinstance(cadence, AutoCadence):
@@ -171,7 +149,7 @@ class HistoryCollector(UserLog):
         self.cadences: dict[str, Cadence] = resolve_cadence(cadence, streams)
         self._meter = None if self.auto is None else WarmupMeter(self.auto, streams)
         watched = unwrap_compiled(model)  # torch.compile(model): sites keep their own names
-        self.modules = select_modules(watched, sites if sites is not None else _leaf_modules)
+        self.modules = select_modules(watched, sites if sites is not None else leaf_modules)
         self.rows: list[Row] = build_rows(self.modules, streams)
         if not self.rows:
             raise Refusal(
@@ -186,32 +164,46 @@ class HistoryCollector(UserLog):
         self._sites = ActivationSites(
             self, model, self.modules, self.rows, self.settings.output_keys
         )
-        self._stagings: dict[torch.device, Staging] = {}
-        self._handles: list[Any] = []
-        self._watches: dict[int, OptimizerWatch] = {}
-        self._explicit_only = self.settings.resume  # bare optimizer steps are not steps
-        self._stray_step: int | None = None  # a bare optimizer step after explicit ones
-        self._implicit_scaler = scaler
+        self._reducer = Reducer(
+            len(self.rows), self.descriptor, self.settings.kernel_backend, self._recording
+        )
+        self._steps = OptimizerSteps(
+            self, self.rows, self._by_stream, streams, self._reducer, self.settings.resume
+        )
         self._telemetry = TelemetryWindow(self._charge)
         self._pending = PendingStep()  # user scalars and branch masks of the current step
         self._timer = time.perf_counter
-        self._updates = UpdateSampler()
         self._closed = False
+        self.close_report: CloseReport | None = None  # set by close(): what was not committed
         self._state: StepState | None = None
         self._txn_open = False
         self._scaler: Any = None
-        self._examples_seen: int | None = 0
         self.last_block: StepBlockRecord | None = None
         self.telemetry_seconds = 0.0
         store = open_store(watched, self.settings, streams, self.cadences, self.auto)
         self._store = store
         self.run, self.ring, self.catalog = store.run, store.ring, store.catalog
         self.writer, self.path, self._next_step = store.writer, store.path, store.next_step
-        self._examples_seen = store.examples_seen
+        self._examples_seen: int | None = store.examples_seen
         self.clock = StepClock(self.run.device)
         self._rows: Any = ArtifactRows(self.writer) if self.writer is not None else MemoryRows()
+        self._boundary = StepBoundary(
+            streams,
+            self._by_stream,
+            self._sites,
+            self._reducer,
+            self._pending,
+            self.clock,
+            store,
+            self._rows,
+            self._meter,
+            self.settings,
+        )
         write_summary(self.path, self.clock.summary(closed=False))
-        self._register_param_sites()
+        register_param_sites(self.rows, self.catalog, self._next_step)
+        assign_update_indices(
+            self.rows, self.settings.update_sample_size, self.settings.update_seed
+        )
         self._structure = StructureWatch(
             watched,
             self.rows,
@@ -224,9 +216,9 @@ class HistoryCollector(UserLog):
         try:
             self._sites.attach()
             if optimizer is not None:
-                self._attach_optimizer(optimizer)
+                self._steps.attach(optimizer)
                 if scaler is not None:  # implicit + GradScaler: iterations end at update()
-                    self._handles.append(model.register_forward_pre_hook(self._iteration_hook))
+                    self._steps.attach_scaler(model, scaler, self._sites)
         except BaseException:
             self.close()
             raise
@@ -236,17 +228,6 @@ class HistoryCollector(UserLog):
     def cadence_decision(self) -> dict[str, Any] | None:
         """The ``cadence="auto"`` decision (``None`` before it, or without auto cadence)."""
         return None if self._meter is None else self._meter.decision
-
-    def _register_param_sites(self) -> None:
-        for r in self.rows:
-            if r.param is not None:
-                r.signature = param_signature(r.param)
-                r.site_id = self.catalog.register_site(
-                    r.site, r.module_type, r.signature, step=self._next_step
-                )
-        assign_update_indices(
-            self.rows, self.settings.update_sample_size, self.settings.update_seed
-        )
 
     @property
     def sites(self) -> list:
@@ -259,76 +240,19 @@ class HistoryCollector(UserLog):
             self.rows, self.cadences, self.descriptor.width, self.settings.update_sample_size
         )
 
-    # ------------------------------------------------------------------ reductions
+    # ------------------------------------------------------------------ hooks (delegates)
+    def _recording(self) -> StepState | None:
+        """The step being recorded, ``None`` when the hooks must record nothing."""
+        return None if self._telemetry.open else self._state
+
     def _staging(self, device: torch.device) -> Staging:
-        st = self._stagings.get(device)
-        if st is None:
-            st = Staging(len(self.rows), device, self.descriptor, self.settings.kernel_backend)
-            self._stagings[device] = st
-        return st
+        return self._reducer.staging(device)
 
     def _reduce(self, row: Row, tensor: torch.Tensor) -> None:
-        state = self._state
-        if state is None or not state.spine_due[row.stream] or self._telemetry.open:
-            return
-        t0 = time.perf_counter()
-        try:
-            with internal_scope("collector.reduce"):  # profiled as stepscope's work, not the user's
-                x, note = reducible(tensor)  # detached: no graph is built
-                if x is None:
-                    state.unsupported[row.index] = note
-                else:
-                    self._staging(x.device).write(row.index, x, state.hist_due[row.stream])
-                    if note is not None:
-                        state.row_notes[row.index] = note
-        except Exception as e:  # telemetry never raises into the training step
-            if isinstance(e, Refusal) and e.code == "stat_dtype_unsupported":  # no ordered stats
-                state.unsupported[row.index] = f"dtype:{str(tensor.dtype).replace('torch.', '')}"
-            else:
-                state.failed[row.index] = type(e).__name__
-        state.charge(row.stream, time.perf_counter() - t0)
+        self._reducer.reduce(row, tensor)
 
-    def _reduce_many(self, stream: str, pairs: Sequence[tuple[Row, torch.Tensor]]) -> None:
-        """Parameter-sized streams: every due tensor of a device in one multi-tensor reduction.
-
-        Tensors that cannot be reduced are recorded as :meth:`_reduce` records them; a batch the
-        native call refuses falls back to one reduction per row (telemetry never raises).
-        """
-        state = self._state
-        if not pairs or state is None or not state.spine_due[stream] or self._telemetry.open:
-            return
-        t0 = time.perf_counter()
-        with internal_scope("collector.reduce"):  # profiled as stepscope's work, not the user's
-            self._write_many(state, stream, pairs)
-        state.charge(stream, time.perf_counter() - t0)
-
-    def _write_many(
-        self, state: StepState, stream: str, pairs: Sequence[tuple[Row, torch.Tensor]]
-    ) -> None:
-        by_index: dict[int, Row] = {}
-        ready: list[tuple[int, torch.Tensor]] = []
-        for row, tensor in pairs:
-            try:
-                x, note = reducible(tensor)
-            except Exception as e:
-                state.failed[row.index] = type(e).__name__
-                continue
-            if x is None:
-                state.unsupported[row.index] = note
-                continue
-            if note is not None:
-                state.row_notes[row.index] = note
-            by_index[row.index] = row
-            ready.append((row.index, x))
-        histogram = state.hist_due[stream]
-        for dev, (idx, ts) in by_device(ready).items():
-            staging = self._staging(dev)
-            try:
-                staging.write_many(idx, ts, histogram)
-            except Exception:  # e.g. a dtype the kernels refuse: record each row on its own
-                for i, t in zip(idx, ts):
-                    if staging.fired[i] == 0:
-                        self._reduce(by_index[i], t)
+    def _attach_optimizer(self, optimizer: Any) -> OptimizerWatch:
+        return self._steps.attach(optimizer)
 
     def _forward_may_count(self) -> bool:
         """The collector's half of the training-forward rule (see :mod:`.activations`)."""
@@ -340,131 +264,12 @@ class HistoryCollector(UserLog):
 
     def _check_structure(self) -> None:
         """Model surgery: end the series of replaced or removed modules and parameters."""
-        self._state.structure_checked = True
-        if self._structure.check(self._state.step):
-            for watch in self._watches.values():
-                watch.invalidate()
-
-    def _attach_optimizer(self, optimizer: Any) -> OptimizerWatch:
-        opt = unwrap_optimizer(optimizer)
-        watch = self._watches.get(id(opt))
-        if watch is None:
-            watch = OptimizerWatch(opt, self.rows, self._pre_step, self._post_step)
-            self._watches[id(opt)] = watch
-        return watch
-
-    def _take_gradients(self, rows: Sequence[Row], phase_scale: str) -> None:
         state = self._state
-        if state is None or "gradient" not in self.streams:
+        if state is None:
             return
-        pairs = []
-        for row in rows:
-            if row.index not in state.grad_rows and row.param.grad is not None:
-                if not state.grads_taken:  # the first read of the step states the scaling
-                    state.grads_taken, state.scale_grad = True, phase_scale
-                state.grad_rows.add(row.index)
-                pairs.append((row, row.param.grad))
-        self._reduce_many("gradient", pairs)
-
-    def _closure_gradient(self, row: Row, grad: torch.Tensor) -> None:
-        """A closure's backward accumulated ``grad``: it replaces what the row held."""
-        state = self._state
-        if state is None or not state.spine_due["gradient"] or self._telemetry.open:
-            return
-        self._staging(grad.device).reset_row(row.index)
-        state.grad_rows.add(row.index)
-        state.row_notes[row.index] = "gradient_after_closure_backward"
-        self._reduce(row, grad)
-
-    def _outside_transaction(self) -> bool:
-        """A bare ``optimizer.step()`` where only explicit steps count (never silently implicit)."""
-        return self._explicit_only and not self._txn_open
-
-    def _pre_step(self, watch: OptimizerWatch, closure: Callable[[], Any] | None) -> None:
-        state = self._state
-        if state is None or self._telemetry.open or self._outside_transaction():
-            return
-        # implicit spelling: known only when the scaler was given to the collector
-        scaler = self._scaler if self._txn_open else self._implicit_scaler
-        status = grad_scale_status(scaler, self._txn_open or scaler is not None)
-        if closure is not None and "gradient" in self.streams and state.spine_due["gradient"]:
-            if not state.grads_taken:
-                state.grads_taken, state.scale_grad = True, status
-            # the backward runs inside step(): rows not reached by it stay absent, never stale
-            state.grad_rows.update(r.index for r in watch.owned("gradient"))
-            watch.arm_gradient_hooks(self._closure_gradient)
-        else:
-            self._take_gradients(watch.owned("gradient"), status)
-        if "update" in self.streams and state.spine_due["update"]:
-            t0 = time.perf_counter()
-            with internal_scope("collector.update_sample"):
-                self._updates.snapshot(watch.owned("update"))
-            state.charge("update", time.perf_counter() - t0)
-
-    def _post_step(self, watch: OptimizerWatch) -> None:
-        watch.disarm_gradient_hooks()
-        state = self._state
-        if state is None or self._telemetry.open:
-            return
-        if self._outside_transaction():
-            self._discard_stray_step(watch)
-            return
-        state.stepped = True
-        t0 = time.perf_counter()
-        with internal_scope("collector.post_step"):
-            deltas = list(self._updates.deltas(watch.owned("update")))
-        if deltas:  # the sampling is telemetry too (its pre-step half is charged as well)
-            state.charge("update", time.perf_counter() - t0)
-        self._reduce_many("update", deltas)
-        self._take_parameters(watch.owned("parameter"))
-        if not self._txn_open:  # implicit spelling: the optimizer step ends the step
-            self._take_parameters(self._by_stream.get("parameter", []))  # frozen ones too
-            self._finish_step(StepProvenance.IMPLICIT)
-
-    def _take_parameters(self, rows: Sequence[Row]) -> None:
-        state = self._state
-        pairs = []
-        for row in rows:
-            if row.index not in state.param_rows:
-                state.param_rows.add(row.index)
-                pairs.append((row, row.param))
-        with torch.no_grad():
-            self._reduce_many("parameter", pairs)
-
-    def _discard_stray_step(self, watch: OptimizerWatch) -> None:
-        """Drop what a bare optimizer step's iteration staged; the next step() refuses."""
-        step = self._state.step
-        self._stray_step = step
-        warnings.warn(
-            f"stepscope: {type(watch.optimizer).__name__}.step() ran outside `with "
-            f"collector.step(...)` at step {step}; it is not recorded, and the next "
-            "collector.step() refuses step_transaction_required.",
-            RuntimeWarning,
-            stacklevel=3,
-        )
-        self._updates.clear()
-        self._state = None
-        self._begin_step()
-
-    def _iteration_hook(self, _module: torch.nn.Module, _inputs: Any) -> None:
-        """Implicit spelling with a scaler: a training forward after ``scaler.update()``.
-
-        An iteration whose optimizer step the scaler skipped never fires the step hooks; its
-        ``update()`` is seen here, at the next iteration's first forward, and ends it as its
-        own step with ``applied=no``.
-        """
-        state = self._state
-        if state is None or self._txn_open or not self._sites.training_forward():
-            return
-        scaler = self._implicit_scaler
-        marker = update_marker(scaler)
-        if state.scaler_marker is not None and marker is not state.scaler_marker:
-            state.skipped = True
-            self._finish_step(StepProvenance.IMPLICIT)
-            state = self._state
-        if state.scaler_marker is None:
-            state.scaler_marker = marker
-            state.scale_in_force = scale_in_force(scaler)
+        state.structure_checked = True
+        if self._structure.check(state.step):
+            self._steps.invalidate()
 
     def telemetry(self) -> Any:
         """A context manager for work done *for* telemetry outside the hooks (a dense probe).
@@ -476,19 +281,26 @@ class HistoryCollector(UserLog):
         return self._telemetry()
 
     # ------------------------------------------------------------------ step lifecycle
-    def _begin_step(self) -> None:
+    def _begin_step(self) -> StepState:
         step = self._next_step
         if not self.ring.disk_backed:
             self.ring.check_room()  # refuse *before* the step that would not fit
-        self._state = StepState(
+        state = StepState(
             step=step,
             spine_due={s: self.cadences[s].spine_due(step) for s in self.streams},
             hist_due={s: self.cadences[s].histogram_due(step) for s in self.streams},
             started=time.perf_counter(),
         )
+        self._state = state
         self.clock.begin(step)
-        for st in self._stagings.values():
-            st.reset()
+        self._reducer.reset()
+        return state
+
+    def _current(self) -> StepState:
+        """The open step (one is always open between steps of an open collector)."""
+        if self._state is None:
+            return self._begin_step()
+        return self._state
 
     @contextmanager
     def step(
@@ -518,27 +330,12 @@ class HistoryCollector(UserLog):
             raise Refusal(
                 "step_transaction_nested", "a step transaction is already open", ["close it first"]
             )
-        if self._stray_step is not None:
-            stray, self._stray_step = self._stray_step, None
-            raise Refusal(
-                "step_transaction_required",
-                f"an optimizer step ran outside `with collector.step(...)` at step {stray}; it "
-                "was not recorded (this collector records explicit steps only).",
-                ["run every optimizer step inside `with collector.step(optimizer):`"],
-            )
-        self._explicit_only = True
-        if optimizer is not None:
-            opts = optimizer if isinstance(optimizer, (list, tuple)) else [optimizer]
-            for opt in opts:
-                self._attach_optimizer(opt)
-        if self._state is None:
-            self._begin_step()
-        state = self._state
+        opts = [] if optimizer is None else optimizer
+        self._steps.open_transaction(opts if isinstance(opts, (list, tuple)) else [opts])
+        state = self._current()
         if not state.structure_checked:
             self._check_structure()
-        state.explicit, state.examples, state.epoch = True, examples, epoch
-        state.scale_in_force = scale_in_force(scaler)  # before update() changes it
-        state.scaler_marker = None if scaler is None else update_marker(scaler)
+        state.open_transaction(examples, epoch, scaler)
         self._txn_open, self._scaler = True, scaler
         self.clock.begin(state.step)  # the training clock times the transaction body
         state.window_from, state.started = state.telemetry_s, time.perf_counter()
@@ -549,88 +346,37 @@ class HistoryCollector(UserLog):
             self.close()
             raise
         self._txn_open = False
-        for watch in self._watches.values():
-            watch.disarm_gradient_hooks()  # a closure step that raised inside the optimizer
-        # rows of parameters no optimizer stepped: gradients as left, values at the step's end
-        status = grad_scale_status(scaler, True)
-        if scaler is not None and update_marker(scaler) is not state.scaler_marker:
-            status = "unscaled"  # scaler.step() unscaled them; update() has reset its stages
-        self._take_gradients(self._by_stream.get("gradient", []), status)
-        self._take_parameters(self._by_stream.get("parameter", []))
+        self._steps.close_transaction(scaler, state)
         try:
-            self._finish_step(StepProvenance.EXPLICIT, optimizer_known=bool(self._watches))
+            self._finish_step(StepProvenance.EXPLICIT, optimizer_known=bool(self._steps.watches))
         finally:
             self._scaler = None
 
     def _finish_step(self, provenance: StepProvenance, optimizer_known: bool = True) -> None:
-        state = self._state
+        state = self._current()
         self.clock.end(state.step)
-        in_window = state.telemetry_s - state.window_from
-        t0 = time.perf_counter()
+        started = time.perf_counter()
         if not state.structure_checked:
             self._check_structure()
-        self._sites.register_not_run(state)  # never ran so far: recorded site_absent
-        hist_step = any(state.hist_due.values())
-        any_due = any(state.spine_due.values())  # nothing due: no copy at all this step
-        host = {dev: st.to_host(hist_step) for dev, st in self._stagings.items()} if any_due else {}
-        drained = self._pending.drain(state.step)
-        scalars = drained.scalars
-        inactive = {a.name for a in drained.activity if not a.ran}
-        batches = assemble_batches(
-            state,
-            self.streams,
-            self._by_stream,
-            host,
-            self._stagings,
-            self._scaler,
-            self.settings.update_sample_size,
+        written = self._boundary.write(
+            state, started, provenance, optimizer_known, self._scaler, self._examples_seen
         )
-        batches = withhold_inactive(batches, self.sites, inactive)
-        if self._examples_seen is not None:  # None: unknown since a resume (never restarted at 0)
-            self._examples_seen += state.examples or 0
-        block = StepBlockRecord(
-            optimizer_step=state.step,
-            examples_seen=self._examples_seen if state.examples is not None else None,
-            epoch=state.epoch,
-            provenance=provenance,
-            truth=step_truth(state, self._scaler, provenance, optimizer_known),
-            wall_time=time.time(),
-        )
-        # clocks before the write: a host-clock row travels in the block's scalars (and live
-        # events); the write and publish below count in the next step's telemetry
-        t_split = time.perf_counter()
-        telemetry_now = state.telemetry_s + (t_split - t0)
-        clock_rows = self.clock.finish(state.step, in_window, telemetry_now)
-        own = [r for r in clock_rows if r.step == state.step]
-        if own:
-            scalars = {**scalars, **clock_scalars(own[0])}
-        if self._meter is not None and self._meter.decision is None:
-            train = (t0 - state.started) - (state.telemetry_s - state.window_from)
-            rows = self._meter.observe(
-                state.step, train, state.stream_s, telemetry_now, state.carried_s
-            )
-            if self._meter.cadences is not None:
-                self.cadences = self._meter.cadences
-            scalars = {**scalars, **rows}
-        late = [r for r in clock_rows if r.step != state.step]  # CUDA: resolved late
-        self._store.write_step(self._rows, block, batches, scalars, drained.dated, late)
-        self.telemetry_seconds += telemetry_now
-        self.last_block, self.last_batches = block, batches
+        if written.cadences is not None:
+            self.cadences = written.cadences
+        self._examples_seen = written.examples_seen
+        self.telemetry_seconds += written.telemetry_s
+        self.last_block, self.last_batches = written.block, written.batches
         self._next_step = state.step + 1
         self._state = None
-        self._begin_step()
+        nxt = self._begin_step()
         # publish last, once the step is written and the next one begun: a check that raises
         # (action="raise") leaves the collector ready for the next step
-        stream = self.settings.event_stream
         try:
-            if stream is not None and stream.active:  # no enabled subscriber: skip conversion
-                stream.publish(
-                    events_from_step(block, batches, self.sites, self.descriptor, scalars)
-                )
+            self._boundary.publish(written)
         finally:
             # write, publish, begin: charged to the next step (the auto-cadence meter reads it)
-            self._state.carried_s = time.perf_counter() - t_split
-            self._state.telemetry_s += self._state.carried_s
+            nxt.carried_s = time.perf_counter() - written.written_from
+            nxt.telemetry_s += nxt.carried_s
 
     # ------------------------------------------------------------------ run log (UserLog)
     def _charge(self, seconds: float) -> None:
@@ -667,40 +413,17 @@ class HistoryCollector(UserLog):
         if self._closed:
             return
         try:  # implicit + scaler: the last iteration's skipped step is still a step
-            state = self._state
-            if (
-                self._implicit_scaler is not None
-                and state is not None
-                and state.scaler_marker is not None
-                and update_marker(self._implicit_scaler) is not state.scaler_marker
-            ):
-                state.skipped = True
-                self._finish_step(StepProvenance.IMPLICIT)
+            self._steps.finish_skipped()
         except Exception:  # closing must not fail for telemetry reasons; hooks still go
             pass
         self._closed = True
         try:
             self._sites.remove()
-            for h in self._handles:
-                h.remove()
-            for watch in self._watches.values():
-                watch.remove()
         finally:
-            self._handles, self._watches = [], {}
+            self._steps.remove()  # optimizer hooks; pending update samples are dropped
             self._state = None
-            # rows logged for already written steps (step=k) are kept; the open step's are not
-            try:
-                dated = self._pending.drain(self._next_step).dated if self._pending else []
-            except Refusal:  # the open step's own rows clash: they are dropped with it
-                dated = []
-            for name, at, value in dated:
-                if at < self._next_step:
-                    self._rows.write_scalar(name, at, value)
-            self._pending.clear()
-            self._updates.clear()
-            write_clock_rows(self._rows, self.clock.resolve(block=True))  # CUDA rows still waiting
-            if self.writer is not None:  # disk faults are reported, not raised (issue 18)
-                self.close_report = close_artifact(self._rows, self.clock.summary(closed=True))
+            # disk faults are reported (close_report), not raised
+            self.close_report = self._boundary.close(self._next_step)
 
     @property
     def closed(self) -> bool:
@@ -716,7 +439,6 @@ class HistoryCollector(UserLog):
         try:
             if not self._closed:
                 self._sites.remove()
-                for h in self._handles:
-                    h.remove()
+                self._steps.remove()
         except Exception:
             pass

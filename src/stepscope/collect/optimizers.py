@@ -154,9 +154,10 @@ class OptimizerWatch:
         """Read each owned gradient after every accumulation (a closure's backward)."""
         self.disarm_gradient_hooks()
         for row in self.owned("gradient"):
-            if row.param.requires_grad:
+            param = row.param
+            if param is not None and param.requires_grad:
                 self._grad_handles.append(
-                    row.param.register_post_accumulate_grad_hook(
+                    param.register_post_accumulate_grad_hook(
                         lambda p, row=row: on_grad(row, p.grad) if p.grad is not None else None
                     )
                 )

@@ -166,6 +166,17 @@ def _check_types(s: Any) -> None:
             raise TypeError(f"WatchSettings.{name} must be {what} or None, not {type(v).__name__}")
 
 
+def check_streams(streams: Iterable[str]) -> list[str]:
+    """``streams`` without repeats, in order; refuses ``stream_unknown`` for any other name."""
+    out = list(dict.fromkeys(streams))
+    unknown = [s for s in out if s not in ALL_STREAMS]
+    if unknown or not out:
+        raise Refusal(
+            "stream_unknown", f"unknown streams {unknown or out}", [f"choose from {ALL_STREAMS}"]
+        )
+    return out
+
+
 @dataclass(frozen=True)
 class WatchSettings:
     """Plumbing knobs of a :class:`~stepscope.HistoryCollector` (frozen).
@@ -278,6 +289,20 @@ class WatchSettings:
                 problems.append(f"{name} must be an int >= 0")
         if problems:
             raise Refusal("settings_invalid", "invalid WatchSettings: " + "; ".join(problems) + ".")
+
+    def check_spelling(self, implicit: bool) -> None:
+        """Refuse ``step_transaction_required`` for a resume with the implicit ``optimizer=``
+        spelling (a resumed run records explicit steps only)."""
+        if self.resume and implicit:
+            raise Refusal(
+                "step_transaction_required",
+                "a resumed run records only explicit steps (its step and examples_seen "
+                "continue from the artifact); the implicit optimizer= spelling cannot resume.",
+                [
+                    "drop optimizer= and wrap each step in `with collector.step(optimizer, "
+                    "examples=n):`"
+                ],
+            )
 
     @property
     def descriptor(self) -> HistogramDescriptor:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import torch
 
@@ -84,6 +85,25 @@ def build_rows(modules: list[tuple[str, torch.nn.Module]], streams: list[str]) -
                     )
                 )
     return rows
+
+
+def register_param_sites(rows: list[Row], catalog: Any, step: int) -> None:
+    """Register every parameter row's series in ``catalog`` (signature: dtype and shape)."""
+    for r in rows:
+        if r.param is not None:
+            r.signature = param_signature(r.param)
+            r.site_id = catalog.register_site(r.site, r.module_type, r.signature, step=step)
+
+
+def unwrap_compiled(model: torch.nn.Module) -> torch.nn.Module:
+    """The module inside ``torch.compile(model)`` (the model itself when not compiled)."""
+    inner = getattr(model, "_orig_mod", None)
+    return inner if isinstance(inner, torch.nn.Module) else model
+
+
+def leaf_modules(name: str, module: torch.nn.Module) -> bool:
+    """The default site selector: modules without children (a bare module is its own leaf)."""
+    return next(module.children(), None) is None
 
 
 def update_indices(

@@ -15,21 +15,21 @@ from typing import Any
 import numpy as np
 import torch
 
-from stepscope.collect.scaler import as_scale, scale_grad_of
+from stepscope.collect.scaler import as_scale, scale_grad_of, scale_in_force, update_marker
 from stepscope.collect.sites import Row
 from stepscope.history import ObservationBatch, Presence, StepProvenance, StepTruth, Tristate
 from stepscope.history.batch import code_of
-from stepscope.history.vocab import UPDATE_SAMPLED
+from stepscope.history.vocab import UPDATE_SAMPLED, Phase, ScaleGrad, Stream
 from stepscope.stats import SPINE_WIDTH
 
 OBSERVED, ABSENT = code_of(Presence.OBSERVED), code_of(Presence.SITE_ABSENT)
 UNSUPPORTED, FAILED = code_of(Presence.UNSUPPORTED), code_of(Presence.CAPTURE_FAILED)
-PHASE = {
-    "activation": "forward",
-    "activation_grad": "backward",
-    "gradient": "pre_step",
-    "parameter": "post_step",
-    "update": "post_step",
+PHASE: dict[str, Phase] = {
+    "activation": Phase.FORWARD,
+    "activation_grad": Phase.BACKWARD,
+    "gradient": Phase.PRE_STEP,
+    "parameter": Phase.POST_STEP,
+    "update": Phase.POST_STEP,
 }
 
 
@@ -62,6 +62,13 @@ class StepState:
     skipped: bool = False  # an iteration ended (scaler.update) without an optimizer step
     scale_in_force: Any = None  # loss scale of this iteration (tensor or float; None: none)
     scaler_marker: Any = None  # the scaler's update marker when the iteration began
+
+    def open_transaction(self, examples: int | None, epoch: int | None, scaler: Any) -> None:
+        """An explicit transaction opens on this step: its declared facts, and the scaler's
+        scale and update marker before ``scaler.update()`` changes them."""
+        self.explicit, self.examples, self.epoch = True, examples, epoch
+        self.scale_in_force = scale_in_force(scaler)
+        self.scaler_marker = None if scaler is None else update_marker(scaler)
 
     def charge(self, stream: str | None, seconds: float) -> None:
         """Count ``seconds`` of telemetry work (for ``stream``, when it is one stream's)."""
@@ -162,11 +169,11 @@ def assemble_batches(
             spines[fired] = sp[idx[fired]]
             presence[fired] = OBSERVED
             if hi is not None and state.hist_due[stream]:
-                for j in np.flatnonzero(st.hist_fired[idx]):
-                    if rows[j].index in state.failed:
+                for k in np.flatnonzero(st.hist_fired[idx]):
+                    if rows[k].index in state.failed:
                         continue
-                    hist_rows.append(j)
-                    hists.append(hi[idx[j]])
+                    hist_rows.append(k)
+                    hists.append(hi[idx[k]])
         notes: list[tuple[str, ...]] = []
         for j, r in enumerate(rows):
             reason = state.unsupported.get(r.index)
@@ -187,16 +194,19 @@ def assemble_batches(
                     note = (*note, f"{UPDATE_SAMPLED}:{len(r.update_index)}")
             notes.append(note)
         disclosures: tuple[str, ...] = ()
+        scale_grad = scale_grad_of(stream, state.scale_grad, state.explicit, scaler)
         out.append(
             ObservationBatch(
-                stream,
-                PHASE[stream] if not (stream == "gradient" and not state.stepped) else "backward",
+                Stream(stream),
+                PHASE[stream]
+                if not (stream == "gradient" and not state.stepped)
+                else Phase.BACKWARD,
                 np.array([r.site_id for r in rows]),
                 presence,
                 spines,
                 hist_rows=np.array(hist_rows, dtype=np.int64) if hists else None,
                 histograms=np.stack(hists) if hists else None,
-                scale_grad=scale_grad_of(stream, state.scale_grad, state.explicit, scaler),
+                scale_grad=None if scale_grad is None else ScaleGrad(scale_grad),
                 disclosures=disclosures,
                 row_disclosures=tuple(notes) if any(notes) else None,
             )

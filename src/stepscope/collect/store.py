@@ -99,7 +99,9 @@ def open_store(
     path = Path(s.output_dir) / (f"rank{rank:03d}" if world > 1 else "")
     ring = StepRing(s.ram_capacity, "refuse", disk_backed=True)
     if s.resume and s.run_id is None:
-        run = replace(run, run_id=artifact_run_id(path))  # continue the artifact's run
+        found = artifact_run_id(path)
+        if found is not None:  # continue the artifact's run (none yet: keep the new run id)
+            run = replace(run, run_id=found)
     writer = ArtifactWriter(
         path,
         run,

@@ -61,10 +61,10 @@ def find_changes(
         if r.site in seen or r.param is None or r.attr is None:
             continue
         seen.add(r.site)
-        now = r.module._parameters.get(r.attr)
-        if now is not r.param:
-            reason = "parameter_removed" if now is None else "parameter_replaced"
-            out.append(Change(r.site, reason, now))
+        param_now = r.module._parameters.get(r.attr)
+        if param_now is not r.param:
+            reason = "parameter_removed" if param_now is None else "parameter_replaced"
+            out.append(Change(r.site, reason, param_now))
     return out
 
 
@@ -118,7 +118,9 @@ class StructureWatch:
                 self._end(r, step, change.reason)
                 r.module = new
                 if r.param is not None:
-                    self._rebind_param(r, None if new is None else new._parameters.get(r.attr), step)
+                    self._rebind_param(
+                        r, None if new is None else new._parameters.get(r.attr), step
+                    )
                 elif new is not None:
                     r.module_type, r.signature = type(new).__name__, None  # rediscovered
             return

@@ -25,6 +25,8 @@ def assign_update_indices(rows: Sequence[Row], sample_size: int, seed: int) -> N
 
 def sample(row: Row) -> torch.Tensor:
     """A float32 copy of the row's parameter at its update indices."""
+    if row.param is None:  # a retired row (its parameter was removed) is never sampled
+        raise ValueError(f"update row {row.site!r} has no parameter")
     flat = row.param.detach().reshape(-1)
     picked = flat if row.update_index is None else flat.index_select(0, row.update_index)
     return picked.to(torch.float32, copy=True)

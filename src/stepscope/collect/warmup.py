@@ -17,7 +17,14 @@ from stepscope.collect.autocadence import (
     _mean,
     choose_stream_cadences,
 )
-from stepscope.collect.settings import Cadence
+from stepscope.collect.settings import Cadence, Schedule
+
+
+def _every(schedule: Schedule | None) -> float:
+    """A decided period as a scalar row (the auto cadences are always whole step counts)."""
+    if not isinstance(schedule, int):
+        raise TypeError(f"auto cadence period {schedule!r} is not a step count")
+    return float(schedule)
 
 
 class WarmupMeter:
@@ -52,8 +59,8 @@ class WarmupMeter:
         self.decision = {**choice.to_dict(), "decided_at_step": step}
         rows: dict[str, float] = {}
         for s, c in choice.cadences.items():
-            rows[f"cadence/{s}/spine_every"] = float(c.spine)
-            rows[f"cadence/{s}/histogram_every"] = float(c.histogram)
+            rows[f"cadence/{s}/spine_every"] = _every(c.spine)
+            rows[f"cadence/{s}/histogram_every"] = _every(c.histogram)
         if choice.expected_overhead is not None:
             rows["cadence/expected_overhead"] = choice.expected_overhead
         return rows

@@ -39,6 +39,7 @@ import torch
 from stepscope.errors import Refusal
 from stepscope.history import (
     ArtifactWriter,
+    CloseReport,
     RunRecord,
     StepBlockRecord,
     StepProvenance,
@@ -126,6 +127,7 @@ class RunLog(UserLog):
         self._telemetry = 0.0  # ours, attributed to the current step so far
         self._window_from = 0.0
         self._closed = False
+        self.close_report: CloseReport | None = None  # set by close(): what was not committed
         self.clock.begin(0)
 
     # -- state ----------------------------------------------------------------------------

@@ -1,0 +1,283 @@
+"""Optimizer steps: what the collector reads at an optimizer's step hooks, and when.
+
+:class:`OptimizerSteps` holds the :class:`~stepscope.collect.optimizers.OptimizerWatch` of every
+optimizer the collector saw and decides, at each step hook, what is read:
+
+* pre-step: the owned ``gradient`` rows (after the step's last backward, before the optimizer
+  changes anything; with ``optimizer.step(closure)`` post-accumulate-grad hooks read them after
+  the closure's backward instead) and the pre-step sample of the owned ``update`` rows;
+* post-step: the owned ``update`` rows (after - before on the sampled indices) and ``parameter``
+  rows; in the implicit spelling the optimizer step then ends the collector's step.
+
+Which steps count: once an explicit transaction was used (or the collector resumes), a bare
+``optimizer.step()`` outside one is not recorded (:meth:`OptimizerSteps.post_step` drops what
+its iteration staged and warns; the next transaction refuses ``step_transaction_required``).
+In the implicit spelling with a ``GradScaler``, an iteration whose optimizer step the scaler
+skipped is ended at the next training forward (:meth:`OptimizerSteps.iteration_hook`) or at
+:meth:`~stepscope.HistoryCollector.close` as its own step with ``applied=no``.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
+
+import torch
+
+from stepscope.collect.activations import ActivationSites
+from stepscope.collect.optimizers import OptimizerWatch, unwrap_optimizer
+from stepscope.collect.reduce import Reducer
+from stepscope.collect.scaler import grad_scale_status, scale_in_force, update_marker
+from stepscope.collect.sites import Row
+from stepscope.collect.stepstate import StepState
+from stepscope.collect.updates import UpdateSampler
+from stepscope.errors import Refusal
+from stepscope.history import StepProvenance
+from stepscope.profile.scope import internal_scope
+
+__all__ = ["OptimizerSteps", "StepHost"]
+
+
+class StepHost(Protocol):
+    """What the optimizer-step handling needs from its collector."""
+
+    _state: StepState | None
+    _txn_open: bool
+    _scaler: Any  # the open transaction's GradScaler
+
+    def _recording(self) -> StepState | None: ...
+    def _begin_step(self) -> StepState: ...
+    def _finish_step(self, provenance: StepProvenance, optimizer_known: bool = True) -> None: ...
+
+
+class OptimizerSteps:
+    """The optimizer watches of one collector and the rows read at their step hooks.
+
+    Parameters
+    ----------
+    host
+        The collector (its current step, transaction and step boundary).
+    rows, by_stream, streams
+        All rows, the per-stream rows (shared with model surgery, which retires rows), and the
+        collector's streams.
+    reducer
+        Where the read tensors are reduced.
+    explicit_only
+        Whether only explicit transactions are steps from the start (a resumed collector).
+    """
+
+    def __init__(
+        self,
+        host: StepHost,
+        rows: Sequence[Row],
+        by_stream: Mapping[str, list[Row]],
+        streams: Sequence[str],
+        reducer: Reducer,
+        explicit_only: bool,
+    ) -> None:
+        self.host, self.rows, self.by_stream, self.streams = host, rows, by_stream, streams
+        self.reducer = reducer
+        self.explicit_only = explicit_only  # bare optimizer steps are not steps
+        self.stray_step: int | None = None  # a bare optimizer step after explicit ones
+        self.watches: dict[int, OptimizerWatch] = {}
+        self.updates = UpdateSampler()
+        self.implicit_scaler: Any = None
+        self._sites: ActivationSites | None = None
+        self._handles: list[Any] = []
+
+    # ------------------------------------------------------------------ attaching
+    def attach(self, optimizer: Any) -> OptimizerWatch:
+        """Watch ``optimizer`` (or the optimizer a wrapper exposes); idempotent."""
+        opt = unwrap_optimizer(optimizer)
+        watch = self.watches.get(id(opt))
+        if watch is None:
+            watch = OptimizerWatch(opt, self.rows, self.pre_step, self.post_step)
+            self.watches[id(opt)] = watch
+        return watch
+
+    def attach_scaler(self, model: torch.nn.Module, scaler: Any, sites: ActivationSites) -> None:
+        """Implicit spelling with a ``GradScaler``: iterations end at its ``update()``."""
+        self.implicit_scaler, self._sites = scaler, sites
+        self._handles.append(model.register_forward_pre_hook(self.iteration_hook))
+
+    def invalidate(self) -> None:
+        """Rows were rebound (model surgery): recompute every optimizer's ownership."""
+        for watch in self.watches.values():
+            watch.invalidate()
+
+    def remove(self) -> None:
+        """Remove every hook (idempotent)."""
+        handles, watches = self._handles, self.watches
+        self._handles, self.watches = [], {}
+        for h in handles:
+            h.remove()
+        for watch in watches.values():
+            watch.remove()
+        self.updates.clear()
+
+    # ------------------------------------------------------------------ transactions
+    def open_transaction(self, optimizers: Sequence[Any]) -> None:
+        """A transaction opens: refuse after a stray bare step, then watch ``optimizers``."""
+        if self.stray_step is not None:
+            stray, self.stray_step = self.stray_step, None
+            raise Refusal(
+                "step_transaction_required",
+                f"an optimizer step ran outside `with collector.step(...)` at step {stray}; it "
+                "was not recorded (this collector records explicit steps only).",
+                ["run every optimizer step inside `with collector.step(optimizer):`"],
+            )
+        self.explicit_only = True
+        for opt in optimizers:
+            self.attach(opt)
+
+    def close_transaction(self, scaler: Any, state: StepState) -> None:
+        """A transaction body ended: read the rows of parameters no optimizer stepped
+        (gradients as left, values at the step's end)."""
+        for watch in self.watches.values():
+            watch.disarm_gradient_hooks()  # a closure step that raised inside the optimizer
+        status = grad_scale_status(scaler, True)
+        if scaler is not None and update_marker(scaler) is not state.scaler_marker:
+            status = "unscaled"  # scaler.step() unscaled them; update() has reset its stages
+        self.take_gradients(self.by_stream.get("gradient", []), status)
+        self.take_parameters(self.by_stream.get("parameter", []))
+
+    def _outside_transaction(self) -> bool:
+        """A bare ``optimizer.step()`` where only explicit steps count (never silently implicit)."""
+        return self.explicit_only and not self.host._txn_open
+
+    # ------------------------------------------------------------------ step hooks
+    def pre_step(self, watch: OptimizerWatch, closure: Callable[[], Any] | None) -> None:
+        """Before the optimizer changes anything: gradients (or arm the closure's hooks) and
+        the update sample."""
+        state = self.host._recording()
+        if state is None or self._outside_transaction():
+            return
+        txn = self.host._txn_open
+        # implicit spelling: known only when the scaler was given to the collector
+        scaler = self.host._scaler if txn else self.implicit_scaler
+        status = grad_scale_status(scaler, txn or scaler is not None)
+        if closure is not None and "gradient" in self.streams and state.spine_due["gradient"]:
+            if not state.grads_taken:
+                state.grads_taken, state.scale_grad = True, status
+            # the backward runs inside step(): rows not reached by it stay absent, never stale
+            state.grad_rows.update(r.index for r in watch.owned("gradient"))
+            watch.arm_gradient_hooks(self.closure_gradient)
+        else:
+            self.take_gradients(watch.owned("gradient"), status)
+        if "update" in self.streams and state.spine_due["update"]:
+            t0 = time.perf_counter()
+            with internal_scope("collector.update_sample"):
+                self.updates.snapshot(watch.owned("update"))
+            state.charge("update", time.perf_counter() - t0)
+
+    def post_step(self, watch: OptimizerWatch) -> None:
+        """After the optimizer step: updates and parameter values; ends an implicit step."""
+        watch.disarm_gradient_hooks()
+        state = self.host._recording()
+        if state is None:
+            return
+        if self._outside_transaction():
+            self._discard_stray_step(watch, state)
+            return
+        state.stepped = True
+        t0 = time.perf_counter()
+        with internal_scope("collector.post_step"):
+            deltas = list(self.updates.deltas(watch.owned("update")))
+        if deltas:  # the sampling is telemetry too (its pre-step half is charged as well)
+            state.charge("update", time.perf_counter() - t0)
+        self.reducer.reduce_many("update", deltas)
+        self.take_parameters(watch.owned("parameter"))
+        if not self.host._txn_open:  # implicit spelling: the optimizer step ends the step
+            self.take_parameters(self.by_stream.get("parameter", []))  # frozen ones too
+            self.host._finish_step(StepProvenance.IMPLICIT)
+
+    def closure_gradient(self, row: Row, grad: torch.Tensor) -> None:
+        """A closure's backward accumulated ``grad``: it replaces what the row held."""
+        state = self.host._recording()
+        if state is None or not state.spine_due["gradient"]:
+            return
+        self.reducer.staging(grad.device).reset_row(row.index)
+        state.grad_rows.add(row.index)
+        state.row_notes[row.index] = "gradient_after_closure_backward"
+        self.reducer.reduce(row, grad)
+
+    def take_gradients(self, rows: Sequence[Row], phase_scale: str) -> None:
+        """Read the gradients of ``rows`` not read yet this step."""
+        state = self.host._state
+        if state is None or "gradient" not in self.streams:
+            return
+        pairs = []
+        for row in rows:
+            grad = None if row.param is None else row.param.grad
+            if row.index not in state.grad_rows and grad is not None:
+                if not state.grads_taken:  # the first read of the step states the scaling
+                    state.grads_taken, state.scale_grad = True, phase_scale
+                state.grad_rows.add(row.index)
+                pairs.append((row, grad))
+        self.reducer.reduce_many("gradient", pairs)
+
+    def take_parameters(self, rows: Sequence[Row]) -> None:
+        """Read the values of ``rows`` not read yet this step."""
+        state = self.host._state
+        if state is None:
+            return
+        pairs: list[tuple[Row, torch.Tensor]] = []
+        for row in rows:
+            if row.index not in state.param_rows and row.param is not None:
+                state.param_rows.add(row.index)
+                pairs.append((row, row.param))
+        with torch.no_grad():
+            self.reducer.reduce_many("parameter", pairs)
+
+    def _discard_stray_step(self, watch: OptimizerWatch, state: StepState) -> None:
+        """Drop what a bare optimizer step's iteration staged; the next step() refuses."""
+        self.stray_step = state.step
+        warnings.warn(
+            f"stepscope: {type(watch.optimizer).__name__}.step() ran outside `with "
+            f"collector.step(...)` at step {state.step}; it is not recorded, and the next "
+            "collector.step() refuses step_transaction_required.",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        self.updates.clear()
+        self.host._state = None
+        self.host._begin_step()
+
+    # ------------------------------------------------------------------ implicit + GradScaler
+    def iteration_hook(self, _module: torch.nn.Module, _inputs: Any) -> None:
+        """Implicit spelling with a scaler: a training forward after ``scaler.update()``.
+
+        An iteration whose optimizer step the scaler skipped never fires the step hooks; its
+        ``update()`` is seen here, at the next iteration's first forward, and ends it as its
+        own step with ``applied=no``.
+        """
+        state = self.host._state
+        sites = self._sites
+        if state is None or self.host._txn_open or sites is None or not sites.training_forward():
+            return
+        scaler = self.implicit_scaler
+        marker = update_marker(scaler)
+        if state.scaler_marker is not None and marker is not state.scaler_marker:
+            state.skipped = True
+            self.host._finish_step(StepProvenance.IMPLICIT)
+            state = self.host._state
+            if state is None:
+                return
+        if state.scaler_marker is None:
+            state.scaler_marker = marker
+            state.scale_in_force = scale_in_force(scaler)
+
+    def finish_skipped(self) -> None:
+        """At close: the last iteration's skipped step (implicit + scaler) is still a step."""
+        state = self.host._state
+        scaler = self.implicit_scaler
+        if (
+            scaler is not None
+            and state is not None
+            and state.scaler_marker is not None
+            and update_marker(scaler) is not state.scaler_marker
+        ):
+            state.skipped = True
+            self.host._finish_step(StepProvenance.IMPLICIT)
