@@ -15,13 +15,12 @@ from stepscope.profile.scope import internal_scope
 from stepscope.stats import (
     SPINE_WIDTH,
     HistogramDescriptor,
-    merge_spine_rows,
     reduce_histograms,
-    reduce_spines,
     spine_and_histogram_into,
     spine_into,
     spines_into,
 )
+from stepscope.stats.reduce import merge_spine_into
 
 #: Device-to-host copies performed by staging (tests read this to prove the transfer invariant).
 TRANSFERS = {"count": 0}
@@ -61,6 +60,8 @@ class Staging:
             (n_rows, SPINE_WIDTH), float("nan"), dtype=torch.float64, device=device
         )
         self.hist = torch.zeros((n_rows, descriptor.width), dtype=torch.int64, device=device)
+        #: where a repeated call's spine is reduced before it is folded into its row
+        self.scratch = torch.empty(SPINE_WIDTH, dtype=torch.float64, device=device)
         self.fired = np.zeros(n_rows, dtype=np.int32)  # host-side: how often each row was written
         self.hist_fired = np.zeros(n_rows, dtype=bool)
 
@@ -88,8 +89,8 @@ class Staging:
         if self.fired[row] == 0:
             spine_into(tensor, spine, self.backend)
         else:  # a module called twice in one step (micro-batches, weight sharing): fold exactly
-            part = reduce_spines([tensor], backend=self.backend)
-            spine.copy_(merge_spine_rows(spine, part.select(0, 0)))
+            spine_into(tensor, self.scratch, self.backend)
+            merge_spine_into(spine, self.scratch, self.backend)
         self.fired[row] += 1
         if histogram:
             counts = reduce_histograms([tensor], self.descriptor, backend=self.backend)

@@ -335,6 +335,31 @@ def spines_into(
     )
 
 
+def merge_spine_into(row: torch.Tensor, part: torch.Tensor, backend: str = "auto") -> None:
+    """Fold spine row ``part`` into ``row`` in place: :func:`merge_spine_rows` for one row.
+
+    Both are contiguous ``[SPINE_WIDTH]`` float64 views on one device. On the CPU one native call
+    does it (the same operations in the same order as :func:`merge_spine_rows`, so the folded row
+    is bit for bit the same; a test checks it on edge cases); elsewhere, or without the C kernel,
+    the device ops of :func:`merge_spine_rows`.
+
+    Examples
+    --------
+    >>> import torch
+    >>> a = reduce_spines([torch.tensor([1.0, 2.0])])[0]
+    >>> merge_spine_into(a, reduce_spines([torch.tensor([3.0])])[0])
+    >>> a[0].item(), a[SPINE_FIELDS.index("mean")].item()
+    (3.0, 2.0)
+    """
+    native = backend != "torch" and row.device.type == "cpu"
+    if native and row.is_contiguous() and part.is_contiguous():
+        lib = _native.loaded() if backend == "auto" else _select(backend, row.device)
+        if lib is not None:
+            lib.stepscope_spine_merge(row.data_ptr(), part.data_ptr())
+            return
+    row.copy_(merge_spine_rows(row, part))
+
+
 def _select(backend: str, device: torch.device):
     if backend not in ("auto", "c", "torch", "triton"):
         raise Refusal(
