@@ -24,6 +24,7 @@ import contextlib
 import ctypes
 import functools
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -270,6 +271,22 @@ def spine_into(tensor: torch.Tensor, out_row: torch.Tensor, backend: str = "auto
             fn(x.data_ptr(), x.numel(), torch.get_num_threads(), out_row.data_ptr())
             return
     _device_spine(x, out_row, backend)
+
+
+def native_spine_kernels(device: torch.device, backend: str = "auto") -> dict[torch.dtype, Any]:
+    """The C spine entry points by input dtype, for callers that reach them without
+    :func:`spine_into`'s per-call checks (the collector's hot path); empty off the CPU or
+    without the C kernel.
+
+    ``kernels[t.dtype](t.data_ptr(), t.numel(), threads, row_address)`` on a contiguous, not
+    lazily negated CPU tensor is exactly what :func:`spine_into` runs for it.
+    """
+    if device.type != "cpu" or backend == "torch":
+        return {}
+    lib = _native.loaded() if backend == "auto" else _select(backend, device)
+    if lib is None:
+        return {}
+    return {torch.float32: lib.stepscope_spine_f32, torch.float64: lib.stepscope_spine_f64}
 
 
 def spines_into(
