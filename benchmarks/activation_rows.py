@@ -129,8 +129,10 @@ def main(argv: list[str] | None = None) -> int:
             res = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
             runs[name].append(json.loads(res.stdout.strip().splitlines()[-1]))
     print(f"$ {' '.join([os.path.basename(sys.executable), *sys.argv])}")
-    print(f"{LAYERS} Linear(8,8) at batch 1, one thread, median of {args.rounds} rounds of "
-          f"{args.steps} steps; thread CPU time per row-call over the control (us)")
+    print(
+        f"{LAYERS} Linear(8,8) at batch 1, one thread, median of {args.rounds} rounds of "
+        f"{args.steps} steps; thread CPU time per row-call over the control (us)"
+    )
     cols = list(checkouts)
     head = " | ".join(f"{c} ({checkouts[c]})" for c in cols)
     print(f"| case | {head} |" + (" before/after |" if len(cols) == 2 else ""))
