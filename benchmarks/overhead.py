@@ -2,6 +2,7 @@
 
 Run:  .venv/bin/python benchmarks/overhead.py [--steps 30] [--warmup 22] [--threads 1]
                                               [--models resnet gpt ciresan mlp4] [--no-peers]
+                                              [--activation-every 2 5]
 
 Models, built here from configs (no downloads): a ResNet-18-like CNN (BasicBlocks 2-2-2-2, base
 width 16, 32x32 inputs, batch 8), a GPT-like decoder (4 pre-norm causal layers, d=128, 4 heads,
@@ -287,6 +288,11 @@ def run_model(key: str, args, tmp: str) -> None:
     if key != "mlp4":
         arms.append(stepscope_arm("stepscope default cadence", make, tmp))
         arms.append(stepscope_arm('stepscope cadence="auto"', make, tmp, cadence="auto"))
+        for k in args.activation_every:  # the case for a sparser default (the lead decides)
+            slow = {s: Cadence(k, 100) for s in ("activation", "activation_grad")}
+            arms.append(
+                stepscope_arm(f"stepscope default, activation spines every {k}", make, tmp, None, slow)
+            )
         if not args.no_peers:
             for made in (
                 wandb_arm(make, tmp),
@@ -351,6 +357,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     ap.add_argument("--no-peers", action="store_true", help="skip wandb, add_histogram, torchlens")
+    ap.add_argument(
+        "--activation-every",
+        type=int,
+        nargs="*",
+        default=[],
+        help="extra arms: the default cadence with activation spines every K steps",
+    )
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)

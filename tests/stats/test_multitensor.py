@@ -83,3 +83,58 @@ def test_one_native_call_per_parameter_stream_and_step(monkeypatch):
             assert (batches["parameter"].spines[k] == want).all()
     finally:
         col.close()
+
+
+def _fold_cases() -> list[torch.Tensor]:
+    """Tensors whose spines exercise every branch of the fold: no finite value, signed zeros,
+    NaN/inf extremes, empty, a huge mean next to a tiny one."""
+    g = torch.Generator().manual_seed(11)
+    return [
+        torch.randn(257, generator=g),
+        torch.randn(31, generator=g) * 1e6 + 3e8,
+        torch.tensor([float("nan"), float("inf")]),
+        torch.tensor([-float("inf")]),
+        torch.tensor([0.0, -0.0]),
+        torch.tensor([-0.0]),
+        torch.tensor([0.0]),
+        torch.empty(0),
+        torch.randn(5, generator=g).double() * 1e-300,
+        torch.tensor([float("nan")] * 3),
+    ]
+
+
+def test_native_fold_is_bit_for_bit_the_merge_of_two_rows(backend):
+    """merge_spine_into (one native call on the CPU) against merge_spine_rows with numpy and with
+    torch ops, every ordered pair of edge-case rows, compared by their bits (signed zeros too)."""
+    import numpy as np
+
+    from stepscope.stats import merge_spine_rows
+    from stepscope.stats.reduce import merge_spine_into
+
+    rows = [reduce_spines([t], backend=backend)[0] for t in _fold_cases()]
+    for a in rows:
+        for b in rows:
+            want_np = merge_spine_rows(a.numpy(), b.numpy())
+            want_torch = merge_spine_rows(a.clone(), b.clone())
+            got = a.clone()
+            merge_spine_into(got, b.clone(), backend)
+            bits = got.numpy().view(np.int64)
+            assert (bits == want_np.view(np.int64)).all(), (a, b, got, want_np)
+            assert (bits == want_torch.numpy().view(np.int64)).all()
+
+
+def test_a_module_called_twice_folds_its_row_exactly():
+    """Staging's fold of a repeated call equals the merge of the two calls' own rows."""
+    import numpy as np
+
+    from stepscope.collect.staging import Staging
+    from stepscope.stats import HistogramDescriptor, merge_spine_rows
+
+    g = torch.Generator().manual_seed(3)
+    x, y = torch.randn(40, 9, generator=g), torch.randn(17, generator=g).half()
+    st = Staging(2, torch.device("cpu"), HistogramDescriptor())
+    st.write(1, x, histogram=False)
+    st.write(1, y, histogram=False)
+    want = merge_spine_rows(reduce_spines([x])[0].numpy(), reduce_spines([y])[0].numpy())
+    assert (st.spines[1].numpy().view(np.int64) == want.view(np.int64)).all()
+    assert st.fired[1] == 2

@@ -83,6 +83,8 @@ class ActivationSites:
         self._handles: dict[int, Any] = {}
         self._root: list[Any] = []
         self._depth, self._root_grad = 0, True
+        #: output signatures by (dtype, rank): formatted once, not per hook call
+        self._signatures: dict[tuple[torch.dtype, int], str] = {}
         #: a hook fired while ``torch.compile`` traced the model (set again by every replay)
         self.compiled = False
 
@@ -145,24 +147,34 @@ class ActivationSites:
                 state.failed[r.index] = type(e).__name__
 
     def _observe(self, rows: dict[str, Row], state: StepState, output: Any) -> None:
-        if not any(state.spine_due[r.stream] for r in rows.values()) and all(
-            r.signature is not None for r in rows.values()
+        due = state.spine_due
+        row, grow = rows.get("activation"), rows.get("activation_grad")
+        if not (row is not None and due["activation"]) and not (
+            grow is not None and due["activation_grad"]
         ):
-            return  # nothing due and already discovered: structure is checked on observed steps
+            if all(r.signature is not None for r in rows.values()):
+                return  # nothing due and discovered: structure is checked on observed steps
         t, reason = module_output(output, self.keys.get(next(iter(rows.values())).site))
-        self.bind(rows.values(), NO_TENSOR if t is None else output_signature(t), state.step)
         if t is None:
+            self.bind(rows.values(), NO_TENSOR, state.step)
             for r in rows.values():
                 state.unsupported[r.index] = reason
             return
-        row = rows.get("activation")
+        key = (t.dtype, t.dim())
+        sig = self._signatures.get(key)
+        if sig is None:
+            sig = self._signatures[key] = output_signature(t)
+        numel = t.numel()
+        for r in rows.values():
+            if r.signature != sig:
+                self.bind(rows.values(), sig, state.step)
+                break
         if row is not None:
             self.host._reduce(row, t)
-        grow = rows.get("activation_grad")
-        if grow is not None and t.requires_grad and state.spine_due["activation_grad"]:
+        if grow is not None and due["activation_grad"] and t.requires_grad:
             t.register_hook(lambda g, grow=grow: self.host._reduce(grow, g))
         for r in rows.values():
-            r.numel = t.numel()
+            r.numel = numel
 
     def bind(self, rows: Iterable[Row], sig: str, step: int) -> None:
         """Register rows under ``sig``: discovery, or a structural change (a new series)."""

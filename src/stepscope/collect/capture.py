@@ -110,6 +110,8 @@ def reducible(t: torch.Tensor) -> tuple[torch.Tensor | None, str | None]:
     t = t.detach()
     if type(t) is not torch.Tensor:  # DTensor, FakeTensor, other subclasses (detach keeps them)
         return None, f"tensor_subclass:{type(t).__name__}"
+    if t.layout is torch.strided and not t.is_meta and not t.is_complex():
+        return t, None  # the common case, decided as the checks below decide it
     note = None
     if t.layout is not torch.strided:
         if t.layout is torch.sparse_coo:

@@ -8,6 +8,8 @@ boundary. The number of host transfers per step is therefore independent of the 
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import torch
 
@@ -15,13 +17,14 @@ from stepscope.profile.scope import internal_scope
 from stepscope.stats import (
     SPINE_WIDTH,
     HistogramDescriptor,
-    merge_spine_rows,
     reduce_histograms,
-    reduce_spines,
     spine_and_histogram_into,
     spine_into,
     spines_into,
 )
+from stepscope.stats.reduce import merge_spine_into, native_spine_kernels
+
+_ROW = SPINE_WIDTH * 8  # bytes per spine row (float64)
 
 #: Device-to-host copies performed by staging (tests read this to prove the transfer invariant).
 TRANSFERS = {"count": 0}
@@ -61,6 +64,11 @@ class Staging:
             (n_rows, SPINE_WIDTH), float("nan"), dtype=torch.float64, device=device
         )
         self.hist = torch.zeros((n_rows, descriptor.width), dtype=torch.int64, device=device)
+        #: where a repeated call's spine is reduced before it is folded into its row
+        self.scratch = torch.empty(SPINE_WIDTH, dtype=torch.float64, device=device)
+        #: C spine entry points by dtype (resolved at the first write; empty: none serves)
+        self._kernels: dict[torch.dtype, Any] | None = None
+        self._base = 0  # address of the spine buffer (rows are _ROW bytes apart)
         self.fired = np.zeros(n_rows, dtype=np.int32)  # host-side: how often each row was written
         self.hist_fired = np.zeros(n_rows, dtype=bool)
 
@@ -76,6 +84,9 @@ class Staging:
 
     def write(self, row: int, tensor: torch.Tensor, histogram: bool) -> None:
         """Reduce ``tensor`` into ``row`` (merging exactly if the row already fired this step)."""
+        if self.fired[row] == 0 and not histogram and self._spine_native(row, tensor):
+            self.fired[row] = 1
+            return
         # rows by .select: plain [row] indexing may build an index tensor on the host
         spine = self.spines.select(0, row)
         if self.fired[row] == 0 and histogram:  # one fused read where the device has one
@@ -88,8 +99,8 @@ class Staging:
         if self.fired[row] == 0:
             spine_into(tensor, spine, self.backend)
         else:  # a module called twice in one step (micro-batches, weight sharing): fold exactly
-            part = reduce_spines([tensor], backend=self.backend)
-            spine.copy_(merge_spine_rows(spine, part.select(0, 0)))
+            spine_into(tensor, self.scratch, self.backend)
+            merge_spine_into(spine, self.scratch, self.backend)
         self.fired[row] += 1
         if histogram:
             counts = reduce_histograms([tensor], self.descriptor, backend=self.backend)
@@ -99,6 +110,19 @@ class Staging:
             else:
                 hist.copy_(counts.select(0, 0))
             self.hist_fired[row] = True
+
+    def _spine_native(self, row: int, tensor: torch.Tensor) -> bool:
+        """The activation hot path: the C kernel straight into ``row`` (what :func:`spine_into`
+        runs for a contiguous float32/float64 CPU tensor, without its per-call checks)."""
+        kernels = self._kernels
+        if kernels is None:
+            kernels = self._kernels = native_spine_kernels(self.device, self.backend)
+            self._base = self.spines.data_ptr() if kernels else 0
+        fn = kernels.get(tensor.dtype)
+        if fn is None or not tensor.is_cpu or not tensor.is_contiguous() or tensor.is_neg():
+            return False
+        fn(tensor.data_ptr(), tensor.numel(), torch.get_num_threads(), self._base + row * _ROW)
+        return True
 
     def write_many(self, rows: list[int], tensors: list[torch.Tensor], histogram: bool) -> None:
         """:meth:`write` for many rows at once: one multi-tensor spine call for the fresh rows.

@@ -283,7 +283,33 @@ HIST_RANGE(hist_range_f64, double, uint64_t, 11, 52)
 HIST_ENTRY(stepscope_hist_f32, hist_range_f32, float, uint32_t)
 HIST_ENTRY(stepscope_hist_f64, hist_range_f64, double, uint64_t)
 
-int stepscope_kernels_version(void) { return 4; }
+/* Fold spine row b into spine row a in place (a module called again in one step): the same
+ * operations, in the same order, as merge_spine_rows in stats/reduce.py, so the folded row is
+ * bit for bit what the torch/numpy merge gives. Counts and sums add; min/max/absmax combine like
+ * numpy's and torch's fmin/fmax (a NaN side yields the other; on a tie, -0.0 against 0.0, the
+ * first operand);
+ * mean and m2 by Chan's pairwise formulas over the finite counts. Built without FMA contraction
+ * (-std=c11 implies -ffp-contract=off), so every product and sum rounds as in numpy. */
+static double ss_fmin(double x, double y) { return isnan(y) ? x : isnan(x) ? y : y < x ? y : x; }
+static double ss_fmax(double x, double y) { return isnan(y) ? x : isnan(x) ? y : y > x ? y : x; }
+
+void stepscope_spine_merge(double *a, const double *b) {
+    double na = a[1], nb = b[1], ma = a[13], mb = b[13], m2a = a[14], m2b = b[14];
+    double out[15];
+    for (int i = 0; i < 15; i++) out[i] = a[i] + b[i];
+    out[7] = ss_fmin(a[7], b[7]);
+    out[8] = ss_fmax(a[8], b[8]);
+    out[9] = ss_fmax(a[9], b[9]);
+    double n = na + nb;
+    double delta = mb - ma;
+    double mean = ma + delta * (nb / n);
+    double m2 = m2a + m2b + delta * delta * (na * nb / n);
+    out[13] = na == 0 ? mb : (nb == 0 ? ma : mean);
+    out[14] = na == 0 ? m2b : (nb == 0 ? m2a : m2);
+    memcpy(a, out, sizeof(out));
+}
+
+int stepscope_kernels_version(void) { return 5; }
 
 /* Which instruction set the dispatched loops use: 3 = AVX-512F clone, 2 = AVX2 clone, 1 = baseline
  * clone, 0 = one portable build (no runtime dispatch on this platform/compiler). */

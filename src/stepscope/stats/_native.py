@@ -33,7 +33,7 @@ from pathlib import Path
 _SOURCE = Path(__file__).with_name("_kernels.c")
 _EXTENSION = "stepscope.stats._stepscope_kernels"
 #: The ABI the Python side expects (``stepscope_kernels_version()`` in ``_kernels.c``).
-KERNELS_VERSION = 4
+KERNELS_VERSION = 5
 _LOCK = threading.Lock()
 _STATE: dict[str, object] = {}
 
@@ -143,6 +143,8 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
         fn.restype = None
     lib.stepscope_spine_many.argtypes = [i64, p, p, p, i32, p]
     lib.stepscope_spine_many.restype = None
+    lib.stepscope_spine_merge.argtypes = [p, p]
+    lib.stepscope_spine_merge.restype = None
     for name in ("stepscope_hist_f32", "stepscope_hist_f64"):
         fn = getattr(lib, name)
         fn.argtypes = [p, i64, p, p, i32, i64, i64, i32, p]

@@ -24,6 +24,7 @@ import contextlib
 import ctypes
 import functools
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -272,6 +273,22 @@ def spine_into(tensor: torch.Tensor, out_row: torch.Tensor, backend: str = "auto
     _device_spine(x, out_row, backend)
 
 
+def native_spine_kernels(device: torch.device, backend: str = "auto") -> dict[torch.dtype, Any]:
+    """The C spine entry points by input dtype, for callers that reach them without
+    :func:`spine_into`'s per-call checks (the collector's hot path); empty off the CPU or
+    without the C kernel.
+
+    ``kernels[t.dtype](t.data_ptr(), t.numel(), threads, row_address)`` on a contiguous, not
+    lazily negated CPU tensor is exactly what :func:`spine_into` runs for it.
+    """
+    if device.type != "cpu" or backend == "torch":
+        return {}
+    lib = _native.loaded() if backend == "auto" else _select(backend, device)
+    if lib is None:
+        return {}
+    return {torch.float32: lib.stepscope_spine_f32, torch.float64: lib.stepscope_spine_f64}
+
+
 def spines_into(
     tensors: Sequence[torch.Tensor],
     out: torch.Tensor,
@@ -333,6 +350,31 @@ def spines_into(
     lib.stepscope_spine_many(
         len(ptrs), p.ctypes.data, n.ctypes.data, k.ctypes.data, torch.get_num_threads(), o.ctypes.data
     )
+
+
+def merge_spine_into(row: torch.Tensor, part: torch.Tensor, backend: str = "auto") -> None:
+    """Fold spine row ``part`` into ``row`` in place: :func:`merge_spine_rows` for one row.
+
+    Both are contiguous ``[SPINE_WIDTH]`` float64 views on one device. On the CPU one native call
+    does it (the same operations in the same order as :func:`merge_spine_rows`, so the folded row
+    is bit for bit the same; a test checks it on edge cases); elsewhere, or without the C kernel,
+    the device ops of :func:`merge_spine_rows`.
+
+    Examples
+    --------
+    >>> import torch
+    >>> a = reduce_spines([torch.tensor([1.0, 2.0])])[0]
+    >>> merge_spine_into(a, reduce_spines([torch.tensor([3.0])])[0])
+    >>> a[0].item(), a[SPINE_FIELDS.index("mean")].item()
+    (3.0, 2.0)
+    """
+    native = backend != "torch" and row.device.type == "cpu"
+    if native and row.is_contiguous() and part.is_contiguous():
+        lib = _native.loaded() if backend == "auto" else _select(backend, row.device)
+        if lib is not None:
+            lib.stepscope_spine_merge(row.data_ptr(), part.data_ptr())
+            return
+    row.copy_(merge_spine_rows(row, part))
 
 
 def _select(backend: str, device: torch.device):
