@@ -578,6 +578,8 @@ class ArtifactWriter:
             return None
         try:
             row = self._commit_pending()
+        except Refusal:  # a refusal (even an OSError-like one) is not a disk fault to retry
+            raise
         except OSError as exc:
             self._commit_failed(exc)
             return None
@@ -706,6 +708,8 @@ class ArtifactWriter:
                         if self._catalog_dirty:
                             self._write_catalog()
                         self._seal()
+                    except Refusal:
+                        raise
                     except OSError as exc:
                         self._commit_failed(exc)
             finally:

@@ -84,6 +84,8 @@ class ArtifactRows:
             row = {**self.unwritten[0], "n": self._rows_before()}  # its position: gaps show
             try:
                 append_log_row(self.path / EVAL_LOG, row, durable=self.writer.durable)
+            except Refusal:  # a refusal (even an OSError-like one) is not a disk fault to retry
+                raise
             except OSError as exc:
                 fault = Refusal(
                     "history_disk_fault",
@@ -175,6 +177,8 @@ def close_artifact(rows: ArtifactRows, summary: dict[str, Any]) -> Any:
     report = rows.writer.close()
     try:
         write_summary(rows.path, summary)
+    except Refusal:
+        raise
     except OSError:
         pass
     return report
