@@ -238,7 +238,7 @@ def _extras(
 
 
 def _version() -> str:
-    from stepscope import __version__
+    from stepscope._version import __version__
 
     return __version__
 
