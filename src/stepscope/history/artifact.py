@@ -36,7 +36,7 @@ Example
 ...     fc = w.register_site("fc", "torch.nn.Linear", "f32[4,3]")
 ...     for step in range(3):
 ...         spine = np.zeros((1, SPINE_WIDTH)); spine[0, :2] = 12
-...         w.write_step(StepBlockRecord(step), [ObservationBatch.observed("activation", "forward", [fc], spine)])
+...         _ = w.write_step(StepBlockRecord(step), [ObservationBatch.observed("activation", "forward", [fc], spine)])
 >>> open_history(path).steps.tolist()
 [0, 1, 2]
 """

@@ -14,9 +14,9 @@ class when the layers were separated.)
 
 Example
 -------
->>> h = open_history("runs/demo")  # doctest: +SKIP
->>> s = h.series("fc1", "activation", "mean")  # doctest: +SKIP
->>> s.steps[s.valid], s.values[s.valid]  # doctest: +SKIP
+>>> h = open_history("runs/demo")  # needs a recorded run in runs/demo  # doctest: +SKIP
+>>> s = h.series("fc1", "activation", "mean")  # needs a recorded run in runs/demo  # doctest: +SKIP
+>>> s.steps[s.valid], s.values[s.valid]  # needs a recorded run in runs/demo  # doctest: +SKIP
 """
 
 from __future__ import annotations
