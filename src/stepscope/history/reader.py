@@ -14,9 +14,20 @@ class when the layers were separated.)
 
 Example
 -------
->>> h = open_history("runs/demo")  # needs a recorded run in runs/demo  # doctest: +SKIP
->>> s = h.series("fc1", "activation", "mean")  # needs a recorded run in runs/demo  # doctest: +SKIP
->>> s.steps[s.valid], s.values[s.valid]  # needs a recorded run in runs/demo  # doctest: +SKIP
+>>> import tempfile, numpy as np
+>>> from stepscope.history import ArtifactWriter, ObservationBatch, StepBlockRecord
+>>> from stepscope.stats import SPINE_FIELDS, SPINE_WIDTH
+>>> path = tempfile.mkdtemp() + "/run"
+>>> with ArtifactWriter(path) as w:
+...     fc1 = w.register_site("fc1", "torch.nn.Linear", "f32[8,4]")
+...     for step in range(3):
+...         spine = np.zeros((1, SPINE_WIDTH)); spine[0, :2] = 4  # total, finite
+...         spine[0, SPINE_FIELDS.index("mean")] = step / 4
+...         _ = w.write_step(StepBlockRecord(step), [ObservationBatch.observed("activation", "forward", [fc1], spine)])
+>>> h = open_history(path)
+>>> s = h.series("fc1", "activation", "mean")
+>>> s.steps[s.valid].tolist(), s.values[s.valid].tolist()
+([0, 1, 2], [0.0, 0.25, 0.5])
 """
 
 from __future__ import annotations
