@@ -53,8 +53,9 @@ from typing import Any
 import numpy as np
 
 from stepscope import Refusal
-from stepscope.history import ArtifactWriter, ObservationBatch, StepBlockRecord, open_history
+from stepscope.history import ArtifactWriter, ObservationBatch, StepBlockRecord
 from stepscope.history.files import encode_log_row, json_sha256, log_extent
+from stepscope.run import open_run  # the reader with the run log's evals.log
 from stepscope.runlog import EvalRecord
 from stepscope.runlog.sink import ArtifactRows
 from stepscope.stats import SPINE_WIDTH, HistogramDescriptor
@@ -147,7 +148,7 @@ def read_outcome(path: Path) -> tuple[str, str, Any]:
     signal.setitimer(signal.ITIMER_REAL, HANG_SECONDS)
     tracemalloc.start()
     try:
-        h = open_history(path)
+        h = open_run(path)
         digest = (data_digest(h), evals_digest(h))
         report = h.verify()
         h.series(0, "activation", "mean")
@@ -388,7 +389,7 @@ class Campaign:
         for kind in ("closed", "killed"):
             base = workdir / f"base-{kind}"
             build_base(base, kind)
-            h = open_history(base)
+            h = open_run(base)
             steps = h.steps.tolist()
             uptos = {None} if kind == "closed" else {-1, *steps}
             n_evals = len(h.evals())

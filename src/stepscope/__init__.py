@@ -35,15 +35,16 @@ if TYPE_CHECKING:  # what the lazy table below resolves to, spelled out for type
     from stepscope.curvature import analyze_curvature as analyze_curvature
     from stepscope.events import EventStream as EventStream
     from stepscope.events import ObserverEvent as ObserverEvent
-    from stepscope.history import open_history as open_history
     from stepscope.probe import DenseProbe as DenseProbe
     from stepscope.profile import draw as draw
     from stepscope.profile import kernel_profile as kernel_profile
     from stepscope.profile import region as region
     from stepscope.profile import session as session
+    from stepscope.run import open_run as open_history  # noqa: F401 (the older name)
+    from stepscope.run import open_run as open_run
     from stepscope.runlog import RunLog as RunLog
 
-__version__ = "0.1.0"
+from stepscope._version import __version__ as __version__
 
 # public name -> "module:attribute" (attribute empty for a sub-module)
 _EXPORTS: dict[str, str] = {
@@ -51,7 +52,9 @@ _EXPORTS: dict[str, str] = {
     "history": "stepscope.history:",
     "curvature": "stepscope.curvature:",
     "profile": "stepscope.profile:",
-    "open_history": "stepscope.history:open_history",
+    # the joint view (history + run log); open_history is its older name
+    "open_run": "stepscope.run:open_run",
+    "open_history": "stepscope.run:open_run",
     "HistoryCollector": "stepscope.collect:HistoryCollector",
     "WatchSettings": "stepscope.collect:WatchSettings",
     "Cadence": "stepscope.collect:Cadence",

@@ -5,9 +5,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from stepscope import transfer as transfer_mod
 from stepscope.collect import ALL_STREAMS, Cadence, HistoryCollector
-from stepscope.collect import collector as collector_mod
-from stepscope.collect import staging as staging_mod
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -46,12 +45,11 @@ def test_cuda_transfers_per_step_do_not_grow_with_sites(monkeypatch):
         c = HistoryCollector(model, sites="*", streams=ALL_STREAMS, cadence=Cadence(1, 1))
         calls: list[str] = []
 
-        def counted(t, calls=calls, real=staging_mod.to_host):
+        def counted(t, calls=calls, real=transfer_mod.to_host):
             calls.append(t.device.type)
             return real(t)
 
-        monkeypatch.setattr(staging_mod, "to_host", counted)
-        monkeypatch.setattr(collector_mod, "to_host", counted)
+        monkeypatch.setattr(transfer_mod, "to_host", counted)
         train(model, opt, c, steps=1)
         monkeypatch.undo()
         c.close()
@@ -68,5 +66,7 @@ def test_cuda_observed_run_equals_control():
     l1 = train(m1, o1, c)
     c.close()
     assert torch.equal(l0, l1)
-    assert all(torch.equal(a, b) for a, b in zip(m0.state_dict().values(), m1.state_dict().values()))
+    assert all(
+        torch.equal(a, b) for a, b in zip(m0.state_dict().values(), m1.state_dict().values())
+    )
     assert F.mse_loss(l0, l1).item() == 0.0

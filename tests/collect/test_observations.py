@@ -7,8 +7,8 @@ import torch.nn.functional as F
 from collect_testkit import SmallNet, batches
 
 from stepscope import Refusal, open_history
+from stepscope import transfer as transfer_mod
 from stepscope.collect import ALL_STREAMS, Cadence, HistoryCollector, WatchSettings
-from stepscope.collect import staging as staging_mod
 from stepscope.stats import SPINE_FIELDS, Histogram, RunningStats
 
 
@@ -134,11 +134,8 @@ def test_transfers_per_step_do_not_grow_with_sites(monkeypatch):
         opt = torch.optim.SGD(model.parameters(), lr=0.01)
         c = HistoryCollector(model, sites="*", streams=ALL_STREAMS, cadence=1)
         calls = []
-        real = staging_mod.to_host
-        monkeypatch.setattr(staging_mod, "to_host", lambda t: calls.append(t.shape) or real(t))
-        import stepscope.collect.collector as coll
-
-        monkeypatch.setattr(coll, "to_host", lambda t: calls.append(t.shape) or real(t))
+        real = transfer_mod.to_host  # the one device-to-host copy (staging and run log)
+        monkeypatch.setattr(transfer_mod, "to_host", lambda t: calls.append(t.shape) or real(t))
         item_calls = []
         monkeypatch.setattr(
             torch.Tensor, "item", lambda self: item_calls.append(1) or float(self.sum())

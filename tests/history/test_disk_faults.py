@@ -19,9 +19,9 @@ import torch
 
 import stepscope as ss
 from stepscope.cli import main
-from stepscope.history import open_history
 from stepscope.history.batch import code_of
 from stepscope.history.schema import Presence
+from stepscope.run import open_run  # the reader with the run log's evals.log
 
 STEPS, FAULT_AT, HEAL_AT = 24, 6, 15
 
@@ -90,7 +90,7 @@ def _twin_sums():
 def _check_complete(path, c, sums, committed_before_fault, faults, capsys):
     assert c.close_report.faults and len(faults) == 1  # warned once, with the code
     assert c.close_report.uncommitted_steps == 0
-    h = open_history(path)
+    h = open_run(path)
     assert h.steps.tolist() == list(range(STEPS))  # every step committed after the fault
     assert committed_before_fault is not None and committed_before_fault >= FAULT_AT - 2
     s = h.series("linear1.weight", "parameter", "sum")
@@ -204,7 +204,7 @@ def test_past_the_pending_bound_steps_are_disclosed_dropped_never_silently_lost(
     )
     report = c.close_report
     assert report.dropped_steps > 0 and report.uncommitted_steps == 0 and not report.ok
-    h = open_history(run)
+    h = open_run(run)
     assert h.steps.tolist() == list(range(STEPS))  # every step block is kept
     s = h.series("linear1.weight", "parameter", "sum")
     names = s.presence_names()
@@ -226,6 +226,6 @@ def test_close_on_a_disk_that_never_heals_reports_instead_of_raising(tmp_path, m
     report = c.close_report
     assert report.uncommitted_steps > 0 and report.faults and len(faults) == 1
     inj.on = False
-    h = open_history(run)  # what was committed before the fault is intact
+    h = open_run(run)  # what was committed before the fault is intact
     assert h.steps.tolist() == list(range(before + 1))
     assert h.verify().ok

@@ -15,8 +15,9 @@ import pytest
 
 from stepscope import Refusal
 from stepscope.cli import main
-from stepscope.history import ArtifactWriter, ObservationBatch, StepBlockRecord, open_history
+from stepscope.history import ArtifactWriter, ObservationBatch, StepBlockRecord
 from stepscope.history.files import encode_log_row, json_sha256, log_extent
+from stepscope.run import open_run  # the reader with the run log's evals.log
 from stepscope.stats import SPINE_WIDTH
 
 
@@ -44,7 +45,7 @@ def _read_everything(h):
 
 def _refuses(path, code=None):
     with pytest.raises(Refusal) as err:
-        _read_everything(open_history(path))
+        _read_everything(open_run(path))
     if code is not None:
         assert err.value.code == code, err.value
     return err.value
@@ -141,7 +142,7 @@ def test_a_deleted_or_truncated_evals_log_of_a_closed_run_refuses(tmp_path):
             log.log("loss", float(step))
             log.log_eval("validation", {"ce": float(step)})
             log.step()
-    assert len(open_history(path).evals("validation")) == 4
+    assert len(open_run(path).evals("validation")) == 4
     raw = (path / "evals.log").read_bytes()
     (path / "evals.log").write_bytes(raw[: raw.index(b"\n") + 1])
     _refuses(path, "history_index_incomplete")
@@ -160,7 +161,7 @@ def test_a_torn_evals_log_append_does_not_poison_later_evaluations(tmp_path):
                 with open(path / "evals.log", "ab") as fh:  # a torn append (disk full)
                     fh.write(b'0123abcd {"split": "valid')
             log.step()
-    assert [r.metrics["ce"] for r in open_history(path).evals("validation")] == [
+    assert [r.metrics["ce"] for r in open_run(path).evals("validation")] == [
         float(s) for s in range(14)
     ]
 
@@ -226,7 +227,7 @@ def test_a_chunk_symlinked_out_of_the_run_refuses_even_with_the_right_bytes(tmp_
     chunk.unlink()
     os.symlink(outside, chunk)
     _refuses(run, "history_file_kind_invalid")
-    assert not open_history(run).verify().ok
+    assert not open_run(run).verify().ok
 
 
 def test_verify_with_chunks_deleted_reports_instead_of_raising(tmp_path, capsys):
@@ -267,7 +268,7 @@ def _npy_with_header(dtype_descr, shape, body=b""):
 
 def test_an_npy_header_claiming_1e11_rows_refuses_without_allocating(tmp_path):
     run = _run(tmp_path / "run")
-    h = open_history(run)
+    h = open_run(run)
     dt = h._dtypes["observations"]
     data = _npy_with_header(np.lib.format.dtype_to_descr(dt), (10**11,), b"\0" * dt.itemsize)
     _replace_chunk(run, "observations", data)
@@ -361,8 +362,8 @@ def test_a_bad_scalar_name_id_refuses(tmp_path):
     from stepscope.runlog import RunView
 
     with pytest.raises(Refusal) as err:
-        _read_everything(open_history(run))
-        RunView(open_history(run)).scalar("loss")
+        _read_everything(open_run(run))
+        RunView(open_run(run)).scalar("loss")
     assert err.value.code == "history_artifact_corrupt"
 
 
@@ -430,7 +431,7 @@ def test_a_renamed_site_in_catalog_json_refuses_or_is_disclosed(tmp_path):
     b = ObservationBatch.observed("activation", "forward", ids, np.ones((1, SPINE_WIDTH)))
     w.write_step(StepBlockRecord(0), [b])
     w._unlock()
-    assert open_history(live).catalog_confirmed
+    assert open_run(live).catalog_confirmed
     text = (live / "catalog.json").read_text()
     (live / "catalog.json").write_text(text.replace('"s0"', '"sX"'))
-    assert not open_history(live).catalog_confirmed
+    assert not open_run(live).catalog_confirmed

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import doctest
 import importlib
 import sys
 
@@ -17,17 +16,6 @@ ADAPTERS = {
     "stepscope.integrations.lightning": ("lightning.pytorch", "lightning"),
     "stepscope.integrations.transformers": ("transformers", "transformers"),
 }
-
-
-@pytest.mark.parametrize(
-    "name",
-    ["stepscope.integrations", *sorted(ADAPTERS), "stepscope.integrations.session"],
-)
-def test_docstring_examples_run(name, tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    module = importlib.import_module(name)
-    failures, _ = doctest.testmod(module, optionflags=doctest.ELLIPSIS, verbose=False)
-    assert failures == 0
 
 
 @pytest.mark.parametrize("adapter", sorted(ADAPTERS))

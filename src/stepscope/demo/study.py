@@ -20,7 +20,7 @@ and the overall telemetry fraction including them (:func:`telemetry_record`).
 Example
 -------
 >>> from stepscope.demo.study import StudyConfig, run_study
->>> result = run_study(StudyConfig(quick=True, out_dir="runs/demo"))  # doctest: +SKIP
+>>> result = run_study(StudyConfig(quick=True, out_dir="runs/demo"))  # trains the whole study (minutes)  # doctest: +SKIP
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ Replays a history artifact through the same converter and trackers used during t
 Example
 -------
 >>> from stepscope.cli import main
->>> main(["export", "runs/demo", "--jsonl", "runs/demo.jsonl"])  # doctest: +SKIP
+>>> main(["export", "runs/demo", "--jsonl", "runs/demo.jsonl"])  # needs a recorded run in runs/demo  # doctest: +SKIP
 0
 """
 

@@ -402,6 +402,8 @@ class ObserverEvent:
                 source=EventSource(d.get("source", "user_scalar")),
                 estimated=bool(d.get("estimated", False)),
             )
+        except Refusal:  # a RefusalInputError is a ValueError too: keep its own code
+            raise
         except (KeyError, TypeError, ValueError, IndexError) as exc:
             raise _invalid(f"malformed event dictionary: {exc!r}.") from None
 

@@ -17,8 +17,8 @@ scalar logged at a step without a step block gets a block with unknown ``example
 
 Example
 -------
->>> report = export_run("runs/demo", jsonl="runs/demo.jsonl")  # doctest: +SKIP
->>> report.steps, report.axis  # doctest: +SKIP
+>>> report = export_run("runs/demo", jsonl="runs/demo.jsonl")  # needs a recorded run in runs/demo  # doctest: +SKIP
+>>> report.steps, report.axis  # needs a recorded run in runs/demo  # doctest: +SKIP
 (100, 'optimizer_step')
 """
 

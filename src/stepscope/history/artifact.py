@@ -36,7 +36,7 @@ Example
 ...     fc = w.register_site("fc", "torch.nn.Linear", "f32[4,3]")
 ...     for step in range(3):
 ...         spine = np.zeros((1, SPINE_WIDTH)); spine[0, :2] = 12
-...         w.write_step(StepBlockRecord(step), [ObservationBatch.observed("activation", "forward", [fc], spine)])
+...         _ = w.write_step(StepBlockRecord(step), [ObservationBatch.observed("activation", "forward", [fc], spine)])
 >>> open_history(path).steps.tolist()
 [0, 1, 2]
 """
@@ -578,6 +578,8 @@ class ArtifactWriter:
             return None
         try:
             row = self._commit_pending()
+        except Refusal:  # a refusal (even an OSError-like one) is not a disk fault to retry
+            raise
         except OSError as exc:
             self._commit_failed(exc)
             return None
@@ -706,6 +708,8 @@ class ArtifactWriter:
                         if self._catalog_dirty:
                             self._write_catalog()
                         self._seal()
+                    except Refusal:
+                        raise
                     except OSError as exc:
                         self._commit_failed(exc)
             finally:

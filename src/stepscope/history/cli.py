@@ -3,7 +3,7 @@
 Example
 -------
 >>> from stepscope.cli import main
->>> main(["verify", "runs/demo"])  # doctest: +SKIP
+>>> main(["verify", "runs/demo"])  # needs a recorded run in runs/demo  # doctest: +SKIP
 0
 """
 
@@ -36,7 +36,7 @@ def register(subparsers: Any) -> None:
 
 
 def escape(text: object) -> str:
-    """``text`` with every non-printable character (terminal escapes, newlines) backslash-escaped.
+    r"""``text`` with every non-printable character (terminal escapes, newlines) backslash-escaped.
 
     >>> escape("fc\x1b[2J\n")
     'fc\\x1b[2J\\n'

@@ -156,6 +156,8 @@ def read_regular(path: Path, what: str, *, max_bytes: int | None = None, offset:
             parts.append(got)
             pos += len(got)
         return b"".join(parts)
+    except Refusal:  # a RefusalStorageError is an OSError too: keep its own code
+        raise
     except OSError as exc:
         raise Refusal("history_artifact_missing", f"{what} {path}: {exc.strerror}.", []) from None
     finally:

@@ -13,11 +13,11 @@ balanced pairwise tree.
 
 Example
 -------
->>> import numpy as np
+>>> import torch
 >>> from stepscope.stats import RunningStats
 >>> a, b = RunningStats(), RunningStats()
->>> a.update(np.array([1.0, 2.0])); b.update(np.array([4.0]))  # doctest: +SKIP
->>> merge_spine_rows(a.to_vector()[None], b.to_vector()[None])[0, 0]  # doctest: +SKIP
+>>> a.update(torch.tensor([1.0, 2.0])); b.update(torch.tensor([4.0]))
+>>> float(merge_spine_rows(a.to_vector()[None], b.to_vector()[None])[0, 0])  # total count
 3.0
 """
 

@@ -2,7 +2,7 @@
 
 Example
 -------
->>> merge_rank_artifacts([Path("r0"), Path("r1")], Path("merged"))  # doctest: +SKIP
+>>> merge_rank_artifacts([Path("r0"), Path("r1")], Path("merged"))  # needs per-rank artifacts r0 and r1  # doctest: +SKIP
 """
 
 from __future__ import annotations

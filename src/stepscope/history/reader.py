@@ -5,11 +5,29 @@ ignored), then the catalog and manifest (written before any index row that needs
 is checked against its sha256 when it is decoded; filters by stream, step range and site skip
 unrelated chunks without reading them. Missing is never zero: series carry a presence array.
 
+The reader stays a reader of the history layer: it checks ``evals.log`` rows
+(:meth:`HistoryReader.eval_rows`) but does not decode them. Evaluations and clocks are the run
+log's (a higher layer): read them with :func:`stepscope.open_run` (``stepscope.open_history`` is
+the same function), whose :class:`~stepscope.run.Run` is this reader plus ``.evals()``,
+``.clocks()`` and ``.view()``. (``HistoryReader.evals()``/``.clocks()`` were removed from this
+class when the layers were separated.)
+
 Example
 -------
->>> h = open_history("runs/demo")  # doctest: +SKIP
->>> s = h.series("fc1", "activation", "mean")  # doctest: +SKIP
->>> s.steps[s.valid], s.values[s.valid]  # doctest: +SKIP
+>>> import tempfile, numpy as np
+>>> from stepscope.history import ArtifactWriter, ObservationBatch, StepBlockRecord
+>>> from stepscope.stats import SPINE_FIELDS, SPINE_WIDTH
+>>> path = tempfile.mkdtemp() + "/run"
+>>> with ArtifactWriter(path) as w:
+...     fc1 = w.register_site("fc1", "torch.nn.Linear", "f32[8,4]")
+...     for step in range(3):
+...         spine = np.zeros((1, SPINE_WIDTH)); spine[0, :2] = 4  # total, finite
+...         spine[0, SPINE_FIELDS.index("mean")] = step / 4
+...         _ = w.write_step(StepBlockRecord(step), [ObservationBatch.observed("activation", "forward", [fc1], spine)])
+>>> h = open_history(path)
+>>> s = h.series("fc1", "activation", "mean")
+>>> s.steps[s.valid].tolist(), s.values[s.valid].tolist()
+([0, 1, 2], [0.0, 0.25, 0.5])
 """
 
 from __future__ import annotations
@@ -447,24 +465,35 @@ class HistoryReader:
             np.full(n, -1, np.int32),
         )
 
-    # -- run log (rows of stepscope.runlog: RunLog and HistoryCollector.log_eval/log_mask) ----
-    def evals(self, split: str | None = None, *, endpoints_only: bool = False) -> list[Any]:
-        """Evaluation records (:class:`stepscope.runlog.EvalRecord`) of ``split``, by step.
+    # -- evals.log (rows of stepscope.runlog; decoded there: history never imports the layer) ---
+    def eval_rows(self) -> list[dict[str, Any]]:
+        """The rows of ``evals.log`` in file order, each checked but not interpreted.
 
-        ``endpoints_only`` keeps the declared endpoints (official-test values belong only there).
+        Every row's sha256, the seal of ended segments and each row's position ``n`` are checked
+        (``history_artifact_corrupt`` / ``history_index_incomplete``); a torn final line is
+        ignored. :func:`stepscope.runlog.read_eval_log` decodes them into evaluation records, and
+        :func:`stepscope.open_run` gives the joint view (``.evals()``, ``.clocks()``).
         """
-        from stepscope.runlog import RunView
-
-        return RunView(self).evals(split, endpoints_only=endpoints_only)
-
-    def clocks(self) -> Any:
-        """Cumulative training/telemetry/elapsed seconds per step and the measured overhead.
-
-        A :class:`stepscope.runlog.Clocks` (``.overhead_fraction``, ``.per_step()``).
-        """
-        from stepscope.runlog import RunView
-
-        return RunView(self).clocks()
+        seal = self.sealed.get(EVAL_LOG)
+        got = read_log(self.path / EVAL_LOG, missing_ok=True, what="evaluation log", seal=seal)
+        segments = [s.segment_id for s in self.segments]
+        # past the seal, only the open (last, unsealed) segment may have appended
+        open_segment = segments[-1] if f"index/{segments[-1]}.log" not in self.sealed else None
+        for i, (row, at) in enumerate(zip(got.rows, got.row_offsets)):
+            if row.get("n") != i:
+                raise Refusal(
+                    "history_index_incomplete",
+                    f"{EVAL_LOG} row {i + 1} (byte {at}) says it is row {row.get('n')!r}: "
+                    "rows before it were lost, duplicated or reordered.",
+                    ["restore evals.log from a copy"],
+                )
+            if seal is not None and at >= seal["bytes"] and row.get("segment") != open_segment:
+                raise Refusal(
+                    "history_artifact_corrupt",
+                    f"{EVAL_LOG} row at byte {at} was appended after its segment was sealed.",
+                    ["restore evals.log from a copy"],
+                )
+        return list(got.rows)
 
     def observations(
         self,
@@ -487,12 +516,10 @@ class HistoryReader:
         index does not list (a shortened log) are failures too.
         """
         report = verify_files(self.path / "chunks", self.commits, self._rows)
-        from stepscope.runlog.sink import read_eval_log
-
         try:
-            read_eval_log(self)  # evals.log: every row's sha256, its seal, its values
+            self.eval_rows()  # evals.log: every row's sha256, its seal, its position
         except Refusal as exc:
-            report.failures.append(("evals.log", exc.code, exc.message))
+            report.failures.append((EVAL_LOG, exc.code, exc.message))
         return report
 
     def clear_cache(self) -> None:
@@ -509,6 +536,8 @@ class HistoryReader:
 
 
 MAX_JSON = 64 << 20
+#: The run log's evaluation lines beside the index (written by :mod:`stepscope.runlog`).
+EVAL_LOG = "evals.log"
 
 
 class _ManifestChanged(Exception):
@@ -606,6 +635,7 @@ def open_history(path: str | os.PathLike[str]) -> HistoryReader:
     -------
     HistoryReader
         ``.run``, ``.segments``, ``.sites``, ``.steps``, ``.series()``, ``.histograms()``,
-        ``.scalars()``, ``.observations()``, ``.verify()``, ``.refresh()``.
+        ``.scalars()``, ``.observations()``, ``.verify()``, ``.refresh()``. Evaluations and
+        clocks: :func:`stepscope.open_run`.
     """
     return HistoryReader(path)

@@ -409,7 +409,7 @@ def package_versions() -> dict[str, str]:
     import numpy
     import torch
 
-    from stepscope import __version__
+    from stepscope._version import __version__
 
     return {
         "python": platform.python_version(),

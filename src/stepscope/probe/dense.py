@@ -205,7 +205,7 @@ class DenseProbe:
 
         Example
         -------
-        >>> with probe.around_step(model, step=41, optimizer=opt) as upd:  # doctest: +SKIP
+        >>> with probe.around_step(model, step=41, optimizer=opt) as upd:  # needs the model, optimizer and batch of a training loop  # doctest: +SKIP
         ...     opt.step()
         """
         with capture_update(self.tracked_params(model), step, optimizer) as capture:

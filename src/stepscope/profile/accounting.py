@@ -29,9 +29,9 @@ from enum import Enum
 
 from stepscope.profile.spans import OwnerClass
 from stepscope.profile.trace import TraceEvent
+from stepscope.transfer import INTERNAL_PREFIX
 
 #: Label prefixes stepscope itself emits into the profiler.
-INTERNAL_PREFIX = "stepscope.internal/"
 REGION_PREFIX = "stepscope.region/"
 SESSION_PREFIX = "stepscope.session/"  # ours, but what runs inside it is the user's work
 

@@ -21,19 +21,7 @@ Example
 
 from __future__ import annotations
 
-from contextlib import AbstractContextManager, nullcontext
-
-import torch
-
-from stepscope.profile.accounting import INTERNAL_PREFIX
+# defined in the bottom layer so the collector's staging and the run log's step buffer can use it
+from stepscope.transfer import INTERNAL_PREFIX, internal_scope
 
 __all__ = ["INTERNAL_PREFIX", "internal_scope"]
-
-_NOTHING: AbstractContextManager[None] = nullcontext()
-
-
-def internal_scope(label: str) -> AbstractContextManager[object]:
-    """A ``stepscope.internal/<label>`` profiler bracket if a profiler records, else a no-op."""
-    if torch.autograd._profiler_enabled():
-        return torch.profiler.record_function(INTERNAL_PREFIX + label)
-    return _NOTHING

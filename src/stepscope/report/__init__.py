@@ -3,7 +3,7 @@
 Example
 -------
 >>> import stepscope.report as rep
->>> rep.render_report(["runs/a"], "report.html")  # doctest: +SKIP
+>>> rep.render_report(["runs/a"], "report.html")  # needs recorded runs  # doctest: +SKIP
 PosixPath('report.html')
 """
 

@@ -9,7 +9,7 @@ stated. These are offline checkpoint diagnostics, never conflated with the probe
 Example
 -------
 >>> from pathlib import Path
->>> find_curvature_files(Path("runs/a"))  # doctest: +SKIP
+>>> find_curvature_files(Path("runs/a"))  # needs recorded runs  # doctest: +SKIP
 [PosixPath('runs/a/curvature/curvature-000.json')]
 """
 

@@ -17,9 +17,9 @@ Scalar-row conventions the report recognises (see ``docs/report.md``):
 Example
 -------
 >>> from stepscope.history import open_history
->>> h = open_history("runs/demo")  # doctest: +SKIP
->>> m = layer_quantities(h)["gradient_l2"]  # doctest: +SKIP
->>> m.values.shape == (len(m.sites), len(m.steps))  # doctest: +SKIP
+>>> h = open_history("runs/demo")  # needs a recorded run in runs/demo  # doctest: +SKIP
+>>> m = layer_quantities(h)["gradient_l2"]  # needs a recorded run in runs/demo  # doctest: +SKIP
+>>> m.values.shape == (len(m.sites), len(m.steps))  # needs a recorded run in runs/demo  # doctest: +SKIP
 True
 """
 

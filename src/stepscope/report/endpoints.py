@@ -7,8 +7,8 @@ accuracy would hide it.
 Example
 -------
 >>> from stepscope.report.model import RunView
->>> runs = [RunView.open("runs/a")]  # doctest: +SKIP
->>> endpoints_section(runs, default_endpoints(runs)).key  # doctest: +SKIP
+>>> runs = [RunView.open("runs/a")]  # needs recorded runs  # doctest: +SKIP
+>>> endpoints_section(runs, default_endpoints(runs)).key  # needs recorded runs  # doctest: +SKIP
 'endpoints'
 """
 

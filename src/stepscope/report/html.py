@@ -8,7 +8,7 @@ them (each figure keeps its own x-axis line).
 Example
 -------
 >>> from stepscope.report import render_report
->>> render_report(["runs/a", "runs/b"], "report.html")  # doctest: +SKIP
+>>> render_report(["runs/a", "runs/b"], "report.html")  # needs recorded runs  # doctest: +SKIP
 PosixPath('report.html')
 """
 
@@ -204,7 +204,7 @@ def render_report(
 
     Examples
     --------
-    >>> render_report(["runs/demo"], "report.html", endpoints=[0, 99])  # doctest: +SKIP
+    >>> render_report(["runs/demo"], "report.html", endpoints=[0, 99])  # needs recorded runs  # doctest: +SKIP
     PosixPath('report.html')
     """
     if not runs:

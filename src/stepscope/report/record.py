@@ -7,7 +7,7 @@ seconds and their ``overhead_fraction``, :mod:`stepscope.runlog`), else from the
 Example
 -------
 >>> from stepscope.report.model import RunView
->>> record_section([RunView.open("runs/a")]).items[0].title  # doctest: +SKIP
+>>> record_section([RunView.open("runs/a")]).items[0].title  # needs recorded runs  # doctest: +SKIP
 'run record · a'
 """
 

@@ -7,8 +7,8 @@ Each builder takes the :class:`~stepscope.report.model.RunView` list and returns
 Example
 -------
 >>> from stepscope.report.model import RunView
->>> runs = [RunView.open("runs/a"), RunView.open("runs/b")]  # doctest: +SKIP
->>> curves_section(runs, endpoints=[0, 99]).has_data  # doctest: +SKIP
+>>> runs = [RunView.open("runs/a"), RunView.open("runs/b")]  # needs recorded runs  # doctest: +SKIP
+>>> curves_section(runs, endpoints=[0, 99]).has_data  # needs recorded runs  # doctest: +SKIP
 True
 """
 

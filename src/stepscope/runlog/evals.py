@@ -34,9 +34,9 @@ from typing import Any
 import numpy as np
 
 from stepscope.errors import Refusal
+from stepscope.history.reader import EVAL_LOG as EVAL_LOG  # the artifact names the file
 from stepscope.runlog.names import HASH_WIDTH, METRIC_WIDTH, SPLIT_WIDTH, check_label
 
-EVAL_LOG = "evals.log"
 CONFUSION_METRIC = "confusion"
 
 

@@ -23,13 +23,13 @@ Example
 from __future__ import annotations
 
 import math
-import sys
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
 
+from stepscope import transfer
 from stepscope.errors import Refusal
 from stepscope.runlog.names import (
     BRANCH_PREFIX,
@@ -277,12 +277,4 @@ def _one_transfer(tensors: list[torch.Tensor]) -> list[float]:
     if stacked.dtype not in _NUMPY_EXACT:
         stacked = stacked.detach().to(torch.float64)  # half/bfloat16 have no exact numpy twin
     # the counted transfer, looked up at each call (tests patch it)
-    return [float(v) for v in _staging().to_host(stacked).reshape(-1).tolist()]
-
-
-def _staging() -> Any:
-    # lazy: stepscope.collect imports this package, so a module-level import would be circular
-    mod = sys.modules.get("stepscope.collect.staging")
-    if mod is None:
-        import stepscope.collect.staging as mod
-    return mod
+    return [float(v) for v in transfer.to_host(stacked).reshape(-1).tolist()]

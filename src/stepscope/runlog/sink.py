@@ -84,6 +84,8 @@ class ArtifactRows:
             row = {**self.unwritten[0], "n": self._rows_before()}  # its position: gaps show
             try:
                 append_log_row(self.path / EVAL_LOG, row, durable=self.writer.durable)
+            except Refusal:  # a refusal (even an OSError-like one) is not a disk fault to retry
+                raise
             except OSError as exc:
                 fault = Refusal(
                     "history_disk_fault",
@@ -175,6 +177,8 @@ def close_artifact(rows: ArtifactRows, summary: dict[str, Any]) -> Any:
     report = rows.writer.close()
     try:
         write_summary(rows.path, summary)
+    except Refusal:
+        raise
     except OSError:
         pass
     return report
@@ -200,33 +204,14 @@ def read_summary(directory: str | os.PathLike[str]) -> dict[str, Any] | None:
 
 
 def read_eval_log(reader: Any) -> list[EvalRecord]:
-    """Evaluations of an artifact (``reader`` a ``HistoryReader``), superseded rows dropped."""
-    from stepscope.history.files import read_log
+    """Evaluations of an artifact (``reader`` a ``HistoryReader``), superseded rows dropped.
 
+    The reader checks each row (sha256, seal, position: ``HistoryReader.eval_rows``); this
+    decodes its values (``history_json_invalid`` for values no evaluation can hold).
+    """
     cutoff = _cutoffs(reader.segments)
     out = []
-    seal = getattr(reader, "sealed", {}).get(EVAL_LOG)
-    path = Path(reader.path) / EVAL_LOG
-    got = read_log(path, missing_ok=True, what="evaluation log", seal=seal)
-    segments = [s.segment_id for s in reader.segments]
-    # past the seal, only the open (last, unsealed) segment may have appended
-    open_segment = (
-        segments[-1] if f"index/{segments[-1]}.log" not in getattr(reader, "sealed", {}) else None
-    )
-    for i, (row, at) in enumerate(zip(got.rows, got.row_offsets)):
-        if row.get("n") != i:
-            raise Refusal(
-                "history_index_incomplete",
-                f"{EVAL_LOG} row {i + 1} (byte {at}) says it is row {row.get('n')!r}: "
-                "rows before it were lost, duplicated or reordered.",
-                ["restore evals.log from a copy"],
-            )
-        if seal is not None and at >= seal["bytes"] and row.get("segment") != open_segment:
-            raise Refusal(
-                "history_artifact_corrupt",
-                f"{EVAL_LOG} row at byte {at} was appended after its segment was sealed.",
-                ["restore evals.log from a copy"],
-            )
+    for row in reader.eval_rows():
         rec = EvalRecord.from_dict(row)
         if rec.optimizer_step < cutoff.get(str(row.get("segment")), np.iinfo(np.int64).max):
             out.append(rec)

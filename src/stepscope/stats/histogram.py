@@ -12,7 +12,9 @@ Example
 >>> h.update(torch.tensor([1.0, 1.5, -3.0, 0.0]))
 >>> h.total, h.zero, int(h.positive.sum()), int(h.negative.sum())
 (4, 1, 2, 1)
->>> q = h.quantile(0.5)
+>>> h.quantile(0.5).value  # inverted CDF: the 2nd of the sorted -3, 0, 1, 1.5
+0.0
+>>> q = h.quantile(0.75)
 >>> q.estimated, q.lower <= 1.0 <= q.upper
 (True, True)
 """

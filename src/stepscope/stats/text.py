@@ -5,7 +5,8 @@ Example
 >>> import torch
 >>> from stepscope.stats import Histogram
 >>> h = Histogram(); h.update(torch.tensor([0.5, 0.75, -2.0, 0.0]))
->>> print(render_histogram(h, width=10).splitlines()[0])  # doctest: +SKIP
+>>> print(render_histogram(h, width=10).splitlines()[0])
+               [-2.38, -2)         1 ##########
 """
 
 from __future__ import annotations

@@ -27,8 +27,8 @@ written before events are published, holds everything.
 Example
 -------
 >>> import os
->>> os.environ["WANDB_MODE"] = "offline"  # doctest: +SKIP
->>> tracker = WandbTracker(project="demo", dir="runs/wandb")  # doctest: +SKIP
+>>> os.environ["WANDB_MODE"] = "offline"  # needs wandb; writes an offline run  # doctest: +SKIP
+>>> tracker = WandbTracker(project="demo", dir="runs/wandb")  # needs wandb; writes an offline run  # doctest: +SKIP
 """
 
 from __future__ import annotations

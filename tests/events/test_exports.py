@@ -1,0 +1,10 @@
+"""The top-level ``stepscope`` names of the events package (module examples: tests/test_doctests.py)."""
+
+import stepscope.events as package
+
+
+def test_top_level_names_resolve_to_the_events_package():
+    import stepscope as ss
+
+    assert ss.EventStream is package.EventStream
+    assert ss.ObserverEvent is package.ObserverEvent
