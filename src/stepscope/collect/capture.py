@@ -15,8 +15,9 @@ that does not resolve records ``unsupported`` with reason ``output_key_missing``
 Reducibility
 ------------
 :func:`reducible` decides before any kernel runs: complex dtypes, dtypes with no order
-(``unsupported:complex``; a dtype the kernels refuse, ``unsupported:dtype``), tensor subclasses such as ``DTensor`` or fake
-tensors (``unsupported:tensor_subclass``, whose storage the native kernel must not read) and
+(``unsupported:complex``; a dtype the kernels refuse, ``unsupported:dtype``), tensor subclasses
+other than ``DTensor`` such as fake tensors (``unsupported:tensor_subclass``, whose storage the
+native kernel must not read; a ``DTensor`` reduces its local shard, see :mod:`.sharded`) and
 hooks firing during CUDA-graph stream capture (``unsupported:cuda_graph_capture``: the capture's
 replays are not observed). Sparse tensors are reduced over their stored values with the
 disclosure ``sparse_values`` (implicit zeros are not counted).
@@ -38,6 +39,8 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
+
+from stepscope.collect.sharded import local_part
 
 MAX_DEPTH = 4
 
@@ -107,9 +110,9 @@ def reducible(t: torch.Tensor) -> tuple[torch.Tensor | None, str | None]:
     """``(tensor to reduce, disclosure or None)``, or ``(None, unsupported reason)``."""
     if capture_probe():
         return None, "cuda_graph_capture"
-    t = t.detach()
-    if type(t) is not torch.Tensor:  # DTensor, FakeTensor, other subclasses (detach keeps them)
-        return None, f"tensor_subclass:{type(t).__name__}"
+    t, reason = local_part(t.detach())  # a DTensor: its local shard (see .sharded)
+    if t is None:  # FakeTensor, other subclasses (detach keeps them), Partial DTensors
+        return None, reason
     note = None
     if t.layout is not torch.strided:
         if t.layout is torch.sparse_coo:

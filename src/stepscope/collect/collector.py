@@ -47,6 +47,7 @@ import torch
 from stepscope.collect.activations import ActivationSites
 from stepscope.collect.autocadence import AutoCadence
 from stepscope.collect.capture import reducible
+from stepscope.collect.livemerge import LiveMerge, safe_merge
 from stepscope.collect.optimizers import OptimizerWatch, unwrap_optimizer
 from stepscope.collect.plan import Plan, build_plan
 from stepscope.collect.scaler import grad_scale_status, scale_in_force, update_marker
@@ -207,6 +208,11 @@ class HistoryCollector(UserLog):
         self._rows: Any = ArtifactRows(self.writer) if self.writer is not None else MemoryRows()
         write_summary(self.path, self.clock.summary(closed=False))
         self._register_param_sites()
+        # one gather per logged step to rank 0 (fixed cadences only: ranks must agree on steps)
+        self._live = LiveMerge.create(
+            self.rows, self.descriptor.width, self.settings.live_merge and self.auto is None
+        )
+        self.last_merged: tuple[StepBlockRecord, list] | None = None
         self._structure = StructureWatch(
             watched,
             self.rows,
@@ -250,8 +256,13 @@ class HistoryCollector(UserLog):
 
     def plan(self) -> Plan:
         """The plan table: rows (site, stream, cadence, elements and bytes per logged step)."""
+        live = self._live
         return build_plan(
-            self.rows, self.cadences, self.descriptor.width, self.settings.update_sample_size
+            self.rows,
+            self.cadences,
+            self.descriptor.width,
+            self.settings.update_sample_size,
+            live_merge=None if live is None else (live.bytes_per_step(), live.world_size),
         )
 
     # ------------------------------------------------------------------ reductions
@@ -557,6 +568,10 @@ class HistoryCollector(UserLog):
         self._store.write_step(self._rows, block, batches, scalars, drained.dated, late)
         self.telemetry_seconds += telemetry_now
         self.last_block, self.last_batches = block, batches
+        self.last_merged = None
+        if any_due:  # a collective: every rank logs the same steps (fixed cadences)
+            self._live, self.last_merged = safe_merge(self._live, block, batches, hist_step)
+        shown = self.last_merged or (block, batches)  # rank 0 of a live merge: the merged rows
         self._next_step = state.step + 1
         self._state = None
         self._begin_step()
@@ -566,7 +581,7 @@ class HistoryCollector(UserLog):
         try:
             if stream is not None and stream.active:  # no enabled subscriber: skip conversion
                 stream.publish(
-                    events_from_step(block, batches, self.sites, self.descriptor, scalars)
+                    events_from_step(*shown, self.sites, self.descriptor, scalars)
                 )
         finally:
             self._state.telemetry_s += time.perf_counter() - t_split  # write, publish, begin
