@@ -148,7 +148,13 @@ def train(
     finally:
         if collector is not None:
             collector.close()
+    live_merge = getattr(collector, "_live", None)
+    if live_merge is not None:
+        facts["collectives"], facts["bytes_sent"] = live_merge.collectives, live_merge.bytes_sent
+        facts["bytes_per_step"] = live_merge.bytes_per_step(histogram_step=True)
+        facts["plan"] = str(collector.plan())
     if dump:
+        Path(dump).mkdir(parents=True, exist_ok=True)
         Path(dump, f"rank{rank}.json").write_text(json.dumps(facts))
     return facts
 
