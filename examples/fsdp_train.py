@@ -153,6 +153,7 @@ def train(
         facts["collectives"], facts["bytes_sent"] = live_merge.collectives, live_merge.bytes_sent
         facts["bytes_per_step"] = live_merge.bytes_per_step(histogram_step=True)
         facts["plan"] = str(collector.plan())
+        facts["live_seconds"] = live_merge.seconds
     if dump:
         Path(dump).mkdir(parents=True, exist_ok=True)
         Path(dump, f"rank{rank}.json").write_text(json.dumps(facts))

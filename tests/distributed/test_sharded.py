@@ -22,7 +22,8 @@ import pytest
 import torch
 
 from stepscope.cli import main
-from stepscope.history import open_history
+from stepscope.history import Presence, open_history
+from stepscope.history.batch import code_of
 from stepscope.stats import SPINE_FIELDS
 
 pytestmark = pytest.mark.skipif(
@@ -39,6 +40,7 @@ COUNTS = [SPINE_FIELDS.index(f) for f in ("total", "finite", "nan", "posinf", "n
 ALL_COUNTS = [SPINE_FIELDS.index(f) for f in SPINE_FIELDS[:7]]
 EXTREMES = [SPINE_FIELDS.index(f) for f in ("min", "max", "absmax")]
 PARAM_STREAMS = ("gradient", "parameter", "update")
+OBSERVED = code_of(Presence.OBSERVED)
 
 
 def _example():
@@ -154,6 +156,7 @@ def test_merged_shards_equal_the_full_logical_tensor_exactly(tmp_path_factory, m
     for step, rows in full.items():
         for key, want in rows.items():
             presence, got = live[step][key]
+            assert presence == OBSERVED
             got, want = np.array(got), np.array(want)
             np.testing.assert_array_equal(got[ALL_COUNTS + EXTREMES], want[ALL_COUNTS + EXTREMES])
             assert_same_statistics(got[None], want[None])
@@ -170,7 +173,7 @@ def test_live_merged_rows_equal_the_offline_merge(tmp_path_factory, mode, world)
         stream, site = key.split("/", 1)
         offline = spines(merged, site, stream)
         for step in range(STEPS):
-            presence, row = live[str(step)][key]
+            _presence, row = live[str(step)][key]
             np.testing.assert_array_equal(np.array(row, dtype=float), offline[step])
             checked += 1
     assert checked >= STEPS * 40

@@ -29,6 +29,7 @@ Example
 
 from __future__ import annotations
 
+import time
 import warnings
 from collections.abc import Sequence
 from dataclasses import replace
@@ -38,8 +39,8 @@ import torch
 
 from stepscope.collect.sites import Row
 from stepscope.history import ObservationBatch, StepBlockRecord
-from stepscope.history.merge import merge_step_batches
 from stepscope.history.batch import code_of
+from stepscope.history.merge import merge_step_batches
 from stepscope.history.rankmerge import merge_step_blocks
 from stepscope.history.schema import Presence
 from stepscope.stats import SPINE_WIDTH
@@ -82,6 +83,7 @@ class LiveMerge:
         )
         self.collectives = 0  # tests read this: one per logged step
         self.bytes_sent = 0
+        self.seconds = 0.0  # wall time in merge() (pack, gather, unpack, merge) on this rank
 
     @classmethod
     def create(cls, rows: Sequence[Row], histogram_width: int, enabled: bool) -> LiveMerge | None:
@@ -172,6 +174,15 @@ class LiveMerge:
 
         Every rank must call this at the same steps (it is a collective).
         """
+        t0 = time.perf_counter()
+        try:
+            return self._merge(block, batches, histogram_step)
+        finally:
+            self.seconds += time.perf_counter() - t0
+
+    def _merge(
+        self, block: StepBlockRecord, batches: Sequence[ObservationBatch], histogram_step: bool
+    ) -> tuple[StepBlockRecord, list[ObservationBatch]] | None:
         packed = torch.from_numpy(self.pack(block, batches, histogram_step)).to(self.device)
         gathered = (
             [torch.empty_like(packed) for _ in range(self.world_size)] if self.rank == 0 else None
