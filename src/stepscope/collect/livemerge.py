@@ -58,6 +58,12 @@ def packed_width(n_rows: int, histogram_width: int) -> int:
     return _HEADER + n_rows * (1 + SPINE_WIDTH) + hist
 
 
+def _slot_index(slots: dict[tuple[str, int], int], b: ObservationBatch) -> np.ndarray:
+    """Row-key index of every row of ``b`` (-1: not a row key of this collector)."""
+    keys = [(b.stream.value, int(s)) for s in b.site_ids]
+    return np.array([slots.get(k, -1) for k in keys], dtype=np.int64)
+
+
 class LiveMerge:
     """One gather per logged step; rank 0 gets the merged batches (see the module docstring).
 
@@ -118,13 +124,15 @@ class LiveMerge:
             hist = out[_HEADER + n * (1 + SPINE_WIDTH) :].reshape(n, 1 + w)
             hist[:, 0] = 0.0
         slots = self._slots()
-        for b in batches:
-            idx = np.array([slots[(b.stream.value, int(s))] for s in b.site_ids], dtype=np.int64)
-            body[idx, 0] = b.presence
-            body[idx, 1:] = b.spines
+        for b in batches:  # a row key this rank cannot place is left out (never raise here:
+            idx = _slot_index(slots, b)  # the other ranks may already wait in the gather)
+            ok = idx >= 0
+            body[idx[ok], 0] = b.presence[ok]
+            body[idx[ok], 1:] = b.spines[ok]
             if hist is not None and b.hist_rows is not None:
-                hist[idx[b.hist_rows], 0] = 1.0
-                hist[idx[b.hist_rows], 1:] = b.histograms  # counts < 2**53: exact in float64
+                rows = b.hist_rows[ok[b.hist_rows]]
+                hist[idx[rows], 0] = 1.0
+                hist[idx[rows], 1:] = b.histograms[ok[b.hist_rows]]  # < 2**53: exact
         return out
 
     def unpack(
@@ -138,13 +146,13 @@ class LiveMerge:
         slots = self._slots()
         out = []
         for b in template:
-            idx = np.array([slots[(b.stream.value, int(s))] for s in b.site_ids], dtype=np.int64)
-            code = body[idx, 0]
+            idx = _slot_index(slots, b)
+            code = np.where(idx >= 0, body[idx, 0], _NOT_IN_BATCH)
             presence = np.where(code == _NOT_IN_BATCH, _ABSENT, code).astype(np.uint8)
             spines = body[idx, 1:].copy()
             hist_rows = histograms = None
             if hist is not None and b.hist_rows is not None:
-                have = np.flatnonzero(hist[idx, 0] > 0)
+                have = np.flatnonzero((idx >= 0) & (hist[idx, 0] > 0))
                 if len(have):
                     hist_rows = have
                     histograms = hist[idx[have], 1:].astype(np.int64)
