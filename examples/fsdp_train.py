@@ -35,6 +35,7 @@ import torch.nn.functional as F
 
 import stepscope as ss
 from stepscope.collect import Cadence
+from stepscope.events import Subscriber
 
 GLOBAL_BATCH, SEQ, D_MODEL, CLASSES = 8, 4, 16, 3
 STREAMS = ("activation", "gradient", "parameter", "update")
@@ -66,6 +67,19 @@ def global_batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
 def all_modules(name: str, module: torch.nn.Module) -> bool:
     """Every module is a site (attention's ``in_proj_weight`` belongs to a non-leaf module)."""
     return True
+
+
+class L2Events(Subscriber):
+    """Keeps the published ``parameter.post_step/<site>/l2`` values, keyed ``"step:name"``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: dict[str, float] = {}
+
+    def on_events(self, events) -> None:
+        for e in events:
+            if e.name.startswith("parameter.post_step/") and e.name.endswith("/l2"):
+                self.seen[f"{e.optimizer_step}:{e.name}"] = e.value
 
 
 def _spine(t: torch.Tensor) -> list[float]:
@@ -111,6 +125,9 @@ def train(
         net = torch.nn.parallel.DistributedDataParallel(model)
     opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
     collector = None
+    l2 = L2Events()  # what this rank publishes: rank 0 of a live merge publishes merged rows
+    stream = ss.EventStream()
+    stream.subscribe(l2)
     if watch:
         collector = ss.HistoryCollector(
             model,
@@ -119,7 +136,7 @@ def train(
             cadence=Cadence(1, 1),
             settings=ss.WatchSettings(
                 output_dir=out, run_id=run_id, update_sample_size=sample, live_merge=live,
-                durable=False,
+                durable=False, event_stream=stream,
             ),
         )
     share = GLOBAL_BATCH // world
@@ -148,6 +165,7 @@ def train(
     finally:
         if collector is not None:
             collector.close()
+    facts["l2_events"] = l2.seen
     live_merge = getattr(collector, "_live", None)
     if live_merge is not None:
         facts["collectives"], facts["bytes_sent"] = live_merge.collectives, live_merge.bytes_sent

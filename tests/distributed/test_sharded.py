@@ -203,3 +203,20 @@ def test_one_collective_per_logged_step_and_its_bytes_are_in_the_plan(
         assert f["collectives"] == STEPS  # not one per site: ~80 rows are logged per step
         assert f["bytes_sent"] == STEPS * f["bytes_per_step"]  # histogram every step here
         assert "live merge: 1 gather per logged step" in f["plan"]
+
+
+@pytest.mark.parametrize(("mode", "world"), CASES[:1])
+def test_rank0_publishes_the_merged_rows_and_other_ranks_their_own(tmp_path_factory, mode, world):
+    """The event stream's ``l2`` of each parameter: the whole logical parameter's on rank 0
+    (from the offline merge), the rank's own shard's elsewhere (from its segment)."""
+    run = distributed_run(tmp_path_factory, mode, world)
+    col = SPINE_FIELDS.index("sum_squares")
+    for rank, facts in enumerate(run["facts"]):
+        source = run["merged"] if rank == 0 else run["ranks"][rank]
+        events = facts["l2_events"]
+        assert len(events) == STEPS * 14
+        for key, value in events.items():
+            step, name = key.split(":", 1)
+            site = name.split("/")[1]
+            want = np.sqrt(spines(source, site, "parameter")[int(step), col])
+            assert value == want, (rank, key)
