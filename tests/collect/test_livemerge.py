@@ -1,0 +1,88 @@
+"""The live merge's packing (what crosses the wire) and its failure rule, without a process group.
+
+Multi-process behaviour (one gather per step, rank 0 equal to ``stepscope merge``):
+``tests/distributed/test_sharded.py``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+
+import stepscope as ss
+from stepscope.collect import Cadence
+from stepscope.collect.livemerge import LiveMerge, packed_width, safe_merge
+from stepscope.history import StepBlockRecord
+from stepscope.stats import SPINE_WIDTH
+
+
+def _unconnected(rows, width: int) -> LiveMerge:
+    """A LiveMerge without a process group (pack/unpack only)."""
+    live = LiveMerge.__new__(LiveMerge)
+    live.rows, live.width = list(rows), width
+    return live
+
+
+@pytest.fixture(scope="module")
+def recorded():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True),
+        torch.nn.Flatten(),
+        torch.nn.Linear(24, 2),
+    )
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    c = ss.HistoryCollector(model, sites=lambda n, m: True, cadence=Cadence(1, 1),
+                            settings=ss.WatchSettings(update_sample_size=16))
+    with c.step(opt, examples=4):
+        model(torch.randn(4, 3, 8)).pow(2).mean().backward()
+        opt.step()
+    c.close()
+    return c
+
+
+@pytest.mark.parametrize("histogram_step", [False, True])
+def test_pack_then_unpack_gives_back_every_row(recorded, histogram_step):
+    c = recorded
+    live = _unconnected(c.rows, c.descriptor.width)
+    batches = c.last_batches
+    if not histogram_step:  # a spine-only step carries no histogram rows
+        batches = [replace(b, hist_rows=None, histograms=None) for b in batches]
+    packed = live.pack(c.last_block, batches, histogram_step)
+    width = c.descriptor.width if histogram_step else 0
+    assert packed.shape == (packed_width(len(c.rows), width),)
+    assert packed.shape[0] == 2 + len(c.rows) * (1 + SPINE_WIDTH) + (
+        len(c.rows) * (1 + width) if histogram_step else 0
+    )
+    back = live.unpack(packed, batches)
+    assert len(back) == len(batches) >= 4
+    for got, want in zip(back, batches):
+        np.testing.assert_array_equal(got.presence, want.presence)
+        np.testing.assert_array_equal(got.spines, want.spines)  # NaNs in the same places
+        if want.hist_rows is None:
+            assert got.hist_rows is None
+        else:
+            np.testing.assert_array_equal(got.hist_rows, want.hist_rows)
+            np.testing.assert_array_equal(got.histograms, want.histograms)
+        assert got.row_disclosures == want.row_disclosures
+
+
+def test_a_failing_live_merge_warns_turns_off_and_never_raises():
+    class Broken:
+        def merge(self, *args):
+            raise RuntimeError("connection reset")
+
+    with pytest.warns(RuntimeWarning, match="live rank merge failed"):
+        live, merged = safe_merge(Broken(), StepBlockRecord(0), [], False)  # type: ignore[arg-type]
+    assert (live, merged) == (None, None)
+    assert safe_merge(None, StepBlockRecord(0), [], False) == (None, None)
+
+
+def test_no_live_merge_without_a_process_group(recorded):
+    assert not torch.distributed.is_initialized()
+    assert LiveMerge.create(recorded.rows, 520, enabled=True) is None
+    assert recorded.plan().live_merge is None
+    assert "live merge" not in str(recorded.plan())
