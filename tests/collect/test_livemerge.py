@@ -6,6 +6,11 @@ Multi-process behaviour (one gather per step, rank 0 equal to ``stepscope merge`
 
 from __future__ import annotations
 
+import os
+import socket
+import subprocess
+import sys
+import textwrap
 from dataclasses import replace
 
 import numpy as np
@@ -86,3 +91,51 @@ def test_no_live_merge_without_a_process_group(recorded):
     assert LiveMerge.create(recorded.rows, 520, enabled=True) is None
     assert recorded.plan().live_merge is None
     assert "live merge" not in str(recorded.plan())
+
+
+ONLY_RANK0 = textwrap.dedent(
+    """
+    import os, warnings, torch, torch.distributed as dist
+    import stepscope as ss
+    from stepscope.collect import livemerge
+    livemerge.HANDSHAKE_SECONDS = 1.0
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    c = ss.HistoryCollector(model, cadence=1) if rank == 0 else None  # rank 1 does not watch
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(3):
+            if c is not None:
+                with c.step(opt):
+                    ddp(torch.randn(3, 4)).sum().backward(); opt.step()
+            else:
+                ddp(torch.randn(3, 4)).sum().backward(); opt.step()
+    if c is not None:
+        c.close()
+        assert c.last_merged is None and c.last_block.optimizer_step == 2
+        assert any("live rank merge failed" in str(w.message) for w in caught), caught
+    dist.destroy_process_group()
+    print("done", rank)
+    """
+)
+
+
+def test_a_rank_without_a_collector_turns_the_live_merge_off_instead_of_hanging(tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+           "WORLD_SIZE": "2", "OMP_NUM_THREADS": "1"}
+    procs = [
+        subprocess.Popen([sys.executable, "-c", ONLY_RANK0], env={**env, "RANK": str(r)},
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+        for r in range(2)
+    ]
+    outs = [p.communicate(timeout=240) for p in procs]
+    for r, (p, (out, err)) in enumerate(zip(procs, outs)):
+        assert p.returncode == 0, err[-2000:]
+        assert f"done {r}" in out

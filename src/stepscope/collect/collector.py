@@ -210,7 +210,10 @@ class HistoryCollector(UserLog):
         self._register_param_sites()
         # one gather per logged step to rank 0 (fixed cadences only: ranks must agree on steps)
         self._live = LiveMerge.create(
-            self.rows, self.descriptor.width, self.settings.live_merge and self.auto is None
+            self.rows,
+            self.descriptor.width,
+            self.settings.live_merge and self.auto is None,
+            self.run.run_id,
         )
         self.last_merged: tuple[StepBlockRecord, list] | None = None
         self._structure = StructureWatch(

@@ -19,7 +19,9 @@ with the number of tensor elements, and it is a single message.
 What it does not carry: the per-row disclosure *texts* of ranks other than 0 (rank 0's are used
 where a rank's presence equals rank 0's; they are in each rank's segment), and user scalars
 (rank 0's own). It needs fixed cadences (every rank must agree which steps are logged):
-``cadence="auto"`` turns it off. ``WatchSettings(live_merge=False)`` turns it off.
+``cadence="auto"`` turns it off. ``WatchSettings(live_merge=False)`` turns it off. At the first
+logged step the ranks agree through the process group's store (:meth:`LiveMerge.handshake`): if
+some rank has no collector (or its live merge is off) it is off everywhere, never a hang.
 
 Example
 -------
@@ -47,6 +49,8 @@ from stepscope.stats import SPINE_WIDTH
 
 __all__ = ["LiveMerge", "packed_width"]
 
+#: how long the first logged step waits for every rank to arrive before the live merge is off
+HANDSHAKE_SECONDS = 10.0
 _HEADER = 2  # examples_seen (NaN: unknown), histogram step flag
 _NOT_IN_BATCH = 255.0  # presence slot of a row key no batch of this rank carries
 _ABSENT = code_of(Presence.SITE_ABSENT)
@@ -77,8 +81,15 @@ class LiveMerge:
         Process group (default: the world).
     """
 
-    def __init__(self, rows: Sequence[Row], histogram_width: int, group: object = None) -> None:
+    _created = 0  # live merges made in this process: the n-th of every rank agree
+
+    def __init__(
+        self, rows: Sequence[Row], histogram_width: int, run_id: str = "", group: object = None
+    ) -> None:
         self.rows, self.width, self.group = list(rows), histogram_width, group
+        LiveMerge._created += 1
+        self.key = f"stepscope/live/{run_id}/{LiveMerge._created}/"
+        self.agreed: bool | None = None  # decided at the first logged step (:meth:`handshake`)
         self.rank = torch.distributed.get_rank(group)
         self.world_size = torch.distributed.get_world_size(group)
         backend = torch.distributed.get_backend(group)
@@ -92,14 +103,36 @@ class LiveMerge:
         self.seconds = 0.0  # wall time in merge() (pack, gather, unpack, merge) on this rank
 
     @classmethod
-    def create(cls, rows: Sequence[Row], histogram_width: int, enabled: bool) -> LiveMerge | None:
+    def create(
+        cls, rows: Sequence[Row], histogram_width: int, enabled: bool, run_id: str = ""
+    ) -> LiveMerge | None:
         """A live merge when ``enabled`` and a process group of more than one rank is up."""
         dist = torch.distributed
         if not (enabled and dist.is_available() and dist.is_initialized()):
             return None
         if dist.get_world_size() < 2:
             return None
-        return cls(rows, histogram_width)
+        return cls(rows, histogram_width, run_id)
+
+    def handshake(self) -> bool:
+        """Whether every rank runs this live merge (decided once, the same on every rank).
+
+        Each rank counts itself in the process group's store and waits up to
+        :data:`HANDSHAKE_SECONDS` for all; the first decision written (``on`` by a rank that saw
+        every rank arrive, ``off`` by one that timed out) is the one every rank adopts. A rank
+        without a collector, or one with ``live_merge=False`` or another ``run_id``, therefore
+        turns it off everywhere instead of leaving the others waiting in a gather.
+        """
+        store = torch.distributed.distributed_c10d._get_default_store()
+        arrived, decision = self.key + "arrived", self.key + "decision"
+        store.add(arrived, 1)
+        vote, deadline = "off", time.monotonic() + HANDSHAKE_SECONDS
+        while time.monotonic() < deadline:
+            if store.check([decision]) or int(store.add(arrived, 0)) >= self.world_size:
+                vote = "on"  # (a decision already written wins below whatever this vote is)
+                break
+            time.sleep(0.01)
+        return store.compare_set(decision, "", vote).decode() == "on"
 
     def bytes_per_step(self, histogram_step: bool = False) -> int:
         """Bytes each rank sends per logged step."""
@@ -182,6 +215,13 @@ class LiveMerge:
 
         Every rank must call this at the same steps (it is a collective).
         """
+        if self.agreed is None:
+            self.agreed = self.handshake()
+        if not self.agreed:
+            raise RuntimeError(
+                f"not every rank joined within {HANDSHAKE_SECONDS:g} s (a rank without a "
+                "collector, with live_merge=False, or with another run_id)"
+            )
         t0 = time.perf_counter()
         try:
             return self._merge(block, batches, histogram_step)
