@@ -135,7 +135,11 @@ def test_a_rank_without_a_collector_turns_the_live_merge_off_instead_of_hanging(
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
         for r in range(2)
     ]
-    outs = [p.communicate(timeout=240) for p in procs]
+    try:  # a hang (the old behaviour) fails the test and leaves no process behind
+        outs = [p.communicate(timeout=240) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
     for r, (p, (out, err)) in enumerate(zip(procs, outs)):
         assert p.returncode == 0, err[-2000:]
         assert f"done {r}" in out
