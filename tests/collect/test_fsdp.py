@@ -1,7 +1,8 @@
 """FSDP2 on the CPU (gloo, one process): parameters and gradients are ``DTensor``s, which used to
-crash the native kernel (SIGSEGV). They must record ``unsupported:tensor_subclass:DTensor``
-while training goes on; plain activations are still observed. Run in a child process so a
-crash is a failed test, not a dead test session."""
+crash the native kernel (SIGSEGV), then were recorded unsupported. Now each rank reduces its local
+shard: with one rank that is the whole tensor, so every row is observed and equals the spine of
+``full_tensor()``. Run in a child process so a crash is a failed test, not a dead test session.
+(Several ranks: ``tests/distributed/test_sharded.py``.)"""
 
 import json
 import os
@@ -38,8 +39,12 @@ SCRIPT = textwrap.dedent(
             model(torch.randn(3, 4)).sum().backward()
             opt.step()
     c.close()
+    from stepscope.stats import reduce_spines
     out = {b.stream.value: [b.presence.tolist(), b.row_disclosures] for b in c.last_batches}
-    print(json.dumps({"param_type": type(model[0].weight).__name__, "rows": out}))
+    params = [b for b in c.last_batches if b.stream.value == "parameter"][0].spines.tolist()
+    full = [reduce_spines([p.full_tensor()])[0].tolist() for p in model.parameters()]
+    print(json.dumps({"param_type": type(model[0].weight).__name__, "rows": out,
+                      "params": params, "full": full}))
     dist.destroy_process_group()
     """
 )
@@ -51,7 +56,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_fsdp2_dtensor_rows_are_unsupported_and_training_survives():
+def test_fsdp2_dtensor_rows_reduce_the_local_shard_and_training_survives():
     env = {
         **os.environ,
         "MASTER_ADDR": "127.0.0.1",
@@ -64,9 +69,10 @@ def test_fsdp2_dtensor_rows_are_unsupported_and_training_survives():
     assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
     got = json.loads(done.stdout.strip().splitlines()[-1])
     assert got["param_type"] == "DTensor"
-    observed, unsupported = code_of(Presence.OBSERVED), code_of(Presence.UNSUPPORTED)
+    observed = code_of(Presence.OBSERVED)
     for stream in ("gradient", "parameter", "update"):
         presence, notes = got["rows"][stream]
-        assert presence == [unsupported] * 4
-        assert notes == [["unsupported:tensor_subclass:DTensor"]] * 4
+        assert presence == [observed] * 4
+        assert notes is None
     assert got["rows"]["activation"][0] == [observed] * 3
+    assert got["params"] == got["full"]  # the one shard is the whole parameter, bit for bit

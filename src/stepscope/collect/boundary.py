@@ -59,6 +59,8 @@ class WrittenStep:
     telemetry_s: float  # the step's telemetry seconds up to ``written_from``
     written_from: float  # ``perf_counter()`` when the write began (charged to the next step)
     cadences: dict[str, Cadence] | None  # the auto-cadence decision, once it is made
+    any_due: bool = False  # some stream was due: the rows were copied (a live merge's step)
+    histogram_step: bool = False  # some stream's histograms were due
 
 
 class StepBoundary:
@@ -156,7 +158,17 @@ class StepBoundary:
             scalars = {**scalars, **rows}
         late = [r for r in clock_rows if r.step != state.step]  # CUDA: resolved late
         self.store.write_step(self.rows, block, batches, scalars, drained.dated, late)
-        return WrittenStep(block, batches, scalars, examples_seen, telemetry_now, t_split, cadences)
+        return WrittenStep(
+            block,
+            batches,
+            scalars,
+            examples_seen,
+            telemetry_now,
+            t_split,
+            cadences,
+            any_due,
+            hist_step,
+        )
 
     def close(self, next_step: int) -> CloseReport | None:
         """The collector closes: keep the scalars logged for written steps (the open step's
@@ -178,11 +190,17 @@ class StepBoundary:
             return None
         return close_artifact(self.rows, self.clock.summary(closed=True))
 
-    def publish(self, written: WrittenStep) -> None:
-        """Put a written step on the event stream (skipped without an enabled subscriber)."""
+    def publish(
+        self,
+        written: WrittenStep,
+        merged: tuple[StepBlockRecord, list[ObservationBatch]] | None = None,
+    ) -> None:
+        """Put a written step on the event stream (skipped without an enabled subscriber).
+
+        ``merged``: rank 0 of a live merge publishes the ranks' merged rows instead of its own.
+        """
         stream = self.settings.event_stream
         if stream is not None and stream.active:
             sites, descriptor = self.store.catalog.sites, self.settings.descriptor
-            stream.publish(
-                events_from_step(written.block, written.batches, sites, descriptor, written.scalars)
-            )
+            block, batches = merged or (written.block, written.batches)
+            stream.publish(events_from_step(block, batches, sites, descriptor, written.scalars))

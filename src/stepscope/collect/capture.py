@@ -15,8 +15,9 @@ that does not resolve records ``unsupported`` with reason ``output_key_missing``
 Reducibility
 ------------
 :func:`reducible` decides before any kernel runs: complex dtypes, dtypes with no order
-(``unsupported:complex``; a dtype the kernels refuse, ``unsupported:dtype``), tensor subclasses such as ``DTensor`` or fake
-tensors (``unsupported:tensor_subclass``, whose storage the native kernel must not read) and
+(``unsupported:complex``; a dtype the kernels refuse, ``unsupported:dtype``), tensor subclasses
+other than ``DTensor`` such as fake tensors (``unsupported:tensor_subclass``, whose storage the
+native kernel must not read; a ``DTensor`` reduces its local shard, see :mod:`.sharded`) and
 hooks firing during CUDA-graph stream capture (``unsupported:cuda_graph_capture``: the capture's
 replays are not observed). Sparse tensors are reduced over their stored values with the
 disclosure ``sparse_values`` (implicit zeros are not counted).
@@ -38,6 +39,8 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
+
+from stepscope.collect.sharded import local_part
 
 MAX_DEPTH = 4
 
@@ -108,8 +111,10 @@ def reducible(t: torch.Tensor) -> tuple[torch.Tensor | None, str | None]:
     if capture_probe():
         return None, "cuda_graph_capture"
     t = t.detach()
-    if type(t) is not torch.Tensor:  # DTensor, FakeTensor, other subclasses (detach keeps them)
-        return None, f"tensor_subclass:{type(t).__name__}"
+    if type(t) is not torch.Tensor:  # a DTensor: its local shard (see .sharded)
+        t, reason = local_part(t)
+        if t is None:  # FakeTensor, other subclasses (detach keeps them), Partial DTensors
+            return None, reason
     if t.layout is torch.strided and not t.is_meta and not t.is_complex():
         return t, None  # the common case, decided as the checks below decide it
     note = None

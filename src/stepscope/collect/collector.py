@@ -48,6 +48,7 @@ import torch
 from stepscope.collect.activations import ActivationSites
 from stepscope.collect.autocadence import AutoCadence
 from stepscope.collect.boundary import StepBoundary
+from stepscope.collect.livemerge import LiveMerge, safe_merge
 from stepscope.collect.optimizers import OptimizerWatch
 from stepscope.collect.plan import Plan, build_plan
 from stepscope.collect.reduce import Reducer
@@ -204,6 +205,14 @@ class HistoryCollector(UserLog):
         assign_update_indices(
             self.rows, self.settings.update_sample_size, self.settings.update_seed
         )
+        # one gather per logged step to rank 0 (fixed cadences only: ranks must agree on steps)
+        self._live = LiveMerge.create(
+            self.rows,
+            self.descriptor.width,
+            self.settings.live_merge and self.auto is None,
+            self.run.run_id,
+        )
+        self.last_merged: tuple[StepBlockRecord, list] | None = None
         self._structure = StructureWatch(
             watched,
             self.rows,
@@ -236,8 +245,13 @@ class HistoryCollector(UserLog):
 
     def plan(self) -> Plan:
         """The plan table: rows (site, stream, cadence, elements and bytes per logged step)."""
+        live = self._live
         return build_plan(
-            self.rows, self.cadences, self.descriptor.width, self.settings.update_sample_size
+            self.rows,
+            self.cadences,
+            self.descriptor.width,
+            self.settings.update_sample_size,
+            live_merge=None if live is None else (live.bytes_per_step(), live.world_size),
         )
 
     # ------------------------------------------------------------------ hooks (delegates)
@@ -366,13 +380,18 @@ class HistoryCollector(UserLog):
         self._examples_seen = written.examples_seen
         self.telemetry_seconds += written.telemetry_s
         self.last_block, self.last_batches = written.block, written.batches
+        self.last_merged = None
+        if written.any_due:  # a collective: every rank logs the same steps (fixed cadences)
+            self._live, self.last_merged = safe_merge(
+                self._live, written.block, written.batches, written.histogram_step
+            )
         self._next_step = state.step + 1
         self._state = None
         nxt = self._begin_step()
         # publish last, once the step is written and the next one begun: a check that raises
         # (action="raise") leaves the collector ready for the next step
         try:
-            self._boundary.publish(written)
+            self._boundary.publish(written, self.last_merged)
         finally:
             # write, publish, begin: charged to the next step (the auto-cadence meter reads it)
             nxt.carried_s = time.perf_counter() - written.written_from

@@ -39,6 +39,8 @@ class Plan:
     """Rows plus totals; ``str(plan)`` is a readable table."""
 
     rows: tuple[PlanRow, ...]
+    #: live rank merge: (bytes each rank sends per logged spine step, world size); None: off
+    live_merge: tuple[int, int] | None = None
 
     @property
     def total_elements(self) -> int | None:
@@ -79,10 +81,24 @@ class Plan:
         )
         widths = [max(len(str(x[i])) for x in [head, *body]) for i in range(len(head))]
         line = lambda cells: "  ".join(str(c).ljust(w) for c, w in zip(cells, widths))  # noqa: E731
-        return "\n".join([line(head), line(["-" * w for w in widths]), *map(line, body)])
+        lines = [line(head), line(["-" * w for w in widths]), *map(line, body)]
+        if self.live_merge is not None:
+            sent, world = self.live_merge
+            lines.append(
+                f"live merge: 1 gather per logged step, {sent:,} bytes/rank "
+                f"({sent * world:,} received by rank 0 of {world}; + histogram rows on "
+                "histogram steps), independent of tensor sizes"
+            )
+        return "\n".join(lines)
 
 
-def build_plan(rows: Sequence, cadences: dict, histogram_width: int, sample_size: int) -> Plan:
+def build_plan(
+    rows: Sequence,
+    cadences: dict,
+    histogram_width: int,
+    sample_size: int,
+    live_merge: tuple[int, int] | None = None,
+) -> Plan:
     """Make the plan from the collector's rows and resolved cadences."""
     out = []
     for r in rows:
@@ -104,4 +120,4 @@ def build_plan(rows: Sequence, cadences: dict, histogram_width: int, sample_size
                 estimated=estimated,
             )
         )
-    return Plan(tuple(out))
+    return Plan(tuple(out), live_merge)

@@ -229,6 +229,10 @@ class WatchSettings:
         ``{site glob: path}``: which tensor of a structured module output is the site's
         activation (a dotted path of keys, attributes, indices, e.g. ``"logits"``); sites not
         named use the first tensor depth-first (see :mod:`stepscope.collect.capture`).
+    live_merge
+        Under a ``torch.distributed`` group of more than one rank, gather every logged step's
+        rows to rank 0 in one collective and publish the merged rows there (see
+        :mod:`stepscope.collect.livemerge`); ``False``: no communication at all.
 
     Raises
     ------
@@ -255,6 +259,7 @@ class WatchSettings:
     output_keys: Mapping[str, str] = field(default_factory=dict)
     resume_step: int | None = None
     resume_examples_seen: int | None = None
+    live_merge: bool = True
 
     def __post_init__(self) -> None:
         _check_types(self)

@@ -2,7 +2,10 @@
 
 Before the step, each ``update`` row's parameter is sampled at fixed indices (or whole, when it
 has at most ``sample_size`` elements; see :func:`~stepscope.collect.sites.update_indices`); after
-the step the same indices are sampled again and the difference is reduced.
+the step the same indices are sampled again and the difference is reduced. The indices are
+logical: a sharded (DTensor) parameter samples the ones its local shard owns
+(:func:`~stepscope.collect.sharded.local_sample_index`), so the merged sample does not depend on
+the world size.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from collections.abc import Iterator, Sequence
 
 import torch
 
+from stepscope.collect.sharded import is_sharded, local_part, local_sample_index
 from stepscope.collect.sites import Row, update_indices
 
 
@@ -23,13 +27,21 @@ def assign_update_indices(rows: Sequence[Row], sample_size: int, seed: int) -> N
             )
 
 
-def sample(row: Row) -> torch.Tensor:
-    """A float32 copy of the row's parameter at its update indices."""
+def sample(row: Row, index: torch.Tensor | None) -> torch.Tensor:
+    """A copy of the row's parameter (its local shard, for a DTensor) at flat ``index``.
+
+    float64 parameters stay float64 (a float32 copy would round ``after - before`` away);
+    every other dtype is copied to float32.
+    """
     if row.param is None:  # a retired row (its parameter was removed) is never sampled
         raise ValueError(f"update row {row.site!r} has no parameter")
-    flat = row.param.detach().reshape(-1)
-    picked = flat if row.update_index is None else flat.index_select(0, row.update_index)
-    return picked.to(torch.float32, copy=True)
+    local, _ = local_part(row.param.detach())
+    if local is None:
+        raise ValueError(f"update row {row.site!r}: {_}")
+    flat = local.reshape(-1)
+    picked = flat if index is None else flat.index_select(0, index)
+    dtype = torch.float64 if picked.dtype == torch.float64 else torch.float32
+    return picked.to(dtype, copy=True)
 
 
 class UpdateSampler:
@@ -37,12 +49,25 @@ class UpdateSampler:
 
     def __init__(self) -> None:
         self._before: dict[int, torch.Tensor] = {}
+        # row -> (the parameter and logical sample it was computed for, its local indices)
+        self._local: dict[int, tuple[int, int, torch.Tensor | None]] = {}
+
+    def _index(self, row: Row) -> torch.Tensor | None:
+        """The row's sample in its parameter's local storage (logical indices it owns)."""
+        if not is_sharded(row.param):
+            return row.update_index
+        key = (id(row.param), id(row.update_index))  # model surgery replaces both
+        cached = self._local.get(row.index)
+        if cached is None or cached[:2] != key:
+            cached = (*key, local_sample_index(row.param, row.update_index))
+            self._local[row.index] = cached
+        return cached[2]
 
     def snapshot(self, rows: Sequence[Row]) -> None:
         """Sample every row before the optimizer changes it."""
         with torch.no_grad():
             for row in rows:
-                self._before[row.index] = sample(row)
+                self._before[row.index] = sample(row, self._index(row))
 
     def deltas(self, rows: Sequence[Row]) -> Iterator[tuple[Row, torch.Tensor]]:
         """``(row, after - before)`` for every row snapshotted since the last call."""
@@ -50,7 +75,7 @@ class UpdateSampler:
             for row in rows:
                 before = self._before.pop(row.index, None)
                 if before is not None:
-                    yield row, sample(row) - before
+                    yield row, sample(row, self._index(row)) - before
 
     def clear(self) -> None:
         """Forget pending samples (the step was abandoned)."""

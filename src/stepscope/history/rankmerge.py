@@ -43,7 +43,11 @@ def _check(readers: list[HistoryReader]) -> None:
         )
 
 
-def _block(blocks: list[StepBlockRecord], n_ranks: int) -> tuple[StepBlockRecord, bool]:
+def merge_step_blocks(
+    blocks: list[StepBlockRecord], n_ranks: int
+) -> tuple[StepBlockRecord, bool]:
+    """One step's blocks of several ranks as one (``examples_seen`` summed when every rank
+    knows it, truth kept when all agree), and whether every rank agreed and was present."""
     first = blocks[0]
     seen = [b.examples_seen for b in blocks]
     examples = sum(seen) if None not in seen and len(blocks) == n_ranks else None  # type: ignore[arg-type]
@@ -94,7 +98,7 @@ def merge_rank_artifacts(paths: list[Path], out: Path, *, durable: bool = True) 
                 scalars.setdefault(int(step), {})[key] = float(value)
         disagreements = 0
         for step in sorted(blocks):
-            block, complete = _block(blocks[step], len(readers))
+            block, complete = merge_step_blocks(blocks[step], len(readers))
             disagreements += not complete
             merged = merge_step_batches([pr.get(step, []) for pr in per_rank])
             if not complete:
