@@ -244,6 +244,13 @@ def telemetry_record(
     }
 
 
+def _macs_per_example(module: torch.nn.Module) -> int:
+    """Nominal multiply-accumulates of one example through ``module``'s Linear layers."""
+    return sum(
+        m.in_features * m.out_features for m in module.modules() if isinstance(m, torch.nn.Linear)
+    )
+
+
 def _probed_update(
     ledger: TelemetryLedger,
     probe: DenseProbe,
@@ -289,19 +296,8 @@ def train_run(
     )
 
     model = factory()
-    # each residual branch with its nominal multiply-accumulates per example (its Linear layers)
     branches = [
-        (
-            n,
-            m,
-            sum(
-                w.in_features * w.out_features
-                for w in m.modules()
-                if isinstance(w, torch.nn.Linear)
-            ),
-        )
-        for n, m in model.named_modules()
-        if isinstance(m, Residual)
+        (n, m, _macs_per_example(m)) for n, m in model.named_modules() if isinstance(m, Residual)
     ]
     opt = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum)
     probe = DenseProbe(
