@@ -23,11 +23,7 @@ api = pytest.importorskip("mypy.api")
 
 #: Docs blocks with type errors in areas this test does not own, and why. A block that starts to
 #: check clean fails the test until it is removed here; a new failing block fails it too.
-KNOWN_TYPE_ERRORS = {
-    "history_0": "StepTruth/ObservationRecord fields typed as enums but documented with str/bool",
-    "history_3": "StepRing.get returns RingBlock | None; the example indexes it directly",
-    "runlog_0": "ClockView.overhead_fraction is float | None; the example compares it to 0",
-}
+KNOWN_TYPE_ERRORS: dict[str, str] = {}
 
 PROBE = """\
 import pathlib

@@ -34,7 +34,7 @@ class RngSnapshot:
 
     torch_cpu: torch.Tensor
     torch_cuda: tuple[torch.Tensor, ...]
-    numpy: tuple[Any, ...]
+    numpy: dict[str, Any]  # ``get_state(legacy=False)``: any global bit generator, not only MT19937
     python: tuple[Any, ...]
 
     def equals(self, other: RngSnapshot) -> bool:
@@ -48,10 +48,13 @@ class RngSnapshot:
         )
 
 
-def _np_state_equal(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
-    return len(a) == len(b) and all(
-        np.array_equal(x, y) if isinstance(x, np.ndarray) else x == y for x, y in zip(a, b)
-    )
+def _np_state_equal(a: object, b: object) -> bool:
+    """Bitwise equality of two numpy RNG states (nested dicts of names, ints, floats, arrays)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_np_state_equal(a[k], b[k]) for k in a)
+    if isinstance(a, np.ndarray) and isinstance(b, np.ndarray):
+        return a.dtype == b.dtype and np.array_equal(a, b)
+    return type(a) is type(b) and a == b
 
 
 def snapshot_rng() -> RngSnapshot:
@@ -62,7 +65,7 @@ def snapshot_rng() -> RngSnapshot:
     return RngSnapshot(
         torch_cpu=torch.get_rng_state(),
         torch_cuda=cuda,
-        numpy=np.random.get_state(),  # noqa: NPY002 - the legacy global state is what users seed
+        numpy=np.random.get_state(legacy=False),  # noqa: NPY002 - the global state users seed
         python=random.getstate(),
     )
 

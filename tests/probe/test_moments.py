@@ -13,7 +13,7 @@ from stepscope.probe.moments import (
     gradient_moments,
     per_example_sq_norms,
 )
-from stepscope.probe.sequence import Use, parameter_sq_norms_and_sum
+from stepscope.probe.sequence import DenseUse, KroneckerUse, parameter_sq_norms_and_sum
 
 
 def _explicit(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -48,12 +48,12 @@ def test_block_mean_gradient_and_bias_match_explicit_loop():
     g = torch.Generator().manual_seed(1)
     a = torch.randn(4, 6, 5, generator=g, dtype=torch.float64)
     b = torch.randn(4, 2, 5, generator=g, dtype=torch.float64)
-    use = Use(left=b.transpose(1, 2), right=a.transpose(1, 2))
+    use = KroneckerUse(left=b.transpose(1, 2), right=a.transpose(1, 2))
     sq, total = parameter_sq_norms_and_sum([use], torch.Size([2, 6]))
     per_example = torch.stack([b[i] @ a[i].T for i in range(4)])
     torch.testing.assert_close(total, per_example.sum(0).reshape(-1))
     torch.testing.assert_close(sq, per_example.square().sum((1, 2)))
-    bias_sq, bias_sum = parameter_sq_norms_and_sum([Use(dense=b.sum(2))], torch.Size([2]))
+    bias_sq, bias_sum = parameter_sq_norms_and_sum([DenseUse(b.sum(2))], torch.Size([2]))
     torch.testing.assert_close(bias_sum, b.sum(2).sum(0))
     torch.testing.assert_close(bias_sq, b.sum(2).square().sum(1))
 

@@ -343,7 +343,7 @@ def _directions(
     token labels (:func:`stepscope.curvature.families.place_directions`)."""
     rows = scored.logits.detach()
     v = output_directions(family, rows, scored.labels, mode, samples, gen)
-    if not scored.sequence:
+    if scored.keep is None:  # class labels (``keep`` is set exactly for token labels)
         return v
     exact_rows = mode is CurvatureMode.EXACT and family is not Family.EMPIRICAL_FISHER
     return place_directions(v, scored.keep, per_position=exact_rows)

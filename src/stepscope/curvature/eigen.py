@@ -206,7 +206,7 @@ def top_eigenvalues(
             kind=parsed_kind.value,
             quantity=f"{parsed_kind.value}_top_eigenvalues",
             method=parsed_method.value,
-            which=WHICH[parsed_method],  # type: ignore[index]
+            which=WHICH[parsed_method],
             values=tuple(values),
             residual_norms=tuple(residuals),
             converged=converged,

@@ -168,7 +168,7 @@ def trace(
             method=parsed_method.value,
             estimate=estimate,
             standard_error=se,
-            standard_error_meaning=STANDARD_ERROR_MEANING[parsed_method],  # type: ignore[index]
+            standard_error_meaning=STANDARD_ERROR_MEANING[parsed_method],
             samples=samples,
             probe_distribution="rademacher",
             seed=seed,

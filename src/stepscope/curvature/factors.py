@@ -81,8 +81,10 @@ class LayerCapture:
     outputs: Tensor  #: layer output (graph node to differentiate at)
 
 
-def _check_conv(name: str, module: nn.Conv2d) -> None:
-    if module.groups != 1 or module.padding_mode != "zeros" or isinstance(module.padding, str):
+def _conv_padding(name: str, module: nn.Conv2d) -> tuple[int, ...]:
+    """The numeric zero padding of a supported Conv2d; refuses every other configuration."""
+    padding = module.padding
+    if module.groups != 1 or module.padding_mode != "zeros" or isinstance(padding, str):
         raise Refusal(
             "curvature_model_unsupported",
             f"Conv2d {name!r} uses groups={module.groups}, padding={module.padding!r}, "
@@ -90,11 +92,14 @@ def _check_conv(name: str, module: nn.Conv2d) -> None:
             "supported",
             ["use groups=1 and an integer/tuple padding"],
         )
+    return padding
 
 
 def out_features(module: AffineLayer) -> int:
     """Output width ``d_out`` (HF ``Conv1D`` stores ``weight (d_in, d_out)``)."""
-    return int(module.nf) if is_hf_conv1d(module) else int(module.weight.shape[0])
+    if isinstance(module, (nn.Linear, nn.Conv2d)):
+        return int(module.weight.shape[0])
+    return int(module.get_parameter("weight").shape[1])  # HF Conv1D (its ``nf``)
 
 
 def affine_layers(
@@ -124,7 +129,7 @@ def affine_layers(
                 ["analyse the Linear/Conv1D/Conv2d part of the model (layers=[...])"],
             )
         if isinstance(module, nn.Conv2d):
-            _check_conv(name, module)
+            _conv_padding(name, module)  # refuses what _patches cannot unfold, before any forward
             layers.append((name, module))
         elif isinstance(module, nn.Linear) or is_hf_conv1d(module):
             layers.append((name, module))
@@ -173,8 +178,9 @@ def _patches(name: str, module: AffineLayer, a: Tensor, n: int) -> Tensor:
                 f"Conv2d {name!r} received input of shape {tuple(a.shape)}; expected (n, C, H, W)",
                 ["pass batched 4-D inputs"],
             )
+        padding = _conv_padding(name, module)
         cols = torch.nn.functional.unfold(
-            a, module.kernel_size, module.dilation, module.padding, module.stride
+            a, module.kernel_size, module.dilation, padding, module.stride
         )  # (n, C_in * kh * kw, P), ordered like weight.reshape(C_out, -1)
         return cols.transpose(1, 2)
     if a.ndim < 2 or a.shape[0] != n:

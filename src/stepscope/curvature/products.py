@@ -42,7 +42,9 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from enum import Enum
+from typing import TypeVar
 
 import torch
 import torch.autograd.forward_ad as fwAD
@@ -53,6 +55,8 @@ from torch.func import functional_call
 from stepscope._purity import float64_copy, preserved_state
 from stepscope.errors import Refusal
 from stepscope.probe.outputs import OutputSelector, score_targets, select_logits
+
+E = TypeVar("E", bound=Enum)
 
 #: Seed of the private generators behind random directions and probes (never the global RNG).
 DEFAULT_SEED = 20260909
@@ -87,17 +91,30 @@ LOSS_CONVENTION = (
 )
 
 
-def parse_enum(enum_type: type[Enum], value: object, what: str) -> Enum:
+def parse_enum(enum_type: type[E], value: object, what: str) -> E:
     """Convert ``value`` to ``enum_type`` or refuse ``curvature_mode_invalid``."""
     try:
         return enum_type(value)
     except ValueError:
-        allowed = [e.value for e in enum_type]  # type: ignore[attr-defined]
+        allowed = [e.value for e in enum_type]
         raise Refusal(
             "curvature_mode_invalid",
             f"unknown {what} {value!r}.",
             [f"use one of {allowed}"],
         ) from None
+
+
+@dataclass(frozen=True)
+class _ScoredRows:
+    """The scored logit positions and each scored row's example and label (set by the first forward).
+
+    ``keep`` is ``None`` for class labels (every row scored); see
+    :class:`~stepscope.probe.outputs.ScoredTargets`.
+    """
+
+    keep: Tensor | None
+    owner: Tensor
+    labels: Tensor
 
 
 class CurvatureOperator:
@@ -135,9 +152,7 @@ class CurvatureOperator:
         self.loss = parse_enum(LossKind, loss, "loss")
         self.output = output
         self.next_token = bool(next_token)
-        self._keep: Tensor | None = None
-        self._owner: Tensor | None = None
-        self._labels: Tensor | None = None
+        self._scored: _ScoredRows | None = None  # fixed by the first forward (setup)
         named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
         if not named:
             raise Refusal(
@@ -162,7 +177,6 @@ class CurvatureOperator:
         self.params = {name: p.detach().requires_grad_(True) for name, p in named}
         self.x, self.y = _validate_batch(x, y, self.dtype, self.device)
         self.dim = sum(p.numel() for _, p in named)
-        self._labels_checked = False
         self.products_used = 0
         self.gradients_used = 0
         self.seconds = 0.0
@@ -180,12 +194,17 @@ class CurvatureOperator:
     # -- shared machinery ------------------------------------------------------------------------
     def logits(self, params: dict[str, Tensor] | None = None) -> Tensor:
         """Scored logit rows ``(m, C)`` of the probe batch (``m = n`` for class labels)."""
+        return self._scored_logits(params)[0]
+
+    def _scored_logits(self, params: dict[str, Tensor] | None) -> tuple[Tensor, _ScoredRows]:
+        """The scored logit rows and which label and example each row has."""
         raw = functional_call(self.model, params or self.params, (self.x,))
         out = select_logits(raw, self.output, "curvature_model_unsupported")
-        if self._labels_checked:  # the scored positions are fixed: no host sync per product
-            if self._keep is None:
-                return out
-            return (out[:, :-1] if self.next_token else out)[self._keep]
+        if self._scored is not None:  # the scored positions are fixed: no host sync per product
+            keep = self._scored.keep
+            if keep is None:
+                return out, self._scored
+            return (out[:, :-1] if self.next_token else out)[keep], self._scored
         scored = score_targets(
             out,
             self.y,
@@ -193,9 +212,7 @@ class CurvatureOperator:
             code="curvature_model_unsupported",
             label_code="curvature_input_invalid",
         )
-        self._keep, self._owner, self._labels = scored.keep, scored.owner, scored.labels
         out = scored.logits
-        self._labels_checked = True  # once, at setup, not per product (one host sync)
         if not out.requires_grad:
             raise Refusal(
                 "curvature_model_unsupported",
@@ -208,20 +225,22 @@ class CurvatureOperator:
                 "the model produces non-finite logits on the probe batch.",
                 ["check the checkpoint and the probe inputs for nan/inf"],
             )
-        return out
+        # once, at setup, not per product (one host sync)
+        self._scored = _ScoredRows(keep=scored.keep, owner=scored.owner, labels=scored.labels)
+        return out, self._scored
 
     def mean_loss(self, params: dict[str, Tensor] | None = None) -> Tensor:
         """The mean over examples of each example's cross-entropy (summed over its tokens)."""
-        rows = self.logits(params)
-        return F.cross_entropy(rows, self._labels, reduction="sum") / self.x.shape[0]
+        rows, scored = self._scored_logits(params)
+        return F.cross_entropy(rows, scored.labels, reduction="sum") / self.x.shape[0]
 
     def example_losses(self, params: dict[str, Tensor] | None = None) -> Tensor:
         """``(n,)`` per-example losses (a sequence's loss sums its scored tokens)."""
-        rows = self.logits(params)
-        per_row = F.cross_entropy(rows, self._labels, reduction="none")
-        if self._keep is None:
+        rows, scored = self._scored_logits(params)
+        per_row = F.cross_entropy(rows, scored.labels, reduction="none")
+        if scored.keep is None:
             return per_row
-        return per_row.new_zeros(self.x.shape[0]).index_add(0, self._owner, per_row)
+        return per_row.new_zeros(self.x.shape[0]).index_add(0, scored.owner, per_row)
 
     def mean_gradient(self) -> list[Tensor]:
         """:math:`\\nabla_\\theta L` on the probe batch (one backward; counted in ``gradients_used``)."""
@@ -412,7 +431,7 @@ def make_operator(
     next_token: bool = False,
 ) -> CurvatureOperator:
     """The operator for ``kind`` on ``model`` as it is (no state guard; see :func:`probe_operator`)."""
-    operator = _OPERATORS[parse_enum(CurvatureKind, kind, "curvature kind")]  # type: ignore[index]
+    operator = _OPERATORS[parse_enum(CurvatureKind, kind, "curvature kind")]
     return operator(model, x, y, loss, output=output, next_token=next_token)
 
 

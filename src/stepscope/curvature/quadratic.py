@@ -217,9 +217,9 @@ def directional(
             value = float(u @ op.matvec_flat(u))
         return DirectionalCurvature(
             kind=parsed_kind.value,
-            quantity=QUANTITY[parsed_kind],  # type: ignore[index]
+            quantity=QUANTITY[parsed_kind],
             value=value,
-            signed=not PSD[parsed_kind],  # type: ignore[index]
+            signed=not PSD[parsed_kind],
             direction=how.value,
             direction_norm=math.sqrt(norm_sq),
             seed=seed if how is Direction.RANDOM else None,

@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
-from typing import TextIO
+from typing import TextIO, TypeVar
 
 import torch
 import torch.nn.functional as F
 
 from stepscope.demo.data import DigitSplits
-from stepscope.stats import aggregate, render_histogram, render_spine
+from stepscope.stats import (
+    Histogram,
+    RunningStats,
+    StreamingStat,
+    aggregate,
+    render_histogram,
+    render_spine,
+)
+
+S = TypeVar("S", RunningStats, Histogram)
 
 
 def evaluate(
@@ -44,10 +53,18 @@ def print_dataset_statistics(model: torch.nn.Module, splits: DigitSplits, stream
         file=stream,
     )
     for name, s in stats.items():
-        print(f"  layer {name:>3}: {render_spine(s['spine'])}", file=stream)
+        print(f"  layer {name:>3}: {render_spine(_as(RunningStats, s['spine']))}", file=stream)
     last = list(stats)[-1]
     print(
         f"\nsigned log2 histogram of layer {last} (4 bins per octave, exact counts):", file=stream
     )
-    print(render_histogram(stats[last]["histogram"], max_rows=20), file=stream)
+    hist = _as(Histogram, stats[last]["histogram"])
+    print(render_histogram(hist, max_rows=20), file=stream)
     return stats
+
+
+def _as(kind: type[S], stat: StreamingStat) -> S:
+    """``stat`` as the built-in statistic ``aggregate`` makes for its name (a bug otherwise)."""
+    if not isinstance(stat, kind):
+        raise TypeError(f"expected {kind.__name__}, aggregate returned {type(stat).__name__}")
+    return stat

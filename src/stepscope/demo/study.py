@@ -33,7 +33,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 import torch
 import torch.nn.functional as F
@@ -46,6 +46,9 @@ from stepscope.demo.run import evaluate, print_dataset_statistics
 from stepscope.errors import Refusal
 from stepscope.probe.selection import DEFAULT_PROBE_SEED
 from stepscope.progress import Progress
+
+if TYPE_CHECKING:
+    from stepscope.probe import DenseProbe
 
 #: The one probe draw of the whole study (every variant and seed probes the same examples).
 PROBE_SEED = DEFAULT_PROBE_SEED
@@ -129,7 +132,7 @@ class StudyResult:
 
 def _probe_cadence(
     cfg: StudyConfig,
-    probe: object,
+    probe: DenseProbe,
     model: torch.nn.Module,
     splits: DigitSplits,
     steps_per_epoch: int,
@@ -242,16 +245,27 @@ def telemetry_record(
     }
 
 
+def _macs_per_example(module: torch.nn.Module) -> int:
+    """Nominal multiply-accumulates of one example through ``module``'s Linear layers."""
+    return sum(
+        m.in_features * m.out_features for m in module.modules() if isinstance(m, torch.nn.Linear)
+    )
+
+
 def _probed_update(
-    ledger: TelemetryLedger, probe: object, model: torch.nn.Module, step: int, opt: object
+    ledger: TelemetryLedger,
+    probe: DenseProbe,
+    model: torch.nn.Module,
+    step: int,
+    opt: torch.optim.Optimizer,
 ) -> None:
     """One optimizer step whose true update the probe records; only the snapshot is telemetry
     (the step itself stays inside the transaction, observed by the hooks)."""
-    capture = probe.around_step(model, step=step, optimizer=opt)  # type: ignore[attr-defined]
+    capture = probe.around_step(model, step=step, optimizer=opt)
     with ledger.charge("update_snapshot_seconds"):
         capture.__enter__()
     try:
-        opt.step()  # type: ignore[attr-defined]
+        opt.step()
     except BaseException as exc:
         capture.__exit__(type(exc), exc, exc.__traceback__)
         raise
@@ -283,7 +297,9 @@ def train_run(
     )
 
     model = factory()
-    branches = [(n, m) for n, m in model.named_modules() if isinstance(m, Residual)]
+    branches = [
+        (n, m, _macs_per_example(m)) for n, m in model.named_modules() if isinstance(m, Residual)
+    ]
     opt = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum)
     probe = DenseProbe(
         splits.train_x,
@@ -349,6 +365,7 @@ def train_run(
 
     gen = torch.Generator().manual_seed(seed)
     t0, step, val = time.perf_counter(), 0, {}
+    seen = 0  # examples consumed: what each step hands the collector as ``examples``
     try:
         save(0, 0)
         probe_now(0, 0, 0)
@@ -372,17 +389,17 @@ def train_run(
                         opt.step()
                     st.log("train/loss", loss)
                     st.log("train/lr", opt.param_groups[0]["lr"])
-                    for name, block in branches:  # realised stochastic depth, never "time saved"
-                        width = block.block[0].in_features
+                    for name, block, macs in branches:  # realised depth, never "time saved"
                         collector.log_mask(
                             name,
                             torch.tensor([float(block.last_active)]),
-                            nominal_macs_per_unit=float(len(idx) * width * width),
+                            nominal_macs_per_unit=float(len(idx) * macs),
                         )
                         st.log(f"branch/{name}/survival_probability", block.survival)
                 step += 1
+                seen += len(idx)
                 if probed:  # outside the transaction, in eval mode: nothing leaks into the step
-                    probe_now(step, collector.last_block.examples_seen, epoch)
+                    probe_now(step, seen, epoch)
                 bar.advance(note=f"loss {float(loss.detach()):.3f}")
             val = log_validation(epoch + 1)
             save(epoch + 1, step)

@@ -84,7 +84,7 @@ def merge_batches(
     spines[oa & ~ob] = sa[oa & ~ob]
     spines[ob & ~oa] = sb[ob & ~oa]
     presence = np.where(oa | ob, OBSERVED, np.where(pa > 0, pa, pb)).astype(np.uint8)
-    rows = [set() for _ in range(k)]  # per-row disclosures
+    rows: list[set[str]] = [set() for _ in range(k)]  # per-row disclosures
     for batch in (a, b):
         pos = np.searchsorted(sites, batch.site_ids)
         for j, p in enumerate(pos):

@@ -14,6 +14,7 @@ import numpy as np
 
 from stepscope.errors import Refusal
 from stepscope.history.artifact import ArtifactWriter
+from stepscope.history.batch import ObservationBatch
 from stepscope.history.decode import batches_from_rows
 from stepscope.history.merge import merge_step_batches
 from stepscope.history.reader import HistoryReader
@@ -75,17 +76,17 @@ def merge_rank_artifacts(paths: list[Path], out: Path, *, durable: bool = True) 
     ]
     run = replace(base.resumed(0), parent_segment=None, resumed_at_step=None, extra=extra)
     with ArtifactWriter(out, run, durable=durable, commit_steps=64) as w:
-        remaps, by_structure = [], {}
+        remaps: list[np.ndarray] = []
+        by_structure: dict[tuple[str, str, str, int | None], int] = {}
         for r in readers:  # series match by structure, never by name alone
-            for s in r.sites:
-                if (*s.structure, s.started_step) not in by_structure:
-                    by_structure[(*s.structure, s.started_step)] = w.add_site_record(s)
-            remaps.append(
-                np.array(
-                    [by_structure[(*s.structure, s.started_step)] for s in r.sites], dtype=np.int32
-                )
-            )
-        per_rank, blocks, scalars = [], {}, {}
+            structures = [(*s.structure, s.started_step) for s in r.sites]
+            for s, structure in zip(r.sites, structures):
+                if structure not in by_structure:
+                    by_structure[structure] = w.add_site_record(s)
+            remaps.append(np.array([by_structure[st] for st in structures], dtype=np.int32))
+        per_rank: list[dict[int, list[ObservationBatch]]] = []
+        blocks: dict[int, list[StepBlockRecord]] = {}
+        scalars: dict[int, dict[str, float]] = {}
         for r, remap in zip(readers, remaps):
             obs, hist = r.table("observations"), r.table("histograms")
             obs["site"], hist["site"] = remap[obs["site"]], remap[hist["site"]]

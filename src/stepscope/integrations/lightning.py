@@ -34,7 +34,7 @@ Example
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -43,10 +43,14 @@ from stepscope.errors import require_extra
 from stepscope.integrations.session import ProbePlan, TrainerSession
 from stepscope.probe import DenseProbe
 
-_pl = require_extra("lightning.pytorch", "lightning", "stepscope's Lightning callback")
-_data = require_extra(
-    "lightning.pytorch.utilities.data", "lightning", "stepscope's Lightning callback"
-)
+if TYPE_CHECKING:  # the real types for mypy; at run time a missing extra refuses with a code
+    import lightning.pytorch as _pl
+    import lightning.pytorch.utilities.data as _data
+else:
+    _pl = require_extra("lightning.pytorch", "lightning", "stepscope's Lightning callback")
+    _data = require_extra(
+        "lightning.pytorch.utilities.data", "lightning", "stepscope's Lightning callback"
+    )
 
 __all__ = ["StepscopeCallback"]
 

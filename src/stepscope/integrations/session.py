@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import time
 import uuid
 import warnings
@@ -368,7 +369,7 @@ class TrainerSession:
             self.log("probe/expected_overhead", float(choice.expected_overhead))
 
 
-def _has_artifact(path: str | Path) -> bool:
+def _has_artifact(path: str | os.PathLike[str]) -> bool:
     p = Path(path)
     return (p / "manifest.json").exists() or any(p.glob("rank*/manifest.json"))
 

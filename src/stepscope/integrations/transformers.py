@@ -42,7 +42,7 @@ Example
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -51,7 +51,10 @@ from stepscope.errors import require_extra
 from stepscope.integrations.session import ProbePlan, TrainerSession
 from stepscope.probe import DenseProbe
 
-_hf = require_extra("transformers", "transformers", "stepscope's Hugging Face Trainer callback")
+if TYPE_CHECKING:  # the real types for mypy; at run time a missing extra refuses with a code
+    import transformers as _hf
+else:
+    _hf = require_extra("transformers", "transformers", "stepscope's Hugging Face Trainer callback")
 
 __all__ = ["StepscopeCallback"]
 

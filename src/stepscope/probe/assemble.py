@@ -44,7 +44,9 @@ def block_record(
 ) -> BlockRecord:
     """Combine gradient moments and parameter distances of one parameter into a record."""
     validity = dict(moments.validity)
-    has_delta = key in since and snapshot is not None
+    # the interval's start step, where a delta since that snapshot was measured
+    start = snapshot.optimizer_step if snapshot is not None and key in since else None
+    has_delta = start is not None
     update = upd.update_norm.get(key) if upd else None
     before = upd.param_norm_before.get(key) if upd else None
     ratio = update / before if update is not None and before else None
@@ -67,13 +69,11 @@ def block_record(
         param_l2=param_l2[key],
         displacement_from_init=from_init.get(key),
         delta_since_snapshot=since.get(key) if has_delta else None,
-        delta_since_snapshot_start_step=snapshot.optimizer_step if has_delta else None,
+        delta_since_snapshot_start_step=start,
         delta_since_snapshot_end_step=int(step) if has_delta else None,
-        delta_since_snapshot_interval_steps=int(step) - snapshot.optimizer_step
-        if has_delta
-        else None,
+        delta_since_snapshot_interval_steps=int(step) - start if start is not None else None,
         update=update,
         update_ratio=ratio,
-        update_step=upd.optimizer_step_before if update is not None else None,
+        update_step=upd.optimizer_step_before if upd is not None and update is not None else None,
         validity=validity,
     )

@@ -360,7 +360,7 @@ def _reduce(
                 bias_sq=bias[0] if bias else None,
                 bias_sum=bias[1] if bias else None,
             )
-            zero_counts[name] = sum(_zero_counts(inp, g) for inp, g in mine)
+            zero_counts[name] = torch.stack([_zero_counts(inp, g) for inp, g in mine]).sum(0)
     return ProbeForward(
         n=scored.n,
         dtype=scored.logits.dtype,

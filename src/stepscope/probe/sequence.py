@@ -2,15 +2,16 @@
 
 One example is one sequence: its gradient sums over positions (and over every call of a module,
 and over every module that uses the same parameter). Each call of a module contributes a
-:class:`Use` to each of its parameters, in one of two forms:
+:data:`Use` to each of its parameters, in one of two forms:
 
-- **Kronecker sum** ``g_i = sum_p l_ip r_ip^T`` in the parameter's own ``(rows, cols)`` layout:
-  ``nn.Linear`` (``l`` = output backprop, ``r`` = input), HF ``Conv1D`` (transposed Linear,
-  ``weight (d_in, d_out)``: ``l`` = input, ``r`` = backprop), ``nn.Conv1d``/``nn.Conv2d``
-  (``r`` = unfolded receptive field) and ``nn.Embedding`` (``l`` = the one-hot token, kept as an
-  index, ``r`` = backprop; ``padding_idx`` positions contribute nothing).
-- **Dense**: the per-example gradient itself, ``(n, *shape)``: biases (``sum_p b_ip``) and
-  LayerNorm / RMSNorm weights (``sum_p b_ip * xhat_ip``).
+- **Kronecker sum** (:class:`KroneckerUse`) ``g_i = sum_p l_ip r_ip^T`` in the parameter's own
+  ``(rows, cols)`` layout: ``nn.Linear`` (``l`` = output backprop, ``r`` = input), HF ``Conv1D``
+  (transposed Linear, ``weight (d_in, d_out)``: ``l`` = input, ``r`` = backprop),
+  ``nn.Conv1d``/``nn.Conv2d`` (``r`` = unfolded receptive field) and ``nn.Embedding`` (``l`` =
+  the one-hot token, kept as an index, ``r`` = backprop; ``padding_idx`` positions contribute
+  nothing).
+- **Dense** (:class:`DenseUse`): the per-example gradient itself, ``(n, numel)``: biases
+  (``sum_p b_ip``) and LayerNorm / RMSNorm weights (``sum_p b_ip * xhat_ip``).
 
 Squared norms of the total per-example gradient use ``||sum_u g^u||^2 = sum_{u,v} <g^u, g^v>``
 with the Gram ("ghost norm") identity for Kronecker sums,
@@ -35,7 +36,7 @@ Example
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeAlias
 
 import torch
 import torch.nn.functional as F
@@ -100,22 +101,32 @@ def check_module(name: str, module: nn.Module) -> None:
         )
 
 
-@dataclass
-class Use:
-    """One call's contribution to one parameter's per-example gradients.
+@dataclass(frozen=True)
+class KroneckerUse:
+    """One call's per-example gradients of one parameter as ``g_i = sum_p l_ip r_ip^T``.
 
     ``left`` ``(n, P, rows)`` (or ``(n, P)`` int64 row indices for Embedding) and ``right``
-    ``(n, P, cols)`` for a Kronecker sum; ``dense`` ``(n, numel)`` otherwise.
+    ``(n, P, cols)``.
     """
 
-    left: Tensor | None = None
-    right: Tensor | None = None
-    dense: Tensor | None = None
+    left: Tensor
+    right: Tensor
 
     @property
     def indexed(self) -> bool:
         """Whether ``left`` holds one-hot row indices (Embedding)."""
-        return self.left is not None and not self.left.is_floating_point()
+        return not self.left.is_floating_point()
+
+
+@dataclass(frozen=True)
+class DenseUse:
+    """One call's per-example gradients of one parameter, materialised: ``(n, numel)``."""
+
+    per_example: Tensor
+
+
+#: one call's contribution to one parameter's per-example gradients
+Use: TypeAlias = KroneckerUse | DenseUse
 
 
 def _positions(t: Tensor, n: int) -> Tensor:
@@ -148,7 +159,7 @@ def _normalized(module: nn.LayerNorm | nn.RMSNorm, x: Tensor) -> Tensor:
 
 
 def module_use(module: nn.Module, part: str, inp: Tensor, grad: Tensor) -> Use:
-    """The :class:`Use` of one call of ``module`` for its parameter ``part`` (``weight``/``bias``).
+    """The :data:`Use` of one call of ``module`` for its parameter ``part`` (``weight``/``bias``).
 
     Parameters
     ----------
@@ -156,33 +167,33 @@ def module_use(module: nn.Module, part: str, inp: Tensor, grad: Tensor) -> Use:
         The call's input; ``grad`` the per-example-scale derivative of the loss at its output.
     """
     n = grad.shape[0]
-    kind = module_kind(module)
-    if kind in ("layernorm", "rmsnorm"):
+    hf_conv1d = is_hf_conv1d(module)  # decided first, as in module_kind
+    if not hf_conv1d and isinstance(module, (nn.LayerNorm, nn.RMSNorm)):
         shape = module.normalized_shape
         b = grad.reshape(n, -1, *shape)
         if part == "bias":
-            return Use(dense=b.sum(1).reshape(n, -1))
+            return DenseUse(b.sum(1).reshape(n, -1))
         xhat = _normalized(module, inp).reshape(n, -1, *shape)
-        return Use(dense=(b * xhat).sum(1).reshape(n, -1))
-    if kind in ("conv1d", "conv2d"):
+        return DenseUse((b * xhat).sum(1).reshape(n, -1))
+    if not hf_conv1d and isinstance(module, (nn.Conv1d, nn.Conv2d)):
         b = grad.reshape(n, grad.shape[1], -1).transpose(1, 2)  # (n, L, o)
         if part == "bias":
-            return Use(dense=b.sum(1))
-        return Use(left=b, right=_unfold(module, inp))
-    if kind == "embedding":
+            return DenseUse(b.sum(1))
+        return KroneckerUse(left=b, right=_unfold(module, inp))
+    if not hf_conv1d and isinstance(module, nn.Embedding):
         idx = inp.reshape(n, -1)
         b = _positions(grad, n)
         if module.padding_idx is not None:  # the padding row never receives a gradient
             b = b * (idx != module.padding_idx).unsqueeze(-1).to(b.dtype)
-        return Use(left=idx.long(), right=b)
+        return KroneckerUse(left=idx.long(), right=b)
     b = _positions(grad, n)
     if part == "bias":
-        return Use(dense=b.sum(1))
+        return DenseUse(b.sum(1))
     a = _positions(inp, n)
-    return Use(left=a, right=b) if kind == "hf_conv1d" else Use(left=b, right=a)
+    return KroneckerUse(left=a, right=b) if hf_conv1d else KroneckerUse(left=b, right=a)
 
 
-def _left_gram(u: Use, v: Use) -> Tensor:
+def _left_gram(u: KroneckerUse, v: KroneckerUse) -> Tensor:
     """``(n, P_u, P_v)`` inner products of the left factors."""
     if u.indexed and v.indexed:
         return (u.left.unsqueeze(2) == v.left.unsqueeze(1)).to(u.right.dtype)
@@ -196,8 +207,8 @@ def _left_gram(u: Use, v: Use) -> Tensor:
 
 def _materialise(u: Use, rows: int) -> Tensor:
     """``(n, rows * cols)`` per-example gradients of a use (fallback for mixed forms)."""
-    if u.dense is not None:
-        return u.dense
+    if isinstance(u, DenseUse):
+        return u.per_example
     n, _, cols = u.right.shape
     if u.indexed:
         out = u.right.new_zeros(n, rows, cols)
@@ -208,15 +219,15 @@ def _materialise(u: Use, rows: int) -> Tensor:
 
 def _cross(u: Use, v: Use, rows: int) -> Tensor:
     """``<g^u_i, g^v_i>`` for every example, ``(n,)``."""
-    if u.dense is None and v.dense is None:
+    if isinstance(u, KroneckerUse) and isinstance(v, KroneckerUse):
         kr = torch.bmm(u.right, v.right.transpose(1, 2))
         return (_left_gram(u, v) * kr).sum((1, 2))
     return (_materialise(u, rows) * _materialise(v, rows)).sum(1)
 
 
 def _self(u: Use, rows: int) -> Tensor:
-    if u.dense is not None:
-        return u.dense.square().sum(1)
+    if isinstance(u, DenseUse):
+        return u.per_example.square().sum(1)
     if u.indexed:
         return _cross(u, u, rows)
     if u.left.shape[1] == 1:  # one position: ||l||^2 ||r||^2
@@ -225,8 +236,8 @@ def _self(u: Use, rows: int) -> Tensor:
 
 
 def _sum(u: Use, rows: int) -> Tensor:
-    if u.dense is not None:
-        return u.dense.sum(0)
+    if isinstance(u, DenseUse):
+        return u.per_example.sum(0)
     cols = u.right.shape[-1]
     right = u.right.reshape(-1, cols)
     if u.indexed:
@@ -238,7 +249,7 @@ def parameter_sq_norms_and_sum(uses: list[Use], shape: torch.Size) -> tuple[Tens
     """``(||g_i||^2 for each example, sum_i g_i flattened)`` of a parameter over all its uses."""
     rows = shape[0]
     u = uses[0]
-    if len(uses) == 1 and u.dense is None and not u.indexed and u.left.shape[1] > 1:
+    if len(uses) == 1 and isinstance(u, KroneckerUse) and not u.indexed and u.left.shape[1] > 1:
         n, positions, o = u.left.shape
         d = u.right.shape[-1]
         if choose_method(n, d, o, positions) == "outer" and n * o * d <= OUTER_CHUNK_ELEMENTS:
@@ -257,6 +268,8 @@ def parameter_sq_norms_and_sum(uses: list[Use], shape: torch.Size) -> tuple[Tens
 
 __all__ = [
     "KINDS",
+    "DenseUse",
+    "KroneckerUse",
     "Use",
     "check_module",
     "is_hf_conv1d",

@@ -38,12 +38,15 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from stepscope.errors import Refusal
 from stepscope.probe.recorder import ProbeRecord
+
+if TYPE_CHECKING:
+    from stepscope.events.event import ObserverEvent
 
 AXIS_ROWS = ("examples_seen", "epoch")
 IDENTITY_FILE = "probe.json"
@@ -105,7 +108,7 @@ def read_probe_identity(path: str | Path) -> dict[str, Any] | None:
     return json.loads(file.read_text()) if file.exists() else None
 
 
-def probe_events(record: ProbeRecord) -> list[Any]:
+def probe_events(record: ProbeRecord) -> list[ObserverEvent]:
     """The record as :class:`~stepscope.events.ObserverEvent` s (source ``probe``).
 
     Defined numbers become ``scalar`` events named like the rows; undefined ones (``None``)
@@ -113,9 +116,17 @@ def probe_events(record: ProbeRecord) -> list[Any]:
     """
     from stepscope.events.event import EventKind, EventSource, ObserverEvent
 
-    axes = record.step.to_dict()
+    step = record.step
     out = [
-        ObserverEvent(EventKind.SCALAR, n, value=v, source=EventSource.PROBE, **axes)
+        ObserverEvent(
+            EventKind.SCALAR,
+            n,
+            optimizer_step=step.optimizer_step,
+            examples_seen=step.examples_seen,
+            epoch=step.epoch,
+            value=v,
+            source=EventSource.PROBE,
+        )
         for n, v in probe_scalar_rows(record).items()
     ]
     for name, value in record.scalars().items():
@@ -124,9 +135,11 @@ def probe_events(record: ProbeRecord) -> list[Any]:
                 ObserverEvent(
                     EventKind.UNAVAILABLE,
                     name,
+                    optimizer_step=step.optimizer_step,
+                    examples_seen=step.examples_seen,
+                    epoch=step.epoch,
                     reason="undefined_or_absent",
                     source=EventSource.PROBE,
-                    **axes,
                 )
             )
     return out

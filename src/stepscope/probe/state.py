@@ -68,12 +68,15 @@ def refresh_snapshot(
 
     Saves a fresh allocation per measurement; ``old`` must be owned by the caller (it changes).
     """
-    same = old is not None and old.tensors.keys() == params.keys()
-    if not same or any(
-        old.tensors[k].shape != p.shape
-        or old.tensors[k].dtype != p.dtype
-        or old.tensors[k].device != p.device
-        for k, p in params.items()
+    if (
+        old is None
+        or old.tensors.keys() != params.keys()
+        or any(
+            old.tensors[k].shape != p.shape
+            or old.tensors[k].dtype != p.dtype
+            or old.tensors[k].device != p.device
+            for k, p in params.items()
+        )
     ):
         return take_snapshot(params, optimizer_step)
     with torch.no_grad():

@@ -93,25 +93,22 @@ def _point(raw: Any, i: int) -> OverlayPoint:
     prefix, _, metric = name.partition("_")
     if prefix not in SPLITS or metric not in METRICS:
         raise _invalid(f"points[{i}].name {name!r} is not <val|test|train>_<acc|accuracy|loss|ce>")
-    step, value = raw.get("optimizer_step"), raw.get("value")
-    ok = all(
-        isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-        for v in (step, value)
-    )
-    if not ok or step < 0:  # type: ignore[operator]
+    step, value = _finite(raw.get("optimizer_step")), _finite(raw.get("value"))
+    if step is None or value is None or step < 0:
         raise _invalid(f"points[{i}] needs a finite optimizer_step >= 0 and a finite value")
     unit = raw.get("unit", "fraction")
     if unit not in ("pct", "fraction"):
         raise _invalid(f"points[{i}].unit {unit!r} is not 'pct' or 'fraction'")
     if METRICS[metric] == "accuracy" and unit == "pct":
-        value = value / 100.0  # type: ignore[operator]
-    return OverlayPoint(
-        SPLITS[prefix],
-        METRICS[metric],
-        float(step),
-        float(value),
-        str(raw.get("note", "")),  # type: ignore[arg-type]
-    )
+        value = value / 100.0
+    return OverlayPoint(SPLITS[prefix], METRICS[metric], step, value, str(raw.get("note", "")))
+
+
+def _finite(raw: object) -> float | None:
+    """A JSON number as a float, or ``None`` for anything else (bools, strings, NaN, inf)."""
+    if isinstance(raw, (int, float)) and not isinstance(raw, bool) and math.isfinite(raw):
+        return float(raw)
+    return None
 
 
 def parse_overlay(doc: Any) -> Overlay:

@@ -141,7 +141,10 @@ def line_plot(
     styles: dict[object, tuple[str, object]] = {}
     for i, t in enumerate(traces):
         x, y = np.asarray(t.x, float), np.asarray(t.y, float)
-        style = {"seed": dict(lw=0.8, alpha=0.4), "mean": dict(lw=2.2)}.get(t.kind, {"lw": 1.4})
+        # matplotlib Line2D keyword arguments (floats and strings mixed)
+        style: dict[str, Any] = {"seed": {"lw": 0.8, "alpha": 0.4}, "mean": {"lw": 2.2}}.get(
+            t.kind, {"lw": 1.4}
+        )
         key = t.group if t.group is not None else ("trace", i)
         colour, dash = styles.setdefault(key, line_style(len(styles)))
         if t.kind == "seed":

@@ -20,6 +20,7 @@ import functools
 import importlib.util
 import os
 import warnings
+from typing import overload
 
 import torch
 
@@ -124,6 +125,28 @@ def _kernel(interpret: bool):
     return spine_hist
 
 
+@overload
+def spine_and_histogram(
+    x: torch.Tensor,
+    desc: HistogramDescriptor,
+    table: torch.Tensor | None = None,
+    thr: torch.Tensor | None = None,
+    fmt: tuple[int, int] = (8, 23),
+    out: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
+@overload
+def spine_and_histogram(
+    x: torch.Tensor,
+    desc: None,
+    table: torch.Tensor | None = None,
+    thr: torch.Tensor | None = None,
+    fmt: tuple[int, int] = (8, 23),
+    out: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, None]: ...
+
+
 def spine_and_histogram(
     x: torch.Tensor,
     desc: HistogramDescriptor | None,
@@ -142,9 +165,11 @@ def spine_and_histogram(
     nblocks = max(1, -(-n // BLOCK))
     part = torch.empty((nblocks, len(_P)), dtype=torch.float64, device=x.device)
     hist = None
+    width = 0
     width_p2 = 1
     if desc is not None:
-        width_p2 = 1 << (desc.width).bit_length()  # > width: the last bin pads masked lanes
+        width = desc.width
+        width_p2 = 1 << width.bit_length()  # > width: the last bin pads masked lanes
         hist = torch.zeros(width_p2, dtype=torch.int64, device=x.device)
     dummy = part  # unused pointers when no histogram is taken
     kernel = _kernel(os.environ.get("TRITON_INTERPRET") == "1")
@@ -164,7 +189,7 @@ def spine_and_histogram(
         IS64=x.dtype == torch.float64,
         BLOCK=BLOCK,
     )
-    return _combine(part, n, out), None if hist is None else hist[: desc.width]
+    return _combine(part, n, out), None if hist is None else hist[:width]
 
 
 def _combine(part: torch.Tensor, n: int, out: torch.Tensor | None = None) -> torch.Tensor:

@@ -106,7 +106,7 @@ class HistogramDescriptor:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> HistogramDescriptor:
+    def from_dict(cls, data: object) -> HistogramDescriptor:
         """Rebuild a descriptor, refusing ``descriptor_invalid`` on unknown or missing fields."""
         if not isinstance(data, dict):
             raise Refusal(

@@ -442,7 +442,10 @@ def _format_for(x: torch.Tensor, desc: HistogramDescriptor) -> tuple[torch.Tenso
 
 
 @functools.lru_cache(maxsize=32)
-def _device_tables(desc: HistogramDescriptor, fmt: tuple[int, int], device: torch.device):
+def _device_tables(
+    desc: HistogramDescriptor, fmt: tuple[int, int], device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The slot table and mantissa thresholds of :func:`_tables` as int64 tensors on ``device``."""
     table, thr = _tables(desc, fmt)
     return torch.from_numpy(table.astype(np.int64)).to(device), torch.from_numpy(
         thr.astype(np.int64)
@@ -531,8 +534,8 @@ def reduce_histograms(
         if _use_triton(backend, x.device):
             try:
                 xf, fmt = _format_for(x, desc)
-                table, thr = _device_tables(desc, fmt, x.device)
-                row.add_(_triton.spine_and_histogram(xf, desc, table, thr, fmt)[1])
+                table_dev, thr_dev = _device_tables(desc, fmt, x.device)
+                row.add_(_triton.spine_and_histogram(xf, desc, table_dev, thr_dev, fmt)[1])
                 continue
             except Exception as exc:
                 if backend == "triton":

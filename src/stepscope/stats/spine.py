@@ -135,7 +135,8 @@ class RunningStats:
     def to_vector(self) -> np.ndarray:
         """The float64 row in :data:`SPINE_FIELDS` order (NaN where a float field is ``None``)."""
         vals = [float(self._c[n]) for n in COUNT_FIELDS]
-        vals += [math.nan if self._f[n] is None else float(self._f[n]) for n in FLOAT_FIELDS]
+        floats = (self._f[n] for n in FLOAT_FIELDS)
+        vals += [math.nan if v is None else float(v) for v in floats]
         return np.asarray(vals, dtype=np.float64)
 
     @classmethod
@@ -222,11 +223,18 @@ class RunningStats:
         has = self._c["finite"] > 0
         return {
             "num": self._c["finite"],
-            "min": self._f["min"] if has else 0.0,
-            "max": self._f["max"] if has else 0.0,
-            "sum": self._f["sum"],
-            "sum_squares": self._f["sum_squares"],
+            "min": self._required("min") if has else 0.0,
+            "max": self._required("max") if has else 0.0,
+            "sum": self._required("sum"),
+            "sum_squares": self._required("sum_squares"),
         }
+
+    def _required(self, name: str) -> float:
+        """A float field that :meth:`_validate` requires to be set (sums; extremes if finite)."""
+        value = self._f[name]
+        if value is None:
+            raise Refusal("stat_payload_invalid", f"field {name!r} is None")
+        return value
 
     # ---- comparison
     def _key(self) -> tuple:
