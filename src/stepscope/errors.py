@@ -441,13 +441,15 @@ class Code(str, Enum):
 CODES: dict[str, str] = {code.value: code.description for code in Code}
 
 
-def _lookup(code: str | Code) -> Code:
-    try:
-        return Code(code)
-    except ValueError:
-        raise ValueError(
-            f"unknown refusal code {code!r}; add it to stepscope.errors.Code"
-        ) from None
+_BY_VALUE: dict[str, Code] = {c.value: c for c in Code}
+
+
+def _lookup(code: object) -> Code:
+    value = code.value if isinstance(code, Code) else code
+    known = _BY_VALUE.get(value) if isinstance(value, str) else None
+    if known is None:
+        raise ValueError(f"unknown refusal code {code!r}; add it to stepscope.errors.Code")
+    return known
 
 
 class Refusal(Exception):

@@ -140,6 +140,8 @@ class ActivationSites:
             return
         rows = self.rows[id(module)]
         state = self.host._state
+        if state is None:  # between steps (closed, or a step that failed to begin)
+            return
         try:
             self._observe(rows, state, output)
         except Exception as e:  # telemetry never raises into the training step
@@ -158,7 +160,7 @@ class ActivationSites:
         if t is None:
             self.bind(rows.values(), NO_TENSOR, state.step)
             for r in rows.values():
-                state.unsupported[r.index] = reason
+                state.unsupported[r.index] = reason or "no_tensor_output"
             return
         key = (t.dtype, t.dim())
         sig = self._signatures.get(key)

@@ -112,9 +112,10 @@ def reducible(t: torch.Tensor) -> tuple[torch.Tensor | None, str | None]:
         return None, "cuda_graph_capture"
     t = t.detach()
     if type(t) is not torch.Tensor:  # a DTensor: its local shard (see .sharded)
-        t, reason = local_part(t)
-        if t is None:  # FakeTensor, other subclasses (detach keeps them), Partial DTensors
+        local, reason = local_part(t)
+        if local is None:  # FakeTensor, other subclasses (detach keeps them), Partial DTensors
             return None, reason
+        t = local
     if t.layout is torch.strided and not t.is_meta and not t.is_complex():
         return t, None  # the common case, decided as the checks below decide it
     note = None

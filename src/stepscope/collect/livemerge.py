@@ -35,6 +35,7 @@ import time
 import warnings
 from collections.abc import Sequence
 from dataclasses import replace
+from typing import Any
 
 import numpy as np
 import torch
@@ -84,7 +85,7 @@ class LiveMerge:
     _created = 0  # live merges made in this process: the n-th of every rank agree
 
     def __init__(
-        self, rows: Sequence[Row], histogram_width: int, run_id: str = "", group: object = None
+        self, rows: Sequence[Row], histogram_width: int, run_id: str = "", group: Any = None
     ) -> None:
         self.rows, self.width, self.group = list(rows), histogram_width, group
         LiveMerge._created += 1
@@ -162,7 +163,7 @@ class LiveMerge:
             ok = idx >= 0
             body[idx[ok], 0] = b.presence[ok]
             body[idx[ok], 1:] = b.spines[ok]
-            if hist is not None and b.hist_rows is not None:
+            if hist is not None and b.hist_rows is not None and b.histograms is not None:
                 rows = b.hist_rows[ok[b.hist_rows]]
                 hist[idx[rows], 0] = 1.0
                 hist[idx[rows], 1:] = b.histograms[ok[b.hist_rows]]  # < 2**53: exact

@@ -146,7 +146,7 @@ def resolve_cadence(
 def _check_types(s: Any) -> None:
     """Plain ``TypeError`` for a field of the wrong type (never a silent coercion)."""
     ints = ("ram_capacity", "update_sample_size", "update_seed", "commit_steps")
-    checks = [(f, (int,), "an int") for f in ints]
+    checks: list[tuple[str, tuple[type, ...], str]] = [(f, (int,), "an int") for f in ints]
     checks += [(f, (bool,), "a bool") for f in ("resume", "durable")]
     checks += [(f, (str,), "a str") for f in ("ram_policy", "kernel_backend")]
     checks += [("extra", (Mapping,), "a mapping")]
@@ -154,7 +154,7 @@ def _check_types(s: Any) -> None:
         v = getattr(s, name)
         if not isinstance(v, kinds) or (kinds == (int,) and isinstance(v, bool)):
             raise TypeError(f"WatchSettings.{name} must be {what}, not {type(v).__name__}")
-    optional = [
+    optional: list[tuple[str, tuple[type, ...], str]] = [
         ("output_dir", (str, os.PathLike), "a str or path"),
         ("run_id", (str,), "a str"),
         ("commit_seconds", (int, float), "a number"),

@@ -33,6 +33,7 @@ Example
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -51,7 +52,7 @@ def is_sharded(t: torch.Tensor) -> bool:
     return DTensor is not None and isinstance(t, DTensor)
 
 
-def _duplicate_replica(t: torch.Tensor) -> bool:
+def _duplicate_replica(t: Any) -> bool:  # a DTensor (its class is optional at import)
     """True on a rank whose copy another rank also holds (coordinate != 0 on a Replicate dim)."""
     coords = t.device_mesh.get_coordinate()
     if coords is None:  # this rank is not in the mesh: it owns nothing
@@ -69,10 +70,11 @@ def local_part(t: torch.Tensor) -> tuple[torch.Tensor | None, str | None]:
         return t, None
     if not is_sharded(t):
         return None, f"tensor_subclass:{type(t).__name__}"
-    if any(p.is_partial() for p in t.placements):
+    dt: Any = t  # a DTensor
+    if any(p.is_partial() for p in dt.placements):
         return None, "dtensor_partial"
-    local = t.to_local().detach()
-    if _duplicate_replica(t):
+    local = dt.to_local().detach()
+    if _duplicate_replica(dt):
         local = local.reshape(-1)[:0]
     return local, None
 
@@ -122,7 +124,7 @@ def _row_major_strides(shape: Sequence[int]) -> list[int]:
     return list(reversed(strides))
 
 
-def local_sample_index(param: torch.Tensor, logical: torch.Tensor | None) -> torch.Tensor | None:
+def local_sample_index(param: Any, logical: torch.Tensor | None) -> torch.Tensor | None:
     """Flat indices into this rank's local shard of the sampled logical indices it owns.
 
     ``logical`` is the row's sorted logical sample (``None``: the whole parameter, which on a

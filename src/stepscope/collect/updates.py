@@ -54,7 +54,7 @@ class UpdateSampler:
 
     def _index(self, row: Row) -> torch.Tensor | None:
         """The row's sample in its parameter's local storage (logical indices it owns)."""
-        if not is_sharded(row.param):
+        if row.param is None or not is_sharded(row.param):
             return row.update_index
         key = (id(row.param), id(row.update_index))  # model surgery replaces both
         cached = self._local.get(row.index)

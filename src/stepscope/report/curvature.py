@@ -126,10 +126,8 @@ def _panel_problem(doc: dict[str, Any]) -> str | None:
             return f"directional entry {name!r} is not an object"
         for fam in FAMILIES:
             q = entry.get(fam)
-            if not _opt_obj(q) or not (
-                (q or {}).get("mean_gradient_rayleigh_quotient") is None
-                or _real(q["mean_gradient_rayleigh_quotient"])
-            ):
+            quotient = (q or {}).get("mean_gradient_rayleigh_quotient") if _opt_obj(q) else None
+            if not _opt_obj(q) or not (quotient is None or _real(quotient)):
                 return f"directional {name!r} {fam} quotient is not a number"
     out = a.get("output_space")
     if not _opt_obj(out):
