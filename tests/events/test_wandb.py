@@ -48,6 +48,8 @@ def read_wandb_records(path) -> list:
         if kind == 0 and length == 0:
             pos += left
             continue
+        if pos + 7 + length > len(data):
+            break  # a record the writer is still appending: read up to the last whole one
         chunk = data[pos + 7 : pos + 7 + length]
         pos += 7 + length
         if kind == 1:
@@ -68,9 +70,14 @@ def read_wandb_records(path) -> list:
 
 def _wait_for_exit(path, timeout: float = 30.0) -> list:
     """W&B's core process may still be writing after finish() returns: wait for its exit record."""
+    from google.protobuf.message import DecodeError
+
     deadline = time.monotonic() + timeout
     while True:
-        records = read_wandb_records(path)
+        try:
+            records = read_wandb_records(path)
+        except DecodeError:  # caught the writer between a record's fragments: read again
+            records = []
         if any(r.WhichOneof("record_type") == "exit" for r in records):
             return records
         if time.monotonic() > deadline:
