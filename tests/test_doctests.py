@@ -24,9 +24,7 @@ SRC = Path(stepscope.__file__).parent
 SKIP_WITH_REASON = re.compile(r"#\s*\w[^#]*#\s*doctest:[^\n]*\+SKIP")
 
 #: Files whose skips still lack a reason, and why they are not fixed here.
-UNEXPLAINED_FOR_NOW = {
-    "collect/plan.py": "collect/ is being split in parallel; give the reason (or run it) there",
-}
+UNEXPLAINED_FOR_NOW: dict[str, str] = {}
 
 
 def module_name(path: Path) -> str:

@@ -3,8 +3,15 @@
 Example
 -------
 >>> import torch, stepscope as ss
->>> c = ss.HistoryCollector(torch.nn.Linear(4, 2), sites="*", streams=("parameter",))  # doctest: +SKIP
->>> print(c.plan())  # doctest: +SKIP
+>>> model = torch.nn.Sequential(torch.nn.Linear(4, 2))
+>>> c = ss.HistoryCollector(model, sites="Linear", streams=("parameter",))
+>>> print(c.plan())  # doctest: +NORMALIZE_WHITESPACE
+site      stream     spine every  hist every  elements/step  bytes/step
+--------  ---------  -----------  ----------  -------------  -----------------
+0.weight  parameter  10           100         8              120 (+4,160 hist)
+0.bias    parameter  10           100         2              120 (+4,160 hist)
+TOTAL     2 rows                              10             240
+>>> c.close()
 """
 
 from __future__ import annotations
