@@ -1,8 +1,8 @@
 """Type checkers see stepscope's public names: mypy over the README and docs examples.
 
 ``import stepscope as ss`` resolves names lazily at run time; the ``TYPE_CHECKING`` imports in
-``stepscope/__init__.py`` give mypy the same names with their real types. One mypy run (its API,
-in process, cached in ``.mypy_cache``) checks every ``python`` block of ``README.md`` and
+``stepscope/__init__.py`` give mypy the same names with their real types. One mypy run (a subprocess,
+cached in ``.mypy_cache``) checks every ``python`` block of ``README.md`` and
 ``docs/*.md`` and a small probe that must fail (a misspelt name) and reveal real types.
 """
 
@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import ast
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -19,7 +21,7 @@ import stepscope
 ROOT = Path(__file__).resolve().parents[1]
 INIT = ROOT / "src" / "stepscope" / "__init__.py"
 
-api = pytest.importorskip("mypy.api")
+pytest.importorskip("mypy")
 
 #: Docs blocks with type errors in areas this test does not own, and why. A block that starts to
 #: check clean fails the test until it is removed here; a new failing block fails it too.
@@ -59,8 +61,13 @@ def mypy_errors(tmp_path_factory) -> dict[str, list[str]]:
         files[name] = code if name.startswith("README") else FRAGMENT + code
     for name, code in files.items():
         (folder / f"{name}.py").write_text(code)
-    stdout, stderr, _ = api.run(
+    # a subprocess, not mypy.api in this process: mypy's object graph (GBs) would otherwise stay
+    # alive to the end of the suite and take a minute of garbage collection at interpreter exit
+    done = subprocess.run(
         [
+            sys.executable,
+            "-m",
+            "mypy",
             "--config-file",
             str(ROOT / "pyproject.toml"),
             "--follow-imports=silent",  # check the examples; the package has its own run
@@ -68,10 +75,14 @@ def mypy_errors(tmp_path_factory) -> dict[str, list[str]]:
             str(ROOT / ".mypy_cache"),
             "--no-error-summary",
             *sorted(str(folder / f"{n}.py") for n in files),
-        ]
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=ROOT,
     )
     out: dict[str, list[str]] = {name: [] for name in files}
-    for line in (stdout + stderr).splitlines():
+    for line in (done.stdout + done.stderr).splitlines():
         stem = Path(line.split(":", 1)[0]).stem
         if stem in out:
             out[stem].append(line)
