@@ -129,7 +129,11 @@ def test_overlay_is_drawn_in_its_own_style_with_its_regime(runs, tmp_path):
     np.testing.assert_array_equal(x, [0, 4])
     np.testing.assert_allclose(y, [0.098, 0.975])  # percent read as a fraction
     assert acc.data[f"{key}:kind"] == "overlay"  # drawn as isolated markers, not a curve
-    assert "different source/recipe/hardware regime" in acc.caption
+    # the regime is explained once per section (a note), not as a second caption variant
+    notes = [i.text for i in sections["curves"].items if isinstance(i, Note)]
+    assert any("different source/recipe/hardware regime" in t for t in notes)
+    no_overlay = curves_section(views, [0, 5])
+    assert not any("Hollow diamonds" in i.text for i in no_overlay.items if isinstance(i, Note))
     (ce,) = plots_titled(sections["curves"], "cross-entropy vs optimizer step")
     assert any("official test (historical val_*)" in k for k in ce.data)
     # never on the isolated-training-seconds axis: the old run has no such clock

@@ -148,16 +148,17 @@ def curves_section(
                         "eval/<split>: the run's evaluation rows. Several runs of one recipe: thin "
                         "seed traces behind their mean, shaded min–max interval, both only where "
                         "every run has a value; recipes (run record extra 'recipe'/'variant') are "
-                        "never averaged together."
-                        + (
-                            " Hollow diamonds: saved evaluation points of a historical run, a "
-                            "different source/recipe/hardware regime, sparse observations (not a "
-                            "curve); historical val_* is its official test."
-                            if overlays and axis == "optimizer step"
-                            else ""
-                        ),
+                        "never averaged together.",
                     )
                 )
+    if overlays:  # one note, not a second variant of the shared caption
+        sec.items.append(
+            Note(
+                "Hollow diamonds (optimizer-step plots): saved evaluation points of a historical "
+                "run, a different source/recipe/hardware regime, sparse observations (not a "
+                "curve); historical val_* is its official test."
+            )
+        )
     for what in sorted(mixed):
         sec.items.append(
             Note(
