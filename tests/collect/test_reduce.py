@@ -86,3 +86,26 @@ def test_nothing_is_staged_when_not_recording_or_not_due():
     off = Reducer(1, HistogramDescriptor(), "auto", lambda: state)
     off.reduce(rows[0], torch.ones(3))
     assert off.stagings == {} and state.stream_s == {}
+
+
+def test_a_batch_the_native_call_refuses_falls_back_row_by_row_without_double_counting(
+    monkeypatch,
+):
+    state = _state()
+    reducer = Reducer(2, HistogramDescriptor(), "auto", lambda: state)
+    rows = _rows(2)
+    good, other = torch.randn(5, 3), torch.randn(7)
+    calls = []
+
+    def refuse(self, *args, **kwargs):  # the multi-tensor call fails after nothing was staged
+        calls.append(args)
+        raise RuntimeError("native call refused the batch")
+
+    monkeypatch.setattr("stepscope.collect.staging.Staging.write_many", refuse)
+    reducer.reduce_many("parameter", [(rows[0], good), (rows[1], other)])
+    assert len(calls) == 1 and state.failed == {} and state.unsupported == {}
+    for i, t in enumerate((good, other)):
+        got = _spine(reducer, i)
+        for k, v in _oracle(t).items():
+            assert abs(got[k] - v) <= 1e-6 * max(1.0, abs(v)), (i, k)
+    assert reducer.stagings[CPU].fired.tolist() == [1, 1]  # each row reduced once
