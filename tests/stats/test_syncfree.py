@@ -18,6 +18,7 @@ from stepscope.collect.staging import Staging
 from stepscope.stats import (
     SPINE_WIDTH,
     HistogramDescriptor,
+    binning,
     merge_spine_rows,
     reduce_histograms,
     reduce_spines,
@@ -66,10 +67,10 @@ def fake_cuda(monkeypatch):
     data read) is audited separately, its combine pass in ``test_triton_combine_is_sync_free``.
     """
     monkeypatch.setattr(reduce_mod._triton, "available", lambda device: False)
-    reduce_mod._device_tables.cache_clear()
+    binning.device_tables.cache_clear()
     with FakeTensorMode(allow_non_fake_inputs=True) as mode:
         yield mode
-    reduce_mod._device_tables.cache_clear()  # never leave fake tensors in the cache
+    binning.device_tables.cache_clear()  # never leave fake tensors in the cache
 
 
 def inputs() -> list[torch.Tensor]:
@@ -110,7 +111,7 @@ def test_collector_staging_path_is_sync_free():
     sync): the Python bindings of ``copy_`` and of indexing ask for a real CUDA runtime even for
     fake CUDA tensors.
     """
-    reduce_mod._device_tables.cache_clear()
+    binning.device_tables.cache_clear()
     desc = HistogramDescriptor()
     st = Staging(3, torch.device("meta"), desc)
     x = torch.empty(1000, device="meta")
@@ -125,7 +126,7 @@ def test_collector_staging_path_is_sync_free():
         merge_spine_rows(st.spines[0], st.spines[1])
 
     audit = audited(hook_work)
-    reduce_mod._device_tables.cache_clear()
+    binning.device_tables.cache_clear()
     assert audit.ops and audit.violations == []
     assert st.spines.shape == (3, SPINE_WIDTH)
 

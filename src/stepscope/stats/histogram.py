@@ -23,14 +23,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from stepscope.errors import Refusal
 from stepscope.stats.descriptor import SPECIAL_FIELDS, HistogramDescriptor
-from stepscope.stats.reduce import reduce_histograms
+from stepscope.stats.layout import host_array
+
+if TYPE_CHECKING:
+    import torch
 
 _F32_MAX = float(np.finfo(np.float32).max)
 _F32_TINY = float(np.finfo(np.float32).smallest_subnormal)
@@ -70,10 +72,46 @@ class Histogram:
         self.negative = np.zeros(nb, dtype=np.int64)
         self.specials = dict.fromkeys(SPECIAL_FIELDS, 0)
 
-    def __getattr__(self, name: str) -> Any:
-        if name in SPECIAL_FIELDS:
-            return self.specials[name]
-        raise AttributeError(name)
+    # ---- the special counts (see the module docstring)
+    @property
+    def zero(self) -> int:
+        """Elements exactly 0 (either sign)."""
+        return self.specials["zero"]
+
+    @property
+    def underflow_pos(self) -> int:
+        """Elements with ``0 < x < 2**lo_exp``."""
+        return self.specials["underflow_pos"]
+
+    @property
+    def underflow_neg(self) -> int:
+        """Elements with ``-2**lo_exp < x < 0``."""
+        return self.specials["underflow_neg"]
+
+    @property
+    def overflow_pos(self) -> int:
+        """Finite elements with ``x >= 2**hi_exp``."""
+        return self.specials["overflow_pos"]
+
+    @property
+    def overflow_neg(self) -> int:
+        """Finite elements with ``x <= -2**hi_exp``."""
+        return self.specials["overflow_neg"]
+
+    @property
+    def nan(self) -> int:
+        """NaN elements."""
+        return self.specials["nan"]
+
+    @property
+    def posinf(self) -> int:
+        """+inf elements."""
+        return self.specials["posinf"]
+
+    @property
+    def neginf(self) -> int:
+        """-inf elements."""
+        return self.specials["neginf"]
 
     @property
     def total(self) -> int:
@@ -87,6 +125,9 @@ class Histogram:
     # ---- streaming
     def update(self, tensor: torch.Tensor) -> None:
         """Count every element of ``tensor`` (in place)."""
+        # imported here, not above: the value class loads without torch (history decodes into it)
+        from stepscope.stats.binning import reduce_histograms
+
         row = reduce_histograms([tensor], self.descriptor)[0].cpu().numpy()
         self._add_vector(row)
 
@@ -126,7 +167,7 @@ class Histogram:
     ) -> Histogram:
         """Decode a row from :func:`reduce_histograms` or :meth:`to_vector`."""
         out = cls(descriptor)
-        v = vec.detach().cpu().numpy() if isinstance(vec, torch.Tensor) else np.asarray(vec)
+        v = host_array(vec)
         if (
             v.shape != (out.descriptor.width,)
             or not np.issubdtype(v.dtype, np.integer)

@@ -1,13 +1,16 @@
 """Batched, device-side reductions: many tensors -> one fixed-width row each, no host sync.
 
 :func:`reduce_spines` turns a list of tensors (one per site) into a ``[n_sites, SPINE_WIDTH]``
-float64 tensor on their device; :func:`reduce_histograms` into ``[n_sites, descriptor.width]``
-int64 counts. Decoding a row on the host (``RunningStats.from_vector`` /
-``Histogram.from_vector``) gives the same object as ``.update()`` on that tensor.
+float64 tensor on their device; :func:`reduce_histograms` (:mod:`stepscope.stats.binning`) into
+``[n_sites, descriptor.width]`` int64 counts. Decoding a row on the host
+(``RunningStats.from_vector`` / ``Histogram.from_vector``) gives the same object as ``.update()``
+on that tensor.
 
 On the CPU a fused C kernel reads each tensor once (see ``_kernels.c``); elsewhere, or when the
 C kernel is unavailable, a pure-torch path computes the same quantities with device ops only (no
 ``.item()``, no data-dependent shapes). Both paths are exact for every count and histogram bin.
+The row layout (:data:`SPINE_FIELDS`, :data:`SPINE_WIDTH`, ...) and the numpy merge live in the
+torch-free :mod:`stepscope.stats.layout`; they are re-exported here.
 
 Example
 -------
@@ -20,84 +23,49 @@ Example
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
-import functools
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
 
 from stepscope.errors import Refusal
 from stepscope.stats import _native, _triton
+from stepscope.stats._backend import F32, F64, native_library, prepare, use_triton
+from stepscope.stats.binning import device_tables, format_for, reduce_histograms
 from stepscope.stats.descriptor import HistogramDescriptor
-
-SPINE_FIELDS: tuple[str, ...] = (
-    "total",
-    "finite",
-    "zero",
-    "negative",
-    "nan",
-    "posinf",
-    "neginf",
-    "min",
-    "max",
-    "absmax",
-    "sum",
-    "sum_squares",
-    "sum_abs",
-    "mean",
-    "m2",
+from stepscope.stats.layout import (
+    COUNT_FIELDS,
+    FIELD_INDEX,
+    FLOAT_FIELDS,
+    N_COUNTS,
+    REDUCTION_DTYPE,
+    SPINE_FIELDS,
+    SPINE_WIDTH,
+    merge_rows_with,
 )
-SPINE_WIDTH = len(SPINE_FIELDS)
-_FIELD_INDEX = {name: k for k, name in enumerate(SPINE_FIELDS)}
-#: Moments and sums are accumulated in this dtype whatever the input dtype.
-REDUCTION_DTYPE = "float64"
+from stepscope.stats.layout import merge_spine_rows as merge_numpy_rows
 
-_F32 = (8, 23)  # exponent bits, mantissa bits
-_F64 = (11, 52)
+__all__ = [  # the layout names stay importable from here (older imports)
+    "COUNT_FIELDS",
+    "FIELD_INDEX",
+    "FLOAT_FIELDS",
+    "N_COUNTS",
+    "REDUCTION_DTYPE",
+    "SPINE_FIELDS",
+    "SPINE_WIDTH",
+    "host_spine",
+    "merge_spine_into",
+    "merge_spine_rows",
+    "native_spine_kernels",
+    "reduce_histograms",
+    "reduce_spines",
+    "spine_and_histogram_into",
+    "spine_into",
+    "spines_into",
+]
 
-
-def _prepare(t: torch.Tensor) -> torch.Tensor:
-    """A flat, contiguous float32/float64 view (or exact widening copy) of ``t``."""
-    if not isinstance(t, torch.Tensor):
-        raise Refusal(
-            "stat_dtype_unsupported",
-            f"expected a torch.Tensor, got {type(t).__name__}",
-            ["pass tensors (torch.as_tensor(x))"],
-        )
-    t = t.detach()
-    if t.is_neg() or t.is_conj():  # lazy views: the memory holds the un-negated values
-        t = t.resolve_conj().resolve_neg()
-    if t.is_complex():
-        raise Refusal(
-            "stat_dtype_unsupported",
-            f"complex tensors ({t.dtype}) have no ordered spine or signed histogram",
-            ["reduce t.real and t.imag (or t.abs()) as separate sites"],
-        )
-    if t.dtype in (torch.float32, torch.float64):
-        pass
-    elif t.dtype in (
-        torch.float16,
-        torch.bfloat16,
-        torch.bool,
-        torch.uint8,
-        torch.int8,
-        torch.int16,
-    ):
-        t = t.to(torch.float32)  # exact widening
-    elif t.dtype in (torch.int32, torch.int64):
-        t = t.to(torch.float64)  # exact below 2**53
-    elif t.is_floating_point():  # float8 variants etc.
-        t = t.to(torch.float32)
-    else:
-        raise Refusal(
-            "stat_dtype_unsupported",
-            f"dtype {t.dtype} is not supported",
-            ["convert to a floating or integer dtype first"],
-        )
-    return t.reshape(-1).contiguous()
+Rows = TypeVar("Rows", np.ndarray, torch.Tensor)
 
 
 # ----------------------------------------------------------------------------------- spines
@@ -170,7 +138,7 @@ def reduce_spines(
         ``[n, SPINE_WIDTH]`` float64, fields in :data:`SPINE_FIELDS` order. Counts are exact
         integers; ``min, max, absmax, mean, m2`` are NaN where a row has no finite value.
     """
-    flats = [_prepare(t) for t in tensors]
+    flats = [prepare(t) for t in tensors]
     device = flats[0].device if flats else torch.device("cpu")
     if out is None:
         out = torch.empty((len(flats), SPINE_WIDTH), dtype=torch.float64, device=device)
@@ -181,7 +149,7 @@ def reduce_spines(
             f"need ({len(flats)}, {SPINE_WIDTH})/float64",
             ["allocate out with torch.empty((n_sites, SPINE_WIDTH), dtype=torch.float64)"],
         )
-    lib = _select(backend, device)
+    lib = native_library(backend, device)
     if lib is not None and out.is_contiguous():
         threads = torch.get_num_threads()
         base = out.data_ptr()
@@ -194,24 +162,24 @@ def reduce_spines(
     return out
 
 
-def _use_triton(backend: str, device: torch.device) -> bool:
-    if backend == "triton":
-        if not _triton.available(device):
-            raise Refusal(
-                "settings_invalid",
-                f"the Triton kernel was requested but cannot serve {device} "
-                f"({_triton._STATE['error'] or 'needs CUDA and triton, or TRITON_INTERPRET=1'})",
-                ["use backend='auto'"],
-            )
-        return True
-    return backend == "auto" and device.type == "cuda" and _triton.available(device)
+def host_spine(tensor: torch.Tensor) -> tuple[np.ndarray, tuple[int, int] | None]:
+    """One tensor's spine row on the host, and its exact int64 ``(min, max)`` for int64 input.
+
+    What :meth:`RunningStats.update` reads back: the float64 row rounds integers above 2**53, so
+    for a non-empty int64 tensor the extremes are also taken in int64 (``None`` otherwise).
+    """
+    row = reduce_spines([tensor])[0].cpu().numpy()
+    if tensor.dtype is not torch.int64 or not tensor.numel():
+        return row, None
+    lo, hi = (int(v) for v in torch.aminmax(tensor.detach()))
+    return row, (lo, hi)
 
 
 def _device_spine(x: torch.Tensor, out: torch.Tensor, backend: str) -> None:
     """Spine of flat ``x`` off the C kernel: the fused Triton kernel where it serves, else torch."""
-    if _use_triton(backend, x.device):
+    if use_triton(backend, x.device):
         try:
-            fmt = _F64 if x.dtype == torch.float64 else _F32
+            fmt = F64 if x.dtype == torch.float64 else F32
             _triton.spine_and_histogram(x.reshape(-1), None, fmt=fmt, out=out)
             return
         except Exception as exc:  # telemetry never breaks the step: fall back, warn once
@@ -233,11 +201,11 @@ def spine_and_histogram_into(
     On CUDA with Triton one kernel reads the tensor once for both (plus a tiny combine); on the
     CPU the two C kernels run; elsewhere the pure-torch paths.
     """
-    x = _prepare(tensor)
-    if _use_triton(backend, x.device):
+    x = prepare(tensor)
+    if use_triton(backend, x.device):
         try:
-            xf, fmt = _format_for(x, descriptor)
-            table, thr = _device_tables(descriptor, fmt, x.device)
+            xf, fmt = format_for(x, descriptor)
+            table, thr = device_tables(descriptor, fmt, x.device)
             _, counts = _triton.spine_and_histogram(xf, descriptor, table, thr, fmt, out=spine_row)
             hist_row.copy_(counts)
             return
@@ -263,9 +231,9 @@ def spine_into(tensor: torch.Tensor, out_row: torch.Tensor, backend: str = "auto
     ):
         x = tensor.detach()  # already flat-addressable: skip the reshape/copy checks
     else:
-        x = _prepare(tensor)
+        x = prepare(tensor)
     if x.device.type == "cpu" and backend != "torch":
-        lib = _native.loaded() if backend == "auto" else _select(backend, x.device)
+        lib = _native.loaded() if backend == "auto" else native_library(backend, x.device)
         if lib is not None:
             fn = lib.stepscope_spine_f32 if x.dtype == torch.float32 else lib.stepscope_spine_f64
             fn(x.data_ptr(), x.numel(), torch.get_num_threads(), out_row.data_ptr())
@@ -283,7 +251,7 @@ def native_spine_kernels(device: torch.device, backend: str = "auto") -> dict[to
     """
     if device.type != "cpu" or backend == "torch":
         return {}
-    lib = _native.loaded() if backend == "auto" else _select(backend, device)
+    lib = _native.loaded() if backend == "auto" else native_library(backend, device)
     if lib is None:
         return {}
     return {torch.float32: lib.stepscope_spine_f32, torch.float64: lib.stepscope_spine_f64}
@@ -322,7 +290,7 @@ def spines_into(
     """
     lib = None
     if backend != "torch" and out.device.type == "cpu" and out.is_contiguous():
-        lib = _native.loaded() if backend == "auto" else _select(backend, out.device)
+        lib = _native.loaded() if backend == "auto" else native_library(backend, out.device)
     if lib is None or out.dtype != torch.float64:
         for t, r in zip(tensors, rows):
             spine_into(t, out.select(0, r), backend)
@@ -335,7 +303,7 @@ def spines_into(
             spine_into(t, out.select(0, r), backend)
             continue
         if not ((t.dtype is f32 or t.dtype is f64) and t.is_contiguous() and not t.is_neg()):
-            t = _prepare(t)
+            t = prepare(t)
             keep.append(t)
         ptrs.append((t.data_ptr(), t.numel()))
         kinds.append(t.dtype is f64)
@@ -348,7 +316,12 @@ def spines_into(
     k = np.array(kinds, dtype=np.int32)
     o = np.array(outs, dtype=np.int64)
     lib.stepscope_spine_many(
-        len(ptrs), p.ctypes.data, n.ctypes.data, k.ctypes.data, torch.get_num_threads(), o.ctypes.data
+        len(ptrs),
+        p.ctypes.data,
+        n.ctypes.data,
+        k.ctypes.data,
+        torch.get_num_threads(),
+        o.ctypes.data,
     )
 
 
@@ -370,208 +343,21 @@ def merge_spine_into(row: torch.Tensor, part: torch.Tensor, backend: str = "auto
     """
     native = backend != "torch" and row.device.type == "cpu"
     if native and row.is_contiguous() and part.is_contiguous():
-        lib = _native.loaded() if backend == "auto" else _select(backend, row.device)
+        lib = _native.loaded() if backend == "auto" else native_library(backend, row.device)
         if lib is not None:
             lib.stepscope_spine_merge(row.data_ptr(), part.data_ptr())
             return
     row.copy_(merge_spine_rows(row, part))
 
 
-def _select(backend: str, device: torch.device):
-    if backend not in ("auto", "c", "torch", "triton"):
-        raise Refusal(
-            "settings_invalid",
-            f"unknown kernel backend {backend!r}",
-            ["use auto, c, torch or triton"],
-        )
-    if backend in ("torch", "triton") or device.type != "cpu":
-        return None
-    lib = _native.load()
-    if lib is None and backend == "c":
-        raise Refusal(
-            "settings_invalid",
-            "the C kernel was requested but is unavailable: " + _native.backend_info()["detail"],
-            ["install a C compiler (gcc) or use backend='auto'"],
-        )
-    return lib
-
-
-# ------------------------------------------------------------------------------- histograms
-
-
-#: Bit set in a slot-table entry when the mantissa thresholds refine the slot (in-window exponent).
-_INWIN = 1 << 30
-
-
-@functools.lru_cache(maxsize=32)
-def _tables(desc: HistogramDescriptor, fmt: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
-    """Slot table indexed by ``sign << ebits | exponent``, and the exact mantissa thresholds.
-
-    Entry = slot index, plus :data:`_INWIN` for exponents inside the window. Exponent 0 (zero and
-    subnormals) maps to underflow, the all-ones exponent to +/-inf; the kernels override zero and
-    NaN from the mantissa.
-    """
-    ebits, mbits = fmt
-    bias = (1 << (ebits - 1)) - 1
-    nb, bpo = desc.n_bins, desc.bins_per_octave
-    nb2 = 2 * nb
-    emax = (1 << ebits) - 1
-    table = np.zeros(1 << (ebits + 1), dtype=np.int32)
-    for sign in (0, 1):
-        under, over = nb2 + (2 if sign else 1), nb2 + (4 if sign else 3)
-        for e in range(emax + 1):
-            se = (sign << ebits) | e
-            exp = e - bias
-            if e == emax:
-                table[se] = nb2 + (7 if sign else 6)
-            elif e == 0 or exp < desc.lo_exp:  # subnormals lie below 2**(1-bias) <= 2**lo_exp
-                table[se] = under
-            elif exp >= desc.hi_exp:
-                table[se] = over
-            else:
-                table[se] = ((exp - desc.lo_exp) * bpo + (0 if sign else nb)) | _INWIN
-    thr = np.array(desc.mantissa_thresholds(mbits), dtype=np.uint32 if mbits == 23 else np.uint64)
-    return table, thr
-
-
-def _format_for(x: torch.Tensor, desc: HistogramDescriptor) -> tuple[torch.Tensor, tuple[int, int]]:
-    # float32 subnormals lie below 2**-126; a window reaching below that is binned in float64.
-    if x.dtype == torch.float32 and desc.lo_exp >= -126:
-        return x, _F32
-    return x.to(torch.float64), _F64
-
-
-@functools.lru_cache(maxsize=32)
-def _device_tables(
-    desc: HistogramDescriptor, fmt: tuple[int, int], device: torch.device
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The slot table and mantissa thresholds of :func:`_tables` as int64 tensors on ``device``."""
-    table, thr = _tables(desc, fmt)
-    return torch.from_numpy(table.astype(np.int64)).to(device), torch.from_numpy(
-        thr.astype(np.int64)
-    ).to(device)
-
-
-def _torch_histogram(x: torch.Tensor, desc: HistogramDescriptor, row: torch.Tensor) -> None:
-    x, fmt = _format_for(x, desc)
-    if x.numel() == 0:
-        return
-    ebits, mbits = fmt
-    table, thr = _device_tables(desc, fmt, x.device)
-    bits = x.view(torch.int32 if fmt == _F32 else torch.int64).to(torch.int64)
-    se = (bits >> mbits) & ((1 << (ebits + 1)) - 1)
-    emax = (1 << ebits) - 1
-    e = se & emax
-    m = bits & ((1 << mbits) - 1)
-    nb2 = 2 * desc.n_bins
-    j = torch.bucketize(m, thr, right=True) if thr.numel() else torch.zeros_like(m)
-    entry = table.index_select(0, se)
-    idx = (entry & (_INWIN - 1)) + ((entry >> 30) & 1) * j
-    idx = torch.where((e == emax) & (m != 0), torch.full_like(idx, nb2 + 5), idx)
-    idx = torch.where((e == 0) & (m == 0), torch.full_like(idx, nb2), idx)
-    row.index_add_(0, idx, torch.ones_like(idx))
-
-
-def reduce_histograms(
-    tensors: Sequence[torch.Tensor],
-    descriptor: HistogramDescriptor | None = None,
-    out: torch.Tensor | None = None,
-    *,
-    backend: str = "auto",
-) -> torch.Tensor:
-    """Exact signed log2 histogram rows for a list of tensors.
-
-    Parameters
-    ----------
-    tensors
-        One tensor per site, on one device.
-    descriptor
-        The grid; default :class:`HistogramDescriptor()`.
-    out
-        Optional preallocated ``[n, descriptor.width]`` int64 buffer; it is zeroed first.
-    backend
-        ``"auto"``, ``"c"`` or ``"torch"``.
-
-    Returns
-    -------
-    torch.Tensor
-        ``[n, width]`` int64: negative bins, positive bins, then ``SPECIAL_FIELDS``.
-    """
-    desc = descriptor or HistogramDescriptor()
-    flats = [_prepare(t) for t in tensors]
-    device = flats[0].device if flats else torch.device("cpu")
-    if out is None:
-        out = torch.zeros((len(flats), desc.width), dtype=torch.int64, device=device)
-    else:
-        if out.shape != (len(flats), desc.width) or out.dtype != torch.int64:
-            raise Refusal(
-                "stat_payload_invalid",
-                f"histogram buffer has shape {tuple(out.shape)}, need ({len(flats)}, {desc.width})",
-                ["allocate out with torch.zeros((n_sites, descriptor.width), dtype=torch.int64)"],
-            )
-        out.zero_()
-    lib = _select(backend, device)
-    if lib is not None and out.is_contiguous():
-        threads = torch.get_num_threads()
-        for i, x in enumerate(flats):
-            x, fmt = _format_for(x, desc)
-            table, thr = _tables(desc, fmt)
-            fn = lib.stepscope_hist_f32 if fmt == _F32 else lib.stepscope_hist_f64
-            fn(
-                x.data_ptr(),
-                x.numel(),
-                table.ctypes.data_as(ctypes.c_void_p),
-                thr.ctypes.data_as(ctypes.c_void_p),
-                len(thr),
-                2 * desc.n_bins,
-                desc.width,
-                threads,
-                out.data_ptr() + i * desc.width * 8,
-            )
-        return out
-    for i, x in enumerate(flats):
-        row = out.select(0, i)
-        if _use_triton(backend, x.device):
-            try:
-                xf, fmt = _format_for(x, desc)
-                table_dev, thr_dev = _device_tables(desc, fmt, x.device)
-                row.add_(_triton.spine_and_histogram(xf, desc, table_dev, thr_dev, fmt)[1])
-                continue
-            except Exception as exc:
-                if backend == "triton":
-                    raise
-                _triton.disable(exc)
-        _torch_histogram(x, desc, row)
-    return out
-
-
-def merge_spine_rows(a, b):
+def merge_spine_rows(a: Rows, b: Rows) -> Rows:
     """Merge spine rows ``a`` and ``b`` (``[..., SPINE_WIDTH]``), numpy arrays or torch tensors.
 
-    Counts and sums add exactly (float64 sums), ``min``/``max``/``absmax`` combine with
-    ``fmin``/``fmax``, and ``mean``/``m2`` merge with Chan's pairwise formulas over the finite
-    counts; a side with no finite value contributes nothing to the moments. With tensors every
-    operation stays on their device (no host synchronisation) — the collector folds a module
-    that fires twice in one step this way; with numpy arrays it is the history's rank and
-    micro-batch merge. One implementation serves both, and :meth:`RunningStats.merge`.
+    :func:`stepscope.stats.layout.merge_spine_rows` (counts and sums add, extremes by
+    ``fmin``/``fmax``, Chan's formulas for ``mean``/``m2``). With tensors the same operations run
+    in the same order on their device (no host synchronisation; bit for bit the numpy result) —
+    the collector folds a module that fires twice in one step this way.
     """
     if isinstance(a, torch.Tensor):
-        xp, guard = torch, contextlib.nullcontext()
-    else:
-        a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
-        xp, guard = np, np.errstate(invalid="ignore", divide="ignore")
-    i = _FIELD_INDEX
-    out = a + b  # counts and the three sums
-    out[..., i["min"]] = xp.fmin(a[..., i["min"]], b[..., i["min"]])
-    for name in ("max", "absmax"):
-        out[..., i[name]] = xp.fmax(a[..., i[name]], b[..., i[name]])
-    na, nb = a[..., i["finite"]], b[..., i["finite"]]
-    ma, mb = a[..., i["mean"]], b[..., i["mean"]]
-    with guard:
-        n = na + nb
-        delta = mb - ma
-        mean = ma + delta * (nb / n)
-        m2 = a[..., i["m2"]] + b[..., i["m2"]] + delta * delta * (na * nb / n)
-    out[..., i["mean"]] = xp.where(na == 0, mb, xp.where(nb == 0, ma, mean))
-    out[..., i["m2"]] = xp.where(na == 0, b[..., i["m2"]], xp.where(nb == 0, a[..., i["m2"]], m2))
-    return out
+        return merge_rows_with(torch, a, b)
+    return merge_numpy_rows(a, b)

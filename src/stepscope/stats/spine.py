@@ -28,23 +28,26 @@ True
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from stepscope.errors import Refusal
-from stepscope.stats.reduce import (
+from stepscope.stats.layout import (
+    COUNT_FIELDS,
+    FLOAT_FIELDS,
     REDUCTION_DTYPE,
     SPINE_FIELDS,
     SPINE_WIDTH,
+    SUM_FIELDS,
+    host_array,
     merge_spine_rows,
-    reduce_spines,
 )
 
-COUNT_FIELDS: tuple[str, ...] = SPINE_FIELDS[:7]
-FLOAT_FIELDS: tuple[str, ...] = SPINE_FIELDS[7:]
-_SUM_FIELDS = ("sum", "sum_squares", "sum_abs")
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["COUNT_FIELDS", "FLOAT_FIELDS", "RunningStats"]
 
 
 def _enc(value: float | None) -> float | str | None:
@@ -86,17 +89,85 @@ class RunningStats:
     def __init__(self) -> None:
         self._c = dict.fromkeys(COUNT_FIELDS, 0)
         self._f: dict[str, float | None] = dict.fromkeys(FLOAT_FIELDS, None)
-        for name in _SUM_FIELDS:
+        for name in SUM_FIELDS:
             self._f[name] = 0.0
         self.reduction_dtype = REDUCTION_DTYPE
 
-    # ---- field access
-    def __getattr__(self, name: str) -> Any:
-        if name in COUNT_FIELDS:
-            return self._c[name]
-        if name in FLOAT_FIELDS:
-            return self._f[name]
-        raise AttributeError(name)
+    # ---- fields (definitions in the module docstring)
+    @property
+    def total(self) -> int:
+        """Number of elements."""
+        return self._c["total"]
+
+    @property
+    def finite(self) -> int:
+        """Number of finite elements (not NaN, not +/-inf)."""
+        return self._c["finite"]
+
+    @property
+    def zero(self) -> int:
+        """Number of elements exactly 0 (either sign)."""
+        return self._c["zero"]
+
+    @property
+    def negative(self) -> int:
+        """Number of finite elements < 0."""
+        return self._c["negative"]
+
+    @property
+    def nan(self) -> int:
+        """Number of NaN elements."""
+        return self._c["nan"]
+
+    @property
+    def posinf(self) -> int:
+        """Number of +inf elements."""
+        return self._c["posinf"]
+
+    @property
+    def neginf(self) -> int:
+        """Number of -inf elements."""
+        return self._c["neginf"]
+
+    @property
+    def min(self) -> float | None:
+        """Smallest finite value (an exact int beyond 2**53 for int64 input); None if none."""
+        return self._f["min"]
+
+    @property
+    def max(self) -> float | None:
+        """Largest finite value (an exact int beyond 2**53 for int64 input); None if none."""
+        return self._f["max"]
+
+    @property
+    def absmax(self) -> float | None:
+        """Largest finite magnitude (exact int beyond 2**53 for int64 input); None if none."""
+        return self._f["absmax"]
+
+    @property
+    def sum(self) -> float:
+        """Float64 sum of the finite values (0.0 if none)."""
+        return self._required("sum")
+
+    @property
+    def sum_squares(self) -> float:
+        """Float64 sum of the squared finite values (0.0 if none)."""
+        return self._required("sum_squares")
+
+    @property
+    def sum_abs(self) -> float:
+        """Float64 sum of the finite magnitudes (0.0 if none)."""
+        return self._required("sum_abs")
+
+    @property
+    def mean(self) -> float | None:
+        """Mean of the finite values (Chan-merged); None if none."""
+        return self._f["mean"]
+
+    @property
+    def m2(self) -> float | None:
+        """``sum((x - mean)**2)`` over the finite values (Chan-merged); None if none."""
+        return self._f["m2"]
 
     @property
     def var(self) -> float | None:
@@ -107,11 +178,14 @@ class RunningStats:
     # ---- streaming
     def update(self, tensor: torch.Tensor) -> None:
         """Fold every element of ``tensor`` into the spine (in place)."""
-        row = reduce_spines([tensor])[0].cpu().numpy()
+        # imported here, not above: the value class loads without torch (history decodes into it)
+        from stepscope.stats.reduce import host_spine
+
+        row, int_extremes = host_spine(tensor)
         part = RunningStats.from_vector(row, reduction_dtype=self.reduction_dtype)
-        if tensor.dtype is torch.int64 and part._c["total"]:
+        if int_extremes is not None:
             # the float64 row rounds integers above 2**53: take the extremes in int64 (exact)
-            lo, hi = (int(v) for v in torch.aminmax(tensor.detach()))
+            lo, hi = int_extremes
             part._f.update(min=_exact(lo), max=_exact(hi), absmax=_exact(max(-lo, hi)))
         merged = self.merge(part)
         self._c, self._f = merged._c, merged._f
@@ -144,7 +218,7 @@ class RunningStats:
         cls, vec: np.ndarray | torch.Tensor, reduction_dtype: str = REDUCTION_DTYPE
     ) -> RunningStats:
         """Decode a spine row produced by :func:`reduce_spines` or :meth:`to_vector`."""
-        v = vec.detach().cpu().numpy() if isinstance(vec, torch.Tensor) else np.asarray(vec)
+        v = host_array(vec)
         if v.shape != (SPINE_WIDTH,):
             raise Refusal(
                 "stat_payload_invalid", f"spine row must have shape ({SPINE_WIDTH},), got {v.shape}"
@@ -155,7 +229,7 @@ class RunningStats:
             out._c[name] = int(v[i])
         has = out._c["finite"] > 0
         for i, name in enumerate(FLOAT_FIELDS, start=len(COUNT_FIELDS)):
-            if name in _SUM_FIELDS:
+            if name in SUM_FIELDS:
                 out._f[name] = float(v[i])
             else:
                 out._f[name] = float(v[i]) if has else None
@@ -210,7 +284,7 @@ class RunningStats:
                     "stat_payload_invalid",
                     f"field {name!r} must be {'set' if has else 'None'} when finite == {c['finite']}",
                 )
-        if any(self._f[n] is None for n in _SUM_FIELDS):
+        if any(self._f[n] is None for n in SUM_FIELDS):
             raise Refusal("stat_payload_invalid", "sums must be numbers (0.0 when empty)")
 
     def to_tensorboard(self) -> dict[str, float | int]:
