@@ -279,3 +279,22 @@ def test_tensorboard_export_reads_back(tmp_path):
     assert ev.histogram_value.sum == pytest.approx(s.sum)
     assert ev.histogram_value.sum_squares == pytest.approx(s.sum_squares)
     assert sum(ev.histogram_value.bucket) == 1000
+
+
+def test_every_special_count_is_a_typed_read_only_property():
+    """Each special count is an ``int`` property reading the stored count; assigning refuses."""
+    import typing
+
+    assert "__getattr__" not in vars(Histogram)
+    h = Histogram()
+    inf = float("inf")
+    h.update(torch.tensor([0.0, -0.0, 1e-30, -1e30, float("nan"), inf, -inf, 1.0]))
+    for name in SPECIAL_FIELDS:
+        prop = vars(Histogram)[name]
+        assert isinstance(prop, property), name
+        assert typing.get_type_hints(prop.fget)["return"] is int, name
+        assert getattr(h, name) == h.specials[name] == h.to_dict()[name], name
+        with pytest.raises(AttributeError):
+            setattr(h, name, 1)
+    got = (h.zero, h.underflow_pos, h.overflow_neg, h.nan, h.posinf, h.neginf)
+    assert got == (2, 1, 1, 1, 1, 1)

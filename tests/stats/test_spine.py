@@ -253,3 +253,27 @@ def test_spine_into_writes_the_same_row_as_reduce_spines(backend):
     row = torch.full((SPINE_WIDTH,), -7.0, dtype=torch.float64)
     spine_into(x, row, backend)
     torch.testing.assert_close(row, reduce_spines([x], backend=backend)[0], rtol=0, atol=0, equal_nan=True)
+
+
+def test_every_field_is_a_typed_read_only_property():
+    """Each spine field is a property with a declared type (seen by IDEs and mypy), reading the
+    value ``to_dict`` serialises; assigning one refuses like any read-only attribute."""
+    import typing
+
+    assert "__getattr__" not in vars(RunningStats)
+    s = stats_of([3.0, -1.0, 0.0, float("inf")])
+    d = s.to_dict()
+    for name in SPINE_FIELDS:
+        prop = vars(RunningStats)[name]
+        assert isinstance(prop, property), name
+        hint = typing.get_type_hints(prop.fget)["return"]
+        assert hint is (int if name in SPINE_FIELDS[:7] else float) or float in typing.get_args(
+            hint
+        ), (name, hint)
+        assert getattr(s, name) == d[name], name
+        with pytest.raises(AttributeError):
+            setattr(s, name, 1)
+    got = (s.total, s.finite, s.zero, s.negative, s.posinf, s.min, s.absmax)
+    assert got == (4, 3, 1, 1, 1, -1.0, 3.0)
+    empty = RunningStats()
+    assert empty.min is None and empty.mean is None and empty.sum == 0.0

@@ -60,6 +60,7 @@ from stepscope.events.event import (
 from stepscope.history.batch import OBSERVED, ObservationBatch, member_of
 from stepscope.history.schema import GRADIENT_STREAMS, Presence, SiteRecord, StepBlockRecord
 from stepscope.history.vocab import is_estimate
+from stepscope.stats.layout import SPINE_FIELDS
 
 __all__ = ["SpineScalar", "event_prefix", "events_from_step", "spine_scalars"]
 
@@ -82,8 +83,6 @@ UNDEFINED_EMPTY = "undefined_empty_tensor"
 
 
 def _col(name: str) -> int:
-    from stepscope.stats import SPINE_FIELDS
-
     return SPINE_FIELDS.index(name)
 
 

@@ -29,6 +29,7 @@ import numpy as np
 
 from stepscope.errors import Refusal
 from stepscope.history.schema import GRADIENT_STREAMS, Phase, ScaleGrad, Stream
+from stepscope.stats import SPINE_FIELDS, SPINE_WIDTH, Histogram, HistogramDescriptor, RunningStats
 
 __all__ = [
     "Axis",
@@ -112,11 +113,9 @@ class HistogramPayload:
 
     counts: np.ndarray
     spine: np.ndarray
-    descriptor: Any
+    descriptor: HistogramDescriptor
 
     def __post_init__(self) -> None:
-        from stepscope.stats import SPINE_WIDTH
-
         object.__setattr__(self, "counts", _readonly(self.counts, np.int64))
         object.__setattr__(self, "spine", _readonly(self.spine, np.float64))
         if self.counts.shape != (self.descriptor.width,) or self.spine.shape != (SPINE_WIDTH,):
@@ -127,16 +126,12 @@ class HistogramPayload:
                 ["build it from one reduce_histograms row and one reduce_spines row"],
             )
 
-    def histogram(self) -> Any:
+    def histogram(self) -> Histogram:
         """The counts as a :class:`stepscope.stats.Histogram`."""
-        from stepscope.stats import Histogram
-
         return Histogram.from_vector(self.counts, self.descriptor)
 
-    def stats(self) -> Any:
+    def stats(self) -> RunningStats:
         """The spine as a :class:`stepscope.stats.RunningStats`."""
-        from stepscope.stats import RunningStats
-
         return RunningStats.from_vector(self.spine)
 
     def __eq__(self, other: object) -> bool:
@@ -354,8 +349,6 @@ class ObserverEvent:
             "estimated": self.estimated,
         }
         if self.histogram is not None:
-            from stepscope.stats import SPINE_FIELDS
-
             c = self.histogram.counts
             nz = np.flatnonzero(c)
             d["histogram"] = {
@@ -373,8 +366,6 @@ class ObserverEvent:
         try:
             hist = None
             if d.get("histogram") is not None:
-                from stepscope.stats import SPINE_FIELDS, HistogramDescriptor
-
                 h = d["histogram"]
                 desc = HistogramDescriptor.from_dict(h["descriptor"])
                 counts = np.zeros(desc.width, dtype=np.int64)

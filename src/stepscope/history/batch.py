@@ -21,7 +21,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -35,10 +35,8 @@ from stepscope.history.schema import (
     Stream,
     _enum,
 )
-
-#: Reduction dtypes a stored spine may name (half and bfloat16 reduce in float32).
-REDUCTION_DTYPES: tuple[str, ...] = ("float32", "float64")
-N_COUNTS = 7  # total, finite, zero, negative, nan, posinf, neginf lead every spine row
+from stepscope.stats import Histogram, HistogramDescriptor, RunningStats
+from stepscope.stats.layout import N_COUNTS, REDUCTION_DTYPES, SPINE_WIDTH
 
 
 def code_of(member: enum.Enum) -> int:
@@ -46,7 +44,10 @@ def code_of(member: enum.Enum) -> int:
     return list(type(member)).index(member) + 1
 
 
-def member_of(kind: type[enum.Enum], code: int) -> Any:
+E = TypeVar("E", bound=enum.Enum)
+
+
+def member_of(kind: type[E], code: int) -> E:
     """Inverse of :func:`code_of`; an unknown code refuses ``history_artifact_corrupt``."""
     members = list(kind)
     if not 1 <= int(code) <= len(members):
@@ -59,12 +60,6 @@ def member_of(kind: type[enum.Enum], code: int) -> Any:
 
 
 OBSERVED = code_of(Presence.OBSERVED)
-
-
-def _spine_width() -> int:
-    from stepscope.stats import SPINE_WIDTH
-
-    return SPINE_WIDTH
 
 
 @dataclass(frozen=True)
@@ -151,8 +146,8 @@ class ObservationBatch:
             bad.append(f"presence has shape {self.presence.shape}, expected ({n},)")
         elif n and (self.presence.min() < 1 or self.presence.max() > len(Presence)):
             bad.append("presence holds codes outside the Presence vocabulary")
-        if self.spines.shape != (n, _spine_width()):
-            bad.append(f"spines has shape {self.spines.shape}, expected ({n}, {_spine_width()})")
+        if self.spines.shape != (n, SPINE_WIDTH):
+            bad.append(f"spines has shape {self.spines.shape}, expected ({n}, {SPINE_WIDTH})")
         if len(np.unique(self.site_ids)) != n:
             bad.append("site_ids repeat a site")
         if self.reduction_dtype not in REDUCTION_DTYPES:
@@ -228,10 +223,10 @@ class ObservationBatch:
         presence = np.full(n, OBSERVED, dtype=np.uint8)
         return cls(stream, phase, np.asarray(site_ids), presence, spines, **kwargs)  # type: ignore[arg-type]
 
-    def records(self, step: int, descriptor: Any = None) -> list[ObservationRecord]:
+    def records(
+        self, step: int, descriptor: HistogramDescriptor | None = None
+    ) -> list[ObservationRecord]:
         """Decode into per-observation records (spine/histogram via the stats kernels)."""
-        from stepscope.stats import Histogram, HistogramDescriptor, RunningStats
-
         hist_of = {}
         if self.hist_rows is not None:
             hist_of = {int(r): i for i, r in enumerate(self.hist_rows)}
@@ -269,9 +264,8 @@ def batches_from_records(records: Iterable[ObservationRecord]) -> list[Observati
         key = (r.stream, r.phase, r.micro_batch, r.scale_grad, r.disclosures, rdtype)
         groups.setdefault(key, []).append(r)
     out = []
-    width = _spine_width()
     for (stream, phase, micro, scale, discl, rdtype), rows in groups.items():
-        spines = np.full((len(rows), width), np.nan)
+        spines = np.full((len(rows), SPINE_WIDTH), np.nan)
         hist_rows, hists = [], []
         for i, r in enumerate(rows):
             if r.spine is not None:

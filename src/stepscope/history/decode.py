@@ -18,8 +18,10 @@ from typing import Any
 import numpy as np
 
 from stepscope.errors import Refusal
-from stepscope.history.batch import OBSERVED, REDUCTION_DTYPES, ObservationBatch, member_of
+from stepscope.history.batch import OBSERVED, ObservationBatch, member_of
 from stepscope.history.schema import ObservationRecord, Phase, Presence, ScaleGrad, Stream
+from stepscope.stats import Histogram, HistogramDescriptor, RunningStats
+from stepscope.stats.layout import REDUCTION_DTYPES
 
 _KEY = ("step", "site", "stream", "phase", "micro_batch")
 
@@ -29,11 +31,12 @@ def _key(row: Any) -> tuple[int, ...]:
 
 
 def records_from_rows(
-    obs: np.ndarray, hist: np.ndarray, disclosures: list[tuple[str, ...]], descriptor: Any
+    obs: np.ndarray,
+    hist: np.ndarray,
+    disclosures: list[tuple[str, ...]],
+    descriptor: HistogramDescriptor,
 ) -> list[ObservationRecord]:
     """Observation rows (with matching histogram rows) as :class:`ObservationRecord` objects."""
-    from stepscope.stats import Histogram, RunningStats
-
     hist_by_key = {_key(h): h["counts"] for h in hist}
     out = []
     for r in obs:

@@ -26,8 +26,15 @@ from typing import Any
 import numpy as np
 
 from stepscope.errors import Refusal
-from stepscope.history.batch import REDUCTION_DTYPES, ObservationBatch, code_of
-from stepscope.history.schema import FORMAT, SiteRecord, StepBlockRecord, Tristate
+from stepscope.history.batch import REDUCTION_DTYPES, ObservationBatch, code_of, member_of
+from stepscope.history.schema import (
+    FORMAT,
+    SiteRecord,
+    StepBlockRecord,
+    StepProvenance,
+    StepTruth,
+    Tristate,
+)
 
 TABLES = ("steps", "observations", "histograms", "scalars")
 STEP_DTYPE = np.dtype(
@@ -112,8 +119,6 @@ def encode_steps(blocks: list[StepBlockRecord]) -> np.ndarray:
 
 def decode_steps(rows: np.ndarray) -> list[StepBlockRecord]:
     """Inverse of :func:`encode_steps`."""
-    from stepscope.history.batch import member_of
-    from stepscope.history.schema import StepProvenance, StepTruth
 
     def opt(v: Any) -> int | None:
         return None if v < 0 else int(v)

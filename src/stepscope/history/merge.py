@@ -31,26 +31,10 @@ import numpy as np
 
 from stepscope.errors import Refusal
 from stepscope.history.batch import OBSERVED, ObservationBatch
+from stepscope.stats.layout import merge_spine_rows  # re-exported: history.merge_spine_rows
 
 PARTIAL = "merged_partial_coverage"  # a row observed on one side only
 HIST_PARTIAL = "histogram_partial_coverage"  # a histogram covers only part of its spine
-
-
-def merge_spine_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Merge two float64 spine matrices row by row: :func:`stepscope.stats.merge_spine_rows`.
-
-    One implementation serves numpy and torch rows; it is imported lazily so that importing
-    :mod:`stepscope.history` stays free of torch.
-    """
-    from stepscope.stats.reduce import merge_spine_rows as merge
-
-    return merge(a, b)
-
-
-def _idx() -> dict[str, int]:
-    from stepscope.stats import SPINE_FIELDS
-
-    return {name: i for i, name in enumerate(SPINE_FIELDS)}
 
 
 def merge_batches(

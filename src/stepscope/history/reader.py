@@ -4,6 +4,9 @@ The reader sees exactly the committed chunks: the index logs are read first (a t
 ignored), then the catalog and manifest (written before any index row that needs them). Every chunk
 is checked against its sha256 when it is decoded; filters by stream, step range and site skip
 unrelated chunks without reading them. Missing is never zero: series carry a presence array.
+Reading the index logs, seals, manifest and catalog is :mod:`stepscope.history.commits`
+(:class:`~stepscope.history.commits.CommittedArtifact`, which :class:`HistoryReader` extends);
+this module holds the views over the committed chunks.
 
 The reader stays a reader of the history layer: it checks ``evals.log`` rows
 (:meth:`HistoryReader.eval_rows`) but does not decode them. Evaluations and clocks are the run
@@ -32,49 +35,40 @@ Example
 
 from __future__ import annotations
 
-import hashlib
 import os
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from stepscope.errors import Refusal
 from stepscope.history.batch import OBSERVED, code_of, member_of
-from stepscope.history.files import (
-    MAX_DECLARED,
-    check_dir,
-    check_name,
-    json_sha256,
-    parse_json_object,
-    read_json,
-    read_log,
-    read_regular,
-    sha256_file,
-)
-from stepscope.history.layout import (
-    SCALAR_DTYPE,
-    STEP_DTYPE,
-    TABLES,
-    decode_steps,
-    histogram_dtype,
-    npy_load,
-    observation_dtype,
-    parse_catalog,
-)
+from stepscope.history.commits import EVAL_LOG, MAX_JSON, CommittedArtifact
+from stepscope.history.decode import records_from_rows
+from stepscope.history.files import sha256_file
+from stepscope.history.layout import TABLES, decode_steps, histogram_dtype, npy_load
 from stepscope.history.schema import (
-    FORMAT,
-    SCHEMA_VERSION,
+    ObservationRecord,
     Phase,
     Presence,
-    RunRecord,
     SiteRecord,
     StepBlockRecord,
     Stream,
     _enum,
 )
-from stepscope.history.verify import VerifyReport, check_codes, validate_commit, verify_files
+from stepscope.history.verify import check_codes
+from stepscope.stats import Histogram, HistogramDescriptor
+from stepscope.stats.layout import FIELD_INDEX, SPINE_FIELDS
+
+__all__ = [
+    "EVAL_LOG",
+    "MAX_JSON",
+    "HistogramSeries",
+    "HistoryReader",
+    "Series",
+    "check_steps",
+    "open_history",
+]
 
 
 @dataclass(frozen=True)
@@ -111,170 +105,32 @@ class HistogramSeries:
     steps: np.ndarray
     site_ids: np.ndarray
     counts: np.ndarray
-    descriptor: Any
+    descriptor: HistogramDescriptor
 
-    def histogram(self, i: int) -> Any:
+    def histogram(self, i: int) -> Histogram:
         """Row ``i`` as a ``stepscope.stats.Histogram``."""
-        from stepscope.stats import Histogram
-
         return Histogram.from_vector(self.counts[i], self.descriptor)
 
 
-class HistoryReader:
-    """A read view of one artifact directory (see :func:`open_history`)."""
+class HistoryReader(CommittedArtifact):
+    """A read view of one artifact directory (see :func:`open_history`).
+
+    The committed state (index rows, seals, segments, manifest, catalog, :meth:`refresh`,
+    :meth:`eval_rows`, :meth:`verify`) is :class:`~stepscope.history.commits.CommittedArtifact`'s;
+    this class adds the views over the committed chunks, each checked against its sha256 when
+    it is decoded.
+    """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
-        self.path = Path(path)
-        if not self.path.is_dir():
-            raise Refusal(
-                "history_artifact_missing",
-                f"{self.path} is not a directory.",
-                ["pass the run directory that holds manifest.json, catalog.json and index.json"],
-            )
-        self.commits: list[dict[str, Any]] = []
-        self.logs: list[str] = []
-        self.torn_tail_bytes = 0
-        #: ``{"index/<seg>.log" or "evals.log": {"rows": n, "bytes": b}}`` of ended segments
-        self.sealed: dict[str, dict[str, int]] = {}
-        self._offsets: dict[str, int] = {}
-        self._rows: dict[str, int] = {}
         self._cache: dict[tuple, np.ndarray] = {}
-        self.refresh()
+        self._steps: np.ndarray | None = None
+        super().__init__(path)
 
-    # -- loading -----------------------------------------------------------------------------
     def refresh(self) -> int:
         """Pick up commits a live writer made since the last read; returns how many."""
-        for attempt in range(3):  # a writer starting a segment replaces manifest, then index
-            index = _read_index(self.path)
-            try:
-                self._load_meta(index["manifest_sha256"], index.get("catalog_sha256"))
-                break
-            except _ManifestChanged:
-                if attempt == 2:
-                    raise Refusal(
-                        "history_artifact_corrupt",
-                        f"{self.path} manifest.json or catalog.json does not match the sha256 "
-                        "in index.json.",
-                        ["restore the file from a copy", "run `stepscope verify`"],
-                    ) from None
-        check_dir(self.path / "index", "index directory")
-        check_dir(self.path / "chunks", "chunk directory")
-        self.logs = [_log_name(x) for x in index["logs"]]
-        self.sealed = index["sealed"]
-        before = len(self.commits)
-        torn = 0
-        for i, name in enumerate(self.logs):
-            seal = self.sealed.get(f"index/{name}")
-            if seal is None and i < len(self.logs) - 1:
-                raise _incomplete(f"index log {name} of an ended segment was never sealed")
-            torn += self._read_log_rows(name, seal)
-        self.torn_tail_bytes = torn
-        self._check_segments()
-        last = self.commits[-1].get("catalog_sha256") if self.commits else None
-        #: False when the catalog could not be matched to a checksum: a killed (unsealed) run
-        #: whose catalog is newer than its last commit (or was edited). Disclosed by ``verify``.
-        self.catalog_confirmed = "catalog_sha256" in index or last == self.catalog_sha256
-        self._steps: np.ndarray | None = None
-        return len(self.commits) - before
-
-    def _read_log_rows(self, name: str, seal: dict[str, int] | None) -> int:
-        """Append the new rows of one log; returns its torn-tail bytes."""
-        path = self.path / "index" / name
-        offset = self._offsets.get(name, 0)
-        got = read_log(path, offset, seal=seal)
-        seq0 = self._rows.get(name, 0)
-        n = seq0 + len(got.rows)
-        if seal is None and (self.path / "chunks" / _steps_chunk(name, n + 1)).exists():
-            # chunks of commit n + 1 are written only after row n is durable (a kill between
-            # chunks and line leaves commit n's chunks only): the log lost rows, unless a live
-            # writer appended since the read above, so read again after the check
-            got = read_log(path, offset)
-            if seq0 + len(got.rows) <= n:
-                raise _incomplete(
-                    f"index log {name} ends after {n} rows but chunks of commit {n + 1} exist"
-                )
-        for row in got.rows:
-            validate_commit(row, name)
-        rows = got.rows
-        torn = got.torn_tail_bytes
-        got_next = got.next_offset
-        if seal is not None:  # rows past the seal are not part of the run: ignored
-            rows = [r for r, o in zip(rows, got.row_offsets) if o < seal["bytes"]]
-            torn, got_next = 0, max(offset, seal["bytes"])
-        for k, row in enumerate(rows):
-            if row["seq"] != seq0 + k:
-                raise _incomplete(
-                    f"index log {name} row {seq0 + k + 1} has seq {row['seq']}, expected "
-                    f"{seq0 + k}: rows are missing or reordered before it"
-                )
-            self.commits.append(row)
-        self._rows[name] = seq0 + len(rows)
-        self._offsets[name] = got_next
-        return torn
-
-    def _load_meta(self, manifest_sha256: str, catalog_sha256: Any) -> None:
-        from stepscope.stats import SPINE_WIDTH, HistogramDescriptor
-
-        raw = read_regular(self.path / "manifest.json", "manifest", max_bytes=MAX_JSON)
-        if hashlib.sha256(raw).hexdigest() != manifest_sha256:
-            raise _ManifestChanged
-        man = parse_json_object(raw, self.path / "manifest.json", "manifest")
-        if man.get("format") != FORMAT or man.get("schema_version") != SCHEMA_VERSION:
-            raise Refusal(
-                "history_schema_unsupported",
-                f"manifest format {man.get('format')!r} version {man.get('schema_version')!r}; "
-                f"this stepscope reads {FORMAT} version {SCHEMA_VERSION}.",
-                ["open it with the stepscope version that wrote it"],
-            )
-        segs = man.get("segments")
-        if not isinstance(segs, list) or not segs or not isinstance(man.get("descriptor"), dict):
-            raise Refusal("history_json_invalid", "manifest lacks segments/descriptor.", [])
-        self.segments = [RunRecord.from_dict(s) for s in segs]
-        self.run = self.segments[0]
-        try:
-            self.descriptor = HistogramDescriptor.from_dict(man["descriptor"])
-        except TypeError as exc:
-            raise Refusal("history_json_invalid", f"manifest descriptor: {exc}", []) from None
-        raw = read_regular(self.path / "catalog.json", "catalog", max_bytes=MAX_JSON)
-        self.catalog_sha256 = hashlib.sha256(raw).hexdigest()
-        if catalog_sha256 is not None and catalog_sha256 != self.catalog_sha256:
-            raise _ManifestChanged
-        self.sites, self.scalar_names, self.disclosures = parse_catalog(
-            parse_json_object(raw, self.path / "catalog.json", "catalog")
-        )
-        known = {s.segment_id for s in self.segments}
-        self._cutoff = {s.segment_id: np.iinfo(np.int64).max for s in self.segments}
-        parents = {s.segment_id: s.parent_segment for s in self.segments}
-        for s in self.segments:  # a resume supersedes every ancestor's steps from its step on
-            ancestor, seen = s.parent_segment, {s.segment_id}
-            while s.resumed_at_step is not None and ancestor in self._cutoff:
-                if ancestor in seen:
-                    raise Refusal("history_json_invalid", "manifest segments form a cycle.", [])
-                seen.add(ancestor)
-                self._cutoff[ancestor] = min(self._cutoff[ancestor], s.resumed_at_step)
-                ancestor = parents[ancestor]
-        self._known_segments = known
-        self._dtypes = {
-            "steps": STEP_DTYPE,
-            "observations": observation_dtype(SPINE_WIDTH),
-            "histograms": histogram_dtype(self.descriptor.width),
-            "scalars": SCALAR_DTYPE,
-        }
-
-    def _check_segments(self) -> None:
-        known = self._known_segments
-        for row in self.commits:
-            if row["segment"] not in known:
-                raise Refusal(
-                    "history_json_invalid",
-                    f"index row names segment {row['segment']!r} absent from the manifest.",
-                    ["restore manifest.json from a copy"],
-                )
-
-    @property
-    def unknown_tables(self) -> set[str]:
-        """Tables named in the index that this version does not read (newer row kinds)."""
-        return {f["table"] for r in self.commits for f in r["files"]} - set(TABLES)
+        added = super().refresh()
+        self._steps = None
+        return added
 
     def _selected(
         self, table: str, stream: str | None, steps: tuple[int, int] | None, sites: Any
@@ -417,14 +273,12 @@ class HistoryReader:
 
         ``micro_batch=None`` selects whole-step cells; an int selects that micro-batch's cells.
         """
-        from stepscope.stats import SPINE_FIELDS
-
         if field not in SPINE_FIELDS:
             raise Refusal(
                 "history_series_unknown", f"unknown field {field!r}.", [f"one of {SPINE_FIELDS}"]
             )
         rows = self._cells("observations", site, stream, phase, steps, micro_batch)
-        values = rows["spine"][:, SPINE_FIELDS.index(field)].copy()
+        values = rows["spine"][:, FIELD_INDEX[field]].copy()
         valid = (rows["presence"] == OBSERVED) & ~np.isnan(values)
         values[~valid] = np.nan
         return Series(
@@ -465,83 +319,21 @@ class HistoryReader:
             np.full(n, -1, np.int32),
         )
 
-    # -- evals.log (rows of stepscope.runlog; decoded there: history never imports the layer) ---
-    def eval_rows(self) -> list[dict[str, Any]]:
-        """The rows of ``evals.log`` in file order, each checked but not interpreted.
-
-        Every row's sha256, the seal of ended segments and each row's position ``n`` are checked
-        (``history_artifact_corrupt`` / ``history_index_incomplete``); a torn final line is
-        ignored. :func:`stepscope.runlog.read_eval_log` decodes them into evaluation records, and
-        :func:`stepscope.open_run` gives the joint view (``.evals()``, ``.clocks()``).
-        """
-        seal = self.sealed.get(EVAL_LOG)
-        got = read_log(self.path / EVAL_LOG, missing_ok=True, what="evaluation log", seal=seal)
-        segments = [s.segment_id for s in self.segments]
-        # past the seal, only the open (last, unsealed) segment may have appended
-        open_segment = segments[-1] if f"index/{segments[-1]}.log" not in self.sealed else None
-        for i, (row, at) in enumerate(zip(got.rows, got.row_offsets)):
-            if row.get("n") != i:
-                raise Refusal(
-                    "history_index_incomplete",
-                    f"{EVAL_LOG} row {i + 1} (byte {at}) says it is row {row.get('n')!r}: "
-                    "rows before it were lost, duplicated or reordered.",
-                    ["restore evals.log from a copy"],
-                )
-            if seal is not None and at >= seal["bytes"] and row.get("segment") != open_segment:
-                raise Refusal(
-                    "history_artifact_corrupt",
-                    f"{EVAL_LOG} row at byte {at} was appended after its segment was sealed.",
-                    ["restore evals.log from a copy"],
-                )
-        return list(got.rows)
-
     def observations(
         self,
         site: int | str | SiteRecord | None = None,
         stream: Stream | str | None = None,
         steps: tuple[int, int] | None = None,
-    ) -> list:
+    ) -> list[ObservationRecord]:
         """Decoded :class:`ObservationRecord` objects (convenient, not the fast path)."""
-        from stepscope.history.decode import records_from_rows
-
         ids = None if site is None else self.site_ids(site)
         obs = self.table("observations", stream, steps, ids)
         hist = self.table("histograms", stream, steps, ids)
         return records_from_rows(obs, hist, self.disclosures, self.descriptor)
 
-    def verify(self) -> VerifyReport:
-        """Recompute the sha256 of every committed chunk (including superseded segments).
-
-        Each failure names the step range it leaves unaccounted for; chunks of commits that the
-        index does not list (a shortened log) are failures too.
-        """
-        report = verify_files(self.path / "chunks", self.commits, self._rows)
-        try:
-            self.eval_rows()  # evals.log: every row's sha256, its seal, its position
-        except Refusal as exc:
-            report.failures.append((EVAL_LOG, exc.code, exc.message))
-        return report
-
     def clear_cache(self) -> None:
         """Forget decoded chunks (they are re-read and re-verified on next use)."""
         self._cache.clear()
-
-    def sizes(self) -> dict[str, int]:
-        """Committed bytes per table."""
-        out: dict[str, int] = {}
-        for r in self.commits:
-            for f in r["files"]:
-                out[f["table"]] = out.get(f["table"], 0) + f["bytes"]
-        return out
-
-
-MAX_JSON = 64 << 20
-#: The run log's evaluation lines beside the index (written by :mod:`stepscope.runlog`).
-EVAL_LOG = "evals.log"
-
-
-class _ManifestChanged(Exception):
-    """manifest/catalog do not match index.json (a segment start in progress, or damage)."""
 
 
 def check_steps(steps: Any) -> tuple[int, int] | None:
@@ -564,63 +356,6 @@ def check_steps(steps: Any) -> tuple[int, int] | None:
             ["pass steps=(first, last) with first <= last, or None for all steps"],
         )
     return int(steps[0]), int(steps[1])
-
-
-def _steps_chunk(log: str, seq: int) -> str:
-    """The steps chunk of commit ``seq`` of the segment whose log is ``log`` (every commit has one)."""
-    return f"{log[: -len('.log')]}-{seq:07d}-steps.npy"
-
-
-def _incomplete(what: str) -> Refusal:
-    return Refusal(
-        "history_index_incomplete",
-        f"{what}.",
-        ["restore the index from a copy", "run `stepscope verify` to list every gap"],
-    )
-
-
-def _read_index(path: Path) -> dict[str, Any]:
-    """``index.json``, checked against its own sha256, with a valid ``sealed`` map."""
-    index = read_json(path / "index.json", "index")
-    claimed = index.pop("sha256", None)
-    if claimed != json_sha256(index):
-        raise Refusal(
-            "history_artifact_corrupt",
-            f"{path / 'index.json'} fails its sha256 (edited, damaged or from an older writer).",
-            ["restore index.json from a copy"],
-        )
-    logs, sealed = index.get("logs"), index.get("sealed")
-    if (
-        index.get("format") != FORMAT
-        or not isinstance(logs, list)
-        or not isinstance(index.get("manifest_sha256"), str)
-        or not isinstance(sealed, dict)
-    ):
-        raise Refusal("history_json_invalid", "index.json lacks format/logs/manifest/seals.", [])
-    for key, seal in sealed.items():
-        if (
-            not isinstance(seal, dict)
-            or set(seal) != {"rows", "bytes", "sha256"}
-            or not isinstance(seal["sha256"], str)
-            or not all(
-                isinstance(seal[k], int)
-                and not isinstance(seal[k], bool)
-                and 0 <= seal[k] <= MAX_DECLARED
-                for k in ("rows", "bytes")
-            )
-        ):
-            raise Refusal("history_json_invalid", f"index.json seal of {key!r} is malformed.", [])
-    return index
-
-
-def _log_name(entry: Any) -> str:
-    if not isinstance(entry, str) or not entry.startswith("index/"):
-        raise Refusal(
-            "history_chunk_name_invalid",
-            f"index.json names log {entry!r} outside index/.",
-            ["restore index.json from a copy"],
-        )
-    return check_name(entry[len("index/") :], "index.json")
 
 
 def open_history(path: str | os.PathLike[str]) -> HistoryReader:

@@ -27,6 +27,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from stepscope._version import __version__
 from stepscope.errors import Refusal
 from stepscope.history.vocab import (
     GRADIENT_STREAMS,
@@ -38,6 +39,7 @@ from stepscope.history.vocab import (
     Tristate,
     _enum,
 )
+from stepscope.stats import Histogram, HistogramDescriptor, RunningStats
 
 __all__ = [
     "FORMAT",
@@ -372,8 +374,8 @@ class ObservationRecord:
     stream: Stream
     phase: Phase
     presence: Presence
-    spine: Any = None
-    histogram: Any = None
+    spine: RunningStats | None = None
+    histogram: Histogram | None = None
     scale_grad: ScaleGrad | None = None
     micro_batch: int | None = None
     disclosures: tuple[str, ...] = ()
@@ -407,9 +409,7 @@ def package_versions() -> dict[str, str]:
     import platform
 
     import numpy
-    import torch
-
-    from stepscope._version import __version__
+    import torch  # its version only; history itself does not need torch
 
     return {
         "python": platform.python_version(),
@@ -424,6 +424,4 @@ def _new_segment_id() -> str:
 
 
 def _default_descriptor() -> dict[str, Any]:
-    from stepscope.stats import HistogramDescriptor
-
     return HistogramDescriptor().to_dict()

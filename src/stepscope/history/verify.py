@@ -20,6 +20,7 @@ import numpy as np
 from stepscope.errors import Refusal
 from stepscope.history.files import MAX_DECLARED, check_dir, check_name, read_regular
 from stepscope.history.layout import COUNT_DTYPES
+from stepscope.stats.layout import REDUCTION_DTYPES
 
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
@@ -89,7 +90,6 @@ def check_codes(
     enum codes, site / scalar-name / disclosure ids and reduction dtypes. (Spine counts are
     checked where they become ints: :func:`stepscope.history.decode.records_from_rows`.)
     """
-    from stepscope.history.batch import REDUCTION_DTYPES
     from stepscope.history.vocab import Phase, Presence, StepProvenance, Stream, Tristate
 
     def need(ok: np.ndarray | bool, what: str) -> None:
