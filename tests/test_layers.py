@@ -4,11 +4,19 @@ Every ``import`` and ``from ... import`` in ``src/stepscope`` is checked, at mod
 functions (an import hidden in a function is still a dependency). A module may import its own
 package, any lower layer, and a peer of its own layer only where :data:`PEERS` says so; the top
 layer's members may import each other.
+
+The bottom of the numeric stack, ``stepscope.stats.layout`` (the spine row layout and its merge),
+and everything ``stepscope.history`` imports at module level are free of torch: reading a run
+needs numpy only. An AST walk names the line that would break it; a subprocess with ``torch``
+made unimportable proves it.
 """
 
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -20,7 +28,7 @@ SRC = Path(stepscope.__file__).parent
 #: Bottom to top. A name is a top-level module or sub-package of ``stepscope``.
 LAYERS: list[set[str]] = [
     {"errors", "progress", "denominators", "selection", "_purity", "_version", "transfer"},
-    {"stats"},
+    {"stats"},  # stats.layout (torch-free) is what history builds on, imported at module level
     {"history"},
     {"runlog", "events", "profile"},
     {"collect", "probe", "curvature"},
@@ -111,6 +119,8 @@ def test_no_module_imports_a_higher_layer():
         ("from stepscope import __version__\n", "history", True),  # the root is the top
         ("from ..runlog import x\n", "history", True),
         ("from stepscope.stats import SPINE_WIDTH\n", "history", False),
+        ("from stepscope.stats.layout import merge_spine_rows\n", "history", False),
+        ("from stepscope.history import open_history\n", "stats", True),
         ("from .files import read_log\n", "history", False),
         ("from stepscope.profile import scope\n", "runlog", True),  # an unlisted peer
         ("from stepscope.probe.outputs import x\n", "curvature", False),  # a listed peer
@@ -120,3 +130,134 @@ def test_no_module_imports_a_higher_layer():
 )
 def test_the_checker_sees_upward_imports_at_any_depth(source, unit, bad):
     assert bool(violations(source, unit, ["stepscope", "history"], "x.py")) == bad
+
+
+# ---------------------------------------------------------------------------------- torch-free
+
+#: Where the torch-free part of the package starts: every module it imports at module level
+#: (transitively, package ``__init__``s included) must not import torch at module level.
+TORCH_FREE_ROOTS = ["stepscope.stats.layout", "stepscope.history"]
+
+
+def module_file(module: str) -> Path | None:
+    """The source file of a ``stepscope`` module (None if it is not one)."""
+    rel = Path(*module.split(".")[1:])
+    for path in (SRC / rel / "__init__.py", (SRC / rel).with_suffix(".py")):
+        if path.is_file():
+            return path
+    return None
+
+
+def import_time_imports(tree: ast.Module, package: list[str]) -> list[tuple[int, str]]:
+    """``(line, module)`` of the imports that run when the module is imported: module level,
+    class bodies, ``if``/``try``/``with`` blocks, not function bodies, not ``if TYPE_CHECKING``."""
+    found: list[tuple[int, str]] = []
+
+    def visit(body: list[ast.stmt]) -> None:
+        for node in body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING":
+                visit(node.orelse)
+                continue
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                found.extend(imported_modules(ast.Module(body=[node], type_ignores=[]), package))
+                if isinstance(node, ast.ImportFrom):  # ``from pkg import submodule``
+                    base = found[-1][1]
+                    found.extend((node.lineno, f"{base}.{a.name}") for a in node.names)
+                continue
+            for field in ("body", "orelse", "finalbody"):  # class, if, try, with, loops
+                inner = getattr(node, field, None)
+                if isinstance(inner, list):
+                    visit(inner)
+            for handler in getattr(node, "handlers", []):  # ``except ImportError:`` blocks
+                visit(handler.body)
+
+    visit(tree.body)
+    return found
+
+
+def torch_imports_at_import_time(roots: list[str]) -> list[str]:
+    """``module:line`` of each import-time ``import torch`` reachable from ``roots``."""
+    todo = list(roots)
+    for root in roots:  # a package root brings every one of its modules
+        path = module_file(root)
+        if path is not None and path.name == "__init__.py":
+            todo += [
+                ".".join(["stepscope", *p.relative_to(SRC).with_suffix("").parts])
+                for p in path.parent.glob("*.py")
+                if p.name != "__init__.py"
+            ]
+    seen: set[str] = set()
+    bad: list[str] = []
+    while todo:
+        module = todo.pop()
+        parts = module.split(".")
+        for k in range(1, len(parts) + 1):  # importing a.b.c imports a and a.b first
+            name = ".".join(parts[:k])
+            path = module_file(name)
+            if path is None or name in seen:
+                continue
+            seen.add(name)
+            package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+            for line, imported in import_time_imports(ast.parse(path.read_text()), package):
+                if imported.split(".")[0] == "torch":
+                    bad.append(f"{path.relative_to(SRC)}:{line} imports {imported}")
+                elif imported.startswith("stepscope"):
+                    todo.append(imported)
+    return bad
+
+
+def test_history_and_the_stats_layout_import_no_torch_at_import_time():
+    assert torch_imports_at_import_time(TORCH_FREE_ROOTS) == []
+
+
+def test_the_torch_free_walk_sees_an_import_behind_a_chain():
+    """The walk itself finds torch behind stats/__init__ -> reduce (it is not vacuous)."""
+    found = torch_imports_at_import_time(["stepscope.stats.reduce"])
+    assert any(f.startswith("stats/reduce.py") and f.endswith("imports torch") for f in found)
+
+
+def test_history_reads_a_run_in_a_process_where_torch_cannot_be_imported(tmp_path):
+    """``sys.modules['torch'] = None`` makes ``import torch`` fail: the history, the stats layout
+    and the value classes still import, and a run written here opens and decodes there."""
+    import numpy as np
+
+    from stepscope.history import ArtifactWriter, ObservationBatch, StepBlockRecord
+    from stepscope.stats import SPINE_WIDTH, HistogramDescriptor
+
+    path = tmp_path / "run"
+    d = HistogramDescriptor()
+    with ArtifactWriter(path) as w:
+        site = w.register_site("fc1", "torch.nn.Linear", "f32[4]")
+        spine = np.zeros((1, SPINE_WIDTH))
+        spine[0, :2] = 4  # total, finite
+        spine[0, 7:] = [1.0, 4.0, 4.0, 10.0, 30.0, 10.0, 2.5, 5.0]
+        hist = np.zeros((1, d.width), dtype=np.int64)
+        hist[0, d.n_bins] = 4
+        b = ObservationBatch.observed(
+            "activation", "forward", [site], spine, hist_rows=[0], histograms=hist
+        )
+        w.write_step(StepBlockRecord(0), [b])
+    script = textwrap.dedent(
+        f"""
+        import sys
+        sys.modules["torch"] = None  # any import of torch now raises ImportError
+        import stepscope.history, stepscope.stats.layout, stepscope.stats
+        from stepscope.history import open_history
+        h = open_history({str(path)!r})
+        (rec,) = h.observations()
+        print(h.series("fc1", "activation", "mean").values.tolist(), rec.spine.m2,
+              rec.histogram.total, type(rec.spine).__name__)
+        try:
+            stepscope.stats.reduce_spines
+        except ImportError:
+            print("reductions need torch")
+        assert "torch" not in [m.split(".")[0] for m in sys.modules if sys.modules[m]]
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("\n")[:2] == ["[2.5] 5.0 4 RunningStats", "reductions need torch"]
