@@ -8,11 +8,11 @@ own forward hooks.
 
 import numpy as np
 import torch
-from models import Numbers, close, spine_numbers
 from torch.utils.checkpoint import checkpoint
 
 from stepscope import open_history
 from stepscope.collect import Cadence, HistoryCollector, WatchSettings
+from tests.collect.models import Numbers, close, spine_numbers
 
 
 def activation_row(c, site, step):

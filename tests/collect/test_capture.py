@@ -10,7 +10,6 @@ from dataclasses import dataclass
 
 import pytest
 import torch
-from models import Numbers, close, spine_numbers
 
 from stepscope.collect import HistoryCollector, WatchSettings
 from stepscope.collect import capture as capture_mod
@@ -18,6 +17,7 @@ from stepscope.collect import staging as staging_mod
 from stepscope.collect.capture import find_path, find_tensor, reducible
 from stepscope.history import Presence
 from stepscope.history.batch import member_of
+from tests.collect.models import Numbers, close, spine_numbers
 
 
 def records(c, stream="activation"):
