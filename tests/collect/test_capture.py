@@ -1,6 +1,6 @@
 """Every selected site gets a record, and telemetry never raises into the training step.
 
-Regression tests of issue 14, findings 4 and 5 and the CUDA-graph capture probe: tensors are
+Regression tests, including the CUDA-graph capture probe: tensors are
 found inside structured outputs by the documented rule (or a named key), outputs without a
 tensor and unreducible tensors (complex, tensor subclasses, stream capture) record
 ``unsupported`` with a reason, a reduction that raises records ``capture_failed``.

@@ -1,4 +1,4 @@
-"""Model surgery (issue 14, finding 9): a replaced module or parameter is detected at the next
+"""Model surgery: a replaced module or parameter is detected at the next
 step, its series ends with a reason, and the replacement is observed as a new series."""
 
 import torch
