@@ -1,6 +1,7 @@
 """What reading gradients inside ``optimizer.step(closure)`` costs, side by side with ``step()``.
 
-Run:  .venv/bin/python benchmarks/closures.py [--steps 40] [--threads 1]
+Run (from the repository root, which makes ``tests`` importable):
+      .venv/bin/python -m benchmarks.closures [--steps 40] [--threads 1]
 
 Model: the GPT-style decoder of ``tests/collect/models.py`` (tied head, variable length) with
 SGD momentum, every stream due every step (``cadence=1``), a disk artifact. Four arms, each its
@@ -17,15 +18,11 @@ import argparse
 import sys
 import tempfile
 import time
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "collect"))
-
-from models import TinyGPT
-
 from stepscope.collect import HistoryCollector, WatchSettings
+from tests.collect.models import TinyGPT
 
 
 class Arm:

@@ -7,7 +7,7 @@ time relative to ``torch.sum`` over the same tensor (absolute times on shared ma
 Contenders: the stepscope kernel that runs by default (C on the CPU when a compiler is present),
 the pure-torch path, a naive eager spine (separate torch reductions with masks, as one would write
 it), and ``torch.histc`` with the same number of bins as our histogram row (520).
-Targets (issue 23): spine <= 2x one sum pass, histogram <= 4x.
+Targets: spine <= 2x one sum pass, histogram <= 4x.
 
 Second table: the per-row cost of the collector's staging path for many small tensors (200
 tensors of 64 elements, what a step's activation or parameter rows look like on small layers):

@@ -288,7 +288,7 @@ def run_model(key: str, args, tmp: str) -> None:
     if key != "mlp4":
         arms.append(stepscope_arm("stepscope default cadence", make, tmp))
         arms.append(stepscope_arm('stepscope cadence="auto"', make, tmp, cadence="auto"))
-        for k in args.activation_every:  # the case for a sparser default (the lead decides)
+        for k in args.activation_every:  # the case for a sparser default (not adopted)
             slow = {s: Cadence(k, 100) for s in ("activation", "activation_grad")}
             arms.append(
                 stepscope_arm(f"stepscope default, activation spines every {k}", make, tmp, None, slow)

@@ -1,6 +1,7 @@
 """Default-cadence overhead of the HistoryCollector on the real-model test matrix, in one process.
 
-Run:  .venv/bin/python benchmarks/real_models.py [--steps 60] [--repeat 8] [--threads 1]
+Run (from the repository root, which makes ``tests`` importable):
+      .venv/bin/python -m benchmarks.real_models [--steps 60] [--repeat 8] [--threads 1]
 
 Models: the cases of ``tests/collect/models.py`` (ResNet-style CNN, GPT-style decoder with
 variable length, LSTM, dict / ModelOutput-like outputs, weight sharing, checkpointing, sparse
@@ -22,11 +23,8 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "collect"))
-
-from models import CASES, Case
-
 from stepscope.collect import HistoryCollector, WatchSettings
+from tests.collect.models import CASES, Case
 
 
 def repeated(value, k: int):

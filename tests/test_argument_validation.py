@@ -1,5 +1,5 @@
 """Wrong-type or out-of-range arguments to public calls: a TypeError or a coded Refusal, never a
-raw AttributeError/IndexError and never a silent coercion (issue 18, finding 9)."""
+raw AttributeError/IndexError and never a silent coercion."""
 
 import math
 

@@ -1,14 +1,9 @@
-"""Make the collector test kit importable under importlib mode."""
-
-import sys
-from pathlib import Path
+"""The collector test kit's small network as a fixture."""
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-from collect_testkit import SmallNet
+from tests.collect.collect_testkit import SmallNet
 
 
 @pytest.fixture

@@ -8,10 +8,10 @@ without a collector; :class:`HookOracle` records, with its *own* forward hooks, 
 gradient / parameter snapshots, the numbers every recorded row must equal (numel, sum, sum of
 squares, min, max), over training forwards only.
 
-Other test packages may import this module (``tests/collect`` is put on ``sys.path`` by its
-``conftest.py``)::
+Other test packages and the benchmarks import it as a package module (the repository root is on
+``sys.path``: pytest's ``pythonpath``, or ``python -m benchmarks.<name>`` from the root)::
 
-    from models import CASES, HookOracle, train
+    from tests.collect.models import CASES, HookOracle, train
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Which forwards reach a step's activation rows, and what makes a new series.
 
-Regression tests of issue 14, findings 1 and 3: a varying sequence length is not topology drift;
+Regression tests: a varying sequence length is not topology drift;
 evaluation forwards (``no_grad``, ``inference_mode``, in either module mode) and checkpoint
 recomputes never reach the step's rows, micro-batches do. Expected numbers come from the test's
 own forward hooks.
@@ -8,11 +8,11 @@ own forward hooks.
 
 import numpy as np
 import torch
-from models import Numbers, close, spine_numbers
 from torch.utils.checkpoint import checkpoint
 
 from stepscope import open_history
 from stepscope.collect import Cadence, HistoryCollector, WatchSettings
+from tests.collect.models import Numbers, close, spine_numbers
 
 
 def activation_row(c, site, step):

@@ -1,6 +1,6 @@
 """Every selected site gets a record, and telemetry never raises into the training step.
 
-Regression tests of issue 14, findings 4 and 5 and the CUDA-graph capture probe: tensors are
+Regression tests, including the CUDA-graph capture probe: tensors are
 found inside structured outputs by the documented rule (or a named key), outputs without a
 tensor and unreducible tensors (complex, tensor subclasses, stream capture) record
 ``unsupported`` with a reason, a reduction that raises records ``capture_failed``.
@@ -10,7 +10,6 @@ from dataclasses import dataclass
 
 import pytest
 import torch
-from models import Numbers, close, spine_numbers
 
 from stepscope.collect import HistoryCollector, WatchSettings
 from stepscope.collect import capture as capture_mod
@@ -18,6 +17,7 @@ from stepscope.collect import staging as staging_mod
 from stepscope.collect.capture import find_path, find_tensor, reducible
 from stepscope.history import Presence
 from stepscope.history.batch import member_of
+from tests.collect.models import Numbers, close, spine_numbers
 
 
 def records(c, stream="activation"):

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from models import LSTMTagger
 
 import stepscope as ss
 from stepscope.events import CheckFailed, GradientNormCheck
+from tests.collect.models import LSTMTagger
 
 
 @pytest.mark.parametrize("spelling", ["explicit", "implicit"])

@@ -13,10 +13,10 @@ import math
 import numpy as np
 import pytest
 import torch
-from models import LSTMTagger, ResNetish, TinyGPT
-from stepkit import ce, disk_settings, images, tokens
 
 import stepscope as ss
+from tests.collect.models import LSTMTagger, ResNetish, TinyGPT
+from tests.collect.stepkit import ce, disk_settings, images, tokens
 
 
 def _recorded(path, site: str, field: str = "sum_squares"):

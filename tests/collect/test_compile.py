@@ -1,4 +1,4 @@
-"""``torch.compile`` in both orders (issue 14, finding 5): training runs, the collector causes no
+"""``torch.compile`` in both orders: training runs, the collector causes no
 graph break (counted by ``torch._dynamo.explain``), activation rows of compiled forwards are
 ``unsupported`` with reason ``torch_compile``, and optimizer-side streams are recorded exactly."""
 

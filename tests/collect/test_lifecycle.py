@@ -3,10 +3,10 @@
 import pytest
 import torch
 import torch.nn.functional as F
-from collect_testkit import batches
 
 from stepscope import Refusal
 from stepscope.collect import ALL_STREAMS, HistoryCollector, WatchSettings
+from tests.collect.collect_testkit import batches
 
 
 def hook_count(model: torch.nn.Module) -> int:

@@ -4,12 +4,12 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from collect_testkit import SmallNet, batches
 
 from stepscope import Refusal, open_history
 from stepscope import transfer as transfer_mod
 from stepscope.collect import ALL_STREAMS, Cadence, HistoryCollector, WatchSettings
 from stepscope.stats import SPINE_FIELDS, Histogram, RunningStats
+from tests.collect.collect_testkit import SmallNet, batches
 
 
 def run(model, opt, data, collector, explicit=True):

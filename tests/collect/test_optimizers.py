@@ -12,10 +12,10 @@ import warnings
 
 import pytest
 import torch
-from models import ResNetish, TinyGPT
-from stepkit import ce, disk_settings, images, tokens
 
 import stepscope as ss
+from tests.collect.models import ResNetish, TinyGPT
+from tests.collect.stepkit import ce, disk_settings, images, tokens
 
 
 def _scaled_iteration(model, opt, scaler, x, y, poison: bool):

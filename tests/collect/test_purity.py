@@ -5,9 +5,9 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
-from collect_testkit import SmallNet, batches
 
 from stepscope.collect import ALL_STREAMS, Cadence, HistoryCollector, WatchSettings
+from tests.collect.collect_testkit import SmallNet, batches
 
 
 def train(

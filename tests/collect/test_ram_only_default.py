@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from models import LSTMTagger
 
 import stepscope as ss
+from tests.collect.models import LSTMTagger
 
 
 def test_the_ram_ring_refusal_names_the_disk_first_spelling():

@@ -11,11 +11,11 @@ is bitwise the same as an unobserved control.
 
 import pytest
 import torch
-from models import CASES, close, spine_numbers, train
 
 from stepscope.collect import ALL_STREAMS, Cadence, HistoryCollector, WatchSettings
 from stepscope.history import Presence
 from stepscope.history.batch import member_of
+from tests.collect.models import CASES, close, spine_numbers, train
 
 STEPS = 6
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from models import ResNetish
 
 import stepscope as ss
 from stepscope.history import model_fingerprint
+from tests.collect.models import ResNetish
 
 
 def _ce(out, y):

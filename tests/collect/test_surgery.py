@@ -1,12 +1,12 @@
-"""Model surgery (issue 14, finding 9): a replaced module or parameter is detected at the next
+"""Model surgery: a replaced module or parameter is detected at the next
 step, its series ends with a reason, and the replacement is observed as a new series."""
 
 import torch
-from models import Numbers
 
 from stepscope import open_history
 from stepscope.collect import Cadence, HistoryCollector, WatchSettings
 from stepscope.collect.surgery import find_changes
+from tests.collect.models import Numbers
 
 
 def train_step(c, model, opt, x):

@@ -7,10 +7,10 @@ import time
 import numpy as np
 import pytest
 import torch
-from models import HookOracle, Numbers, ResNetish, close, spine_numbers
 
 import stepscope as ss
 from stepscope.stats import SPINE_FIELDS
+from tests.collect.models import HookOracle, Numbers, ResNetish, close, spine_numbers
 
 PROBE_SECONDS = 0.4
 

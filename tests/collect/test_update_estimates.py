@@ -9,10 +9,10 @@ from __future__ import annotations
 import math
 
 import torch
-from models import TinyGPT
 
 import stepscope as ss
 from stepscope.events import ObserverEvent, UpdateRatioCheck
+from tests.collect.models import TinyGPT
 
 SAMPLE = 256
 

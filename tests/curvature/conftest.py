@@ -1,15 +1,10 @@
-"""Curvature tests: one thread, and the transformer test kit (models, float64 oracles) of
-``tests/probe`` on the import path."""
+"""Curvature tests run on one thread (the transformer test kit they share with the probe tests is
+imported as ``tests.probe.transformer_testkit``)."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
-
-sys.path.insert(0, str(Path(__file__).parent.parent / "probe"))
 
 
 @pytest.fixture(autouse=True, scope="module")

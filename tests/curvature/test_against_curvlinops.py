@@ -1,6 +1,6 @@
 """Cross-check against curvlinops on a small MLP (mean-reduced CrossEntropyLoss).
 
-curvlinops conventions (ECOSYSTEM.md): mean reduction gives EF = (1/N) sum g_n g_n^T and
+curvlinops conventions: mean reduction gives EF = (1/N) sum g_n g_n^T and
 GGN = (1/N) sum J^T H J; ``KFACLinearOperator`` stores ``input_covariances`` (Abar) and
 ``gradient_covariances`` (Bbar) with the operator equal to ``kron(G, A)``; ``fisher_type="type-2"``
 is the exact-GGN KFAC. The Jacobian Gram is built from ``JacobianLinearOperator`` as J^T J / N.

@@ -8,15 +8,15 @@ import numpy as np
 import pytest
 import torch
 from torch import nn
-from transformer_testkit import (
+
+import stepscope as ss
+from tests.probe.transformer_testkit import (
     TARGETS,
     curvature_oracle,
     make_transformer,
     make_transformer_data,
     per_example_gradients,
 )
-
-import stepscope as ss
 
 RTOL = 1e-10
 FAMILIES = ("empirical_fisher", "ce_ggn", "jacobian_gram")

@@ -1,9 +1,9 @@
-"""A small real training loop that does by hand what the collector (issue 4) will do.
+"""A small real training loop that does by hand what the collector (``stepscope.collect``) does.
 
 Forward hooks capture module outputs; parameters, gradients and updates are read around
 ``optimizer.step()``; every tensor is reduced with the real kernels (``reduce_spines`` /
 ``reduce_histograms``), written with ``ArtifactWriter.write_step`` and converted with
-``events_from_step`` — the contract the collector will follow.
+``events_from_step`` — the contract the collector follows.
 """
 
 from __future__ import annotations

@@ -8,16 +8,11 @@ read as its new content — never a raw exception, a read over 5 s, or a traced 
 64 MiB plus 8x the artifact's bytes.
 """
 
-import sys
-from pathlib import Path
-
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-
-from artifact_fuzz import FAILURES, Campaign
+from benchmarks.artifact_fuzz import FAILURES, Campaign
 
 
 @pytest.fixture(scope="module")

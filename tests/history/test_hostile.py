@@ -88,7 +88,7 @@ def _replace_chunk(run_dir, table, data):
     _reseal(run_dir, mutate)
 
 
-# -- finding 1/2: the index layer --------------------------------------------------------------
+# -- the index layer ---------------------------------------------------------------------------
 def test_a_bit_flip_in_the_log_name_inside_index_json_refuses(tmp_path):
     run = _run(tmp_path / "run")
     raw = (run / "index.json").read_bytes()
@@ -166,7 +166,7 @@ def test_a_torn_evals_log_append_does_not_poison_later_evaluations(tmp_path):
     ]
 
 
-# -- finding 4/8: file kinds and links ----------------------------------------------------------
+# -- file kinds and links ----------------------------------------------------------------------
 def _swap(run, rel, kind):
     target = run / rel
     if target.is_dir():
@@ -259,7 +259,7 @@ def test_resume_never_writes_through_links_out_of_the_run(tmp_path):
     assert err.value.code == "history_file_kind_invalid" and not outside_lock.exists()
 
 
-# -- finding 5: crafted values ------------------------------------------------------------------
+# -- crafted values ----------------------------------------------------------------------------
 def _npy_with_header(dtype_descr, shape, body=b""):
     header = repr({"descr": dtype_descr, "fortran_order": False, "shape": shape}).encode()
     header += b" " * (63 - (10 + len(header)) % 64) + b"\n"

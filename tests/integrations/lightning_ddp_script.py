@@ -7,10 +7,10 @@ import sys
 
 import lightning.pytorch as pl
 import torch
-from test_lightning import TinyCNN, loaders
 
 import stepscope as ss
 from stepscope.integrations.lightning import StepscopeCallback
+from tests.integrations.test_lightning import TinyCNN, loaders
 
 if __name__ == "__main__":
     torch.manual_seed(0)

@@ -16,13 +16,6 @@ import lightning.pytorch as pl
 import numpy as np
 import pytest
 import torch
-from integrations_testkit import (
-    assert_gradients_match,
-    grad_facts,
-    optimizer_state_equal,
-    recorded_gradients,
-    state_equal,
-)
 from torch.utils.data import DataLoader, TensorDataset
 
 import stepscope as ss
@@ -30,6 +23,13 @@ from stepscope.cli import main
 from stepscope.integrations import IntegrationStoppedWarning, ProbePlan
 from stepscope.integrations.lightning import StepscopeCallback
 from stepscope.integrations.session import PROBE_TIMING_STEPS
+from tests.integrations.integrations_testkit import (
+    assert_gradients_match,
+    grad_facts,
+    optimizer_state_equal,
+    recorded_gradients,
+    state_equal,
+)
 
 BATCHES, BATCH, ACCUMULATE, EPOCHS = 5, 8, 2, 2
 STEPS_PER_EPOCH = (BATCHES + ACCUMULATE - 1) // ACCUMULATE  # 2 + 2 + the epoch's last batch
@@ -236,7 +236,11 @@ def test_resume_from_an_earlier_checkpoint_rewinds_to_its_step(tmp_path):
 
 @pytest.mark.slow
 def test_ddp_two_ranks_write_segments_that_merge_exactly(tmp_path):
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parent)}
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
+    }
     done = subprocess.run(
         [sys.executable, str(DDP_SCRIPT), str(tmp_path)],
         capture_output=True,

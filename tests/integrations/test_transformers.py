@@ -17,16 +17,16 @@ import numpy as np
 import pytest
 import torch
 import transformers as tf
-from integrations_testkit import (
+
+import stepscope as ss
+from stepscope.cli import main
+from stepscope.integrations.transformers import StepscopeCallback
+from tests.integrations.integrations_testkit import (
     assert_gradients_match,
     grad_facts,
     optimizer_state_equal,
     state_equal,
 )
-
-import stepscope as ss
-from stepscope.cli import main
-from stepscope.integrations.transformers import StepscopeCallback
 
 N_TRAIN, BATCH, ACCUMULATE, EPOCHS, N_EVAL = 40, 4, 4, 2, 8
 MICRO = [4, 4, 2]  # 10 batches per epoch, accumulation 4: the epoch's last step has 2
@@ -179,7 +179,7 @@ def test_train_stop_resume_is_one_artifact_with_ancestry(tmp_path):
 @pytest.mark.slow
 def test_torchrun_two_ranks_write_segments_of_one_run_that_merge(tmp_path):
     script = Path(__file__).with_name("transformers_ddp_script.py")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(script.parent)}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(script.resolve().parents[2])}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"]
     done = subprocess.run(
         [*cmd, str(script), str(tmp_path)],

@@ -6,10 +6,9 @@
 import sys
 from pathlib import Path
 
-from test_transformers import train
-
 import stepscope as ss
 from stepscope.integrations.transformers import StepscopeCallback
+from tests.integrations.test_transformers import train
 
 if __name__ == "__main__":
     cb = StepscopeCallback(cadence=1, settings=ss.WatchSettings(durable=False))

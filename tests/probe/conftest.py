@@ -1,15 +1,10 @@
-"""Make the probe test kit (tiny models, float64 oracle) importable under importlib mode."""
+"""The probe test kit's float64 oracle as a fixture."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-from probe_testkit import brute_force
+from tests.probe.probe_testkit import brute_force
 
 
 @pytest.fixture

@@ -6,7 +6,6 @@ import json
 
 import pytest
 import torch
-from probe_testkit import make_data, make_model
 
 from stepscope.probe import (
     DenseProbe,
@@ -15,6 +14,7 @@ from stepscope.probe import (
     plan_cadence,
     time_probe,
 )
+from tests.probe.probe_testkit import make_data, make_model
 
 
 def test_densest_cadence_keeps_overhead_at_or_under_target():

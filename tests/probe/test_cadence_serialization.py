@@ -7,10 +7,10 @@ import time
 
 import pytest
 import torch
-from probe_testkit import make_data, make_model
 
 from stepscope.history import ArtifactWriter, open_history
 from stepscope.probe import DenseProbe, plan_cadence, time_probe_parts, write_probe_record
+from tests.probe.probe_testkit import make_data, make_model
 
 
 def test_serialisation_is_timed_and_charged_to_the_probe(tmp_path):

@@ -7,12 +7,12 @@ import math
 import numpy as np
 import pytest
 import torch
-from probe_testkit import make_data, make_model
 from torch import nn
-from transformer_testkit import per_example_gradients
 
 from stepscope import Refusal
 from stepscope.probe import DenseProbe
+from tests.probe.probe_testkit import make_data, make_model
+from tests.probe.transformer_testkit import per_example_gradients
 
 RTOL, ATOL = 2e-4, 1e-9
 CASES = [

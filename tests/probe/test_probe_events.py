@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from probe_testkit import make_data, make_model
 
 from stepscope import HistoryCollector, WatchSettings
 from stepscope.events import EventStream
 from stepscope.events.trackers.jsonl import JsonlTracker, read_jsonl
 from stepscope.probe import DenseProbe, probe_scalar_rows, write_probe_record
+from tests.probe.probe_testkit import make_data, make_model
 
 
 def test_probe_rows_are_published_to_the_collectors_trackers(tmp_path):

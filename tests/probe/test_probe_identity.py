@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from probe_testkit import make_data, make_model
 
 from stepscope import Refusal
 from stepscope.history import ArtifactWriter
 from stepscope.probe import DenseProbe, probe_hash, read_probe_identity, write_probe_record
+from tests.probe.probe_testkit import make_data, make_model
 
 
 def test_identity_is_persisted_and_a_different_probe_is_refused(tmp_path):

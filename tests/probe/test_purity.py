@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from probe_testkit import make_data
 from torch import nn
 
 from stepscope import Refusal
 from stepscope._purity import snapshot_rng
 from stepscope.probe import DenseProbe
+from tests.probe.probe_testkit import make_data
 
 
 def _model() -> nn.Module:

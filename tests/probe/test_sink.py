@@ -7,7 +7,6 @@ import math
 
 import numpy as np
 import torch
-from probe_testkit import make_data, make_model
 
 from stepscope.history import ArtifactWriter, open_history
 from stepscope.probe import DenseProbe
@@ -17,6 +16,7 @@ from stepscope.probe.sink import (
     read_probe_confusion,
     write_probe_record,
 )
+from tests.probe.probe_testkit import make_data, make_model
 
 
 def test_probe_rows_round_trip_with_all_three_axes(tmp_path):

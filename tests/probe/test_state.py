@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from probe_testkit import make_data, make_model
 
 from stepscope import Refusal
 from stepscope.probe import DenseProbe
+from tests.probe.probe_testkit import make_data, make_model
 
 
 def _train_step(model, opt, x, y):

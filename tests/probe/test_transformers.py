@@ -7,7 +7,10 @@ import math
 import pytest
 import torch
 from torch import nn
-from transformer_testkit import (
+
+from stepscope import Refusal
+from stepscope.probe import DenseProbe
+from tests.probe.transformer_testkit import (
     TARGETS,
     Conv1D,
     make_transformer,
@@ -15,9 +18,6 @@ from transformer_testkit import (
     moments,
     per_example_gradients,
 )
-
-from stepscope import Refusal
-from stepscope.probe import DenseProbe
 
 RTOL = 1e-10
 ZERO = 1e-24  # squared-gradient scale below which a block is round-off of an exact zero

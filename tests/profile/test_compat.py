@@ -68,7 +68,7 @@ def cuda_shaped_events():
         E("aten::linear", "cpu_op", 1_000, 900, PID, MAIN_TID, corr=11),
         E("aten::addmm", "cpu_op", 1_100, 600, PID, MAIN_TID, corr=12),
         E("cudaLaunchKernel", "cuda_runtime", 1_200, 50, PID, MAIN_TID, corr=900, linked=12),
-        # backward on the autograd device thread: ids collide with the forward op (issue 124388)
+        # backward on the autograd device thread: ids collide with the forward op (pytorch/pytorch#124388)
         E("autograd::engine::evaluate_function: AddmmBackward0", "cpu_op", 5_000, 800, PID,
           BWD_TID, corr=900),
         E("aten::mm", "cpu_op", 5_100, 500, PID, BWD_TID, corr=31),

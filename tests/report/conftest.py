@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-from report_testkit import bare_run, train_run
+from tests.report.report_testkit import bare_run, train_run
 
 
 @pytest.fixture(scope="session")

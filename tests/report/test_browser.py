@@ -10,7 +10,8 @@ import shutil
 import subprocess
 
 import pytest
-from report_testkit import decode_png
+
+from tests.report.report_testkit import decode_png
 
 BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 BROWSER = next((shutil.which(b) for b in BROWSERS if shutil.which(b)), None)

@@ -8,11 +8,11 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
-from report_testkit import decode_png
 
 import stepscope as ss
 from stepscope.cli import main
 from stepscope.report import SECTION_KEYS, render_report
+from tests.report.report_testkit import decode_png
 
 
 class ReportParser(HTMLParser):

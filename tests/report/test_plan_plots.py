@@ -10,7 +10,6 @@ import shutil
 import numpy as np
 import pytest
 import torch
-from report_testkit import PROBE_STEPS, plots_titled, train_run
 
 import stepscope as ss
 from stepscope import Refusal
@@ -26,6 +25,7 @@ from stepscope.report.sections import (
     layers_section,
     moments_section,
 )
+from tests.report.report_testkit import PROBE_STEPS, plots_titled, train_run
 
 PLOT3 = {
     "grad_fro_legacy_scale": "dense-probe gradient L2",

@@ -101,7 +101,7 @@ def test_seed_mean_and_interval_exist_only_where_every_run_has_a_value():
 
 
 def test_a_site_with_only_zeros_draws_its_zero_band_and_no_bins(hand_run):
-    from report_testkit import decode_png
+    from tests.report.report_testkit import decode_png
 
     plot = histogram_plot(histogram_grid(hand_run, "relu", "activation"))
     assert len(plot.data["bins"]) == 0 and plot.data["counts"].size == 0

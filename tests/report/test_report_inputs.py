@@ -7,12 +7,12 @@ import json
 
 import pytest
 import torch
-from report_testkit import curvature_doc
 
 import stepscope as ss
 from stepscope.history import open_history
 from stepscope.report import RunView, render_report
 from stepscope.report.curvature import curvature_section
+from tests.report.report_testkit import curvature_doc
 
 
 def _set(doc, path, value):

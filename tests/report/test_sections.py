@@ -7,10 +7,10 @@ import json
 
 import numpy as np
 import torch
-from report_testkit import EVAL_ACC_STEPS, PROBE_STEPS, STEPS, as_array, plots_titled
 
 from stepscope.history import open_history
 from stepscope.report import Note, Table
+from tests.report.report_testkit import EVAL_ACC_STEPS, PROBE_STEPS, STEPS, as_array, plots_titled
 
 STEP_AXIS = np.arange(STEPS)
 

@@ -1,13 +1,8 @@
-"""Make the run-log test kit importable under importlib mode; the training-loop fixture."""
-
-import sys
-from pathlib import Path
+"""The run-log test kit's training loop as a fixture."""
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-from runlog_testkit import train
+from tests.runlog.runlog_testkit import train
 
 
 @pytest.fixture

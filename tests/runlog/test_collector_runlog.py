@@ -2,11 +2,11 @@
 
 import numpy as np
 import torch
-from runlog_testkit import BATCH, STEPS, STEPS_PER_EPOCH
 
 import stepscope as ss
 from stepscope.history import Presence
 from stepscope.runlog import RunView
+from tests.runlog.runlog_testkit import BATCH, STEPS, STEPS_PER_EPOCH
 
 W2 = "blocks.2.fc.weight"
 

@@ -2,10 +2,10 @@
 
 import numpy as np
 import pytest
-from runlog_testkit import BATCH, STEPS, STEPS_PER_EPOCH, survival
 
 from stepscope import Refusal, open_history
 from stepscope.runlog import EvalRecord, RunLog, RunView, read_summary
+from tests.runlog.runlog_testkit import BATCH, STEPS, STEPS_PER_EPOCH, survival
 
 
 def _run(sdnet_train, path=None, **kw):

@@ -1,4 +1,4 @@
-"""The fixed dense probe (seed 004): per-example gradient moments, zero fractions, deltas, confusion.
+"""The fixed dense probe (docs/probe.md): per-example gradient moments, zero fractions, deltas, confusion.
 
 Example
 -------

@@ -29,7 +29,7 @@ import torch
 
 from stepscope.errors import Refusal
 
-#: Default seed of the probe's private generator (the seed of the curvature analyses, seed 004).
+#: Default seed of the probe's private generator (the seed of the curvature analyses).
 DEFAULT_PROBE_SEED = 20260909
 
 

@@ -381,7 +381,7 @@ def throughput(reader: HistoryReader) -> tuple[np.ndarray, np.ndarray, str]:
     return steps, rate, how
 
 
-#: Plot 3 (seed 004): dense-probe layer quantities, ``key -> (title, log colour scale)``.
+#: The ``layers`` section's dense-probe quantities (docs/report.md), ``key -> (title, log colour scale)``.
 PROBE_LAYER_QUANTITIES: dict[str, tuple[str, bool]] = {
     "grad_fro_legacy_scale": ("dense-probe gradient L2  ||G||_F of the mean-loss gradient", True),
     "param_l2": ("dense-probe parameter L2  ||W||", True),

@@ -129,7 +129,7 @@ def curves_section(
                         x = D.scalar_on(r.reader, D.TRAIN_CLOCK, steps)
                     per_run.append((r.label, x, y))
                 if label == "probe" and not _same_probe(members):
-                    # never average probe curves of different examples (seed 004)
+                    # never average probe curves of different examples (docs/probe.md)
                     traces += [Trace(f"{label}{group} · {n}", x, y) for n, x, y in per_run]
                     mixed.add(f"probe{group}")
                     continue

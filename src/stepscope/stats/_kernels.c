@@ -12,7 +12,7 @@
  * The bin is the float's binary exponent (via a table indexed by sign+exponent) plus the number of
  * exact integer mantissa thresholds the mantissa reaches. No log2, no rounding.
  *
- * Portability (issue 23): built at install time with portable flags (never -march=native); on
+ * Portability: built at install time with portable flags (never -march=native); on
  * x86-64 Linux with GCC the hot loops are compiled three times (AVX-512F, AVX2, baseline) with
  * target_clones and the loader picks one at run time (ifunc). `#pragma omp simd` needs only -fopenmp-simd: no OpenMP
  * runtime is linked (torch ships its own; two runtimes in one process clash). Threads, when asked

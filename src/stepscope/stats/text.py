@@ -6,7 +6,7 @@ Example
 >>> from stepscope.stats import Histogram
 >>> h = Histogram(); h.update(torch.tensor([0.5, 0.75, -2.0, 0.0]))
 >>> print(render_histogram(h, width=10).splitlines()[0])
-               [-2.38, -2)         1 ##########
+               (-2.38, -2]         1 ##########
 """
 
 from __future__ import annotations
@@ -26,7 +26,10 @@ def _fmt(x: float) -> str:
 
 
 def render_histogram(hist: Histogram, width: int = 40, max_rows: int = 24) -> str:
-    """Non-empty buckets as rows ``[lower, upper)  count  bar``, specials on their own rows.
+    """Non-empty buckets as rows ``interval  count  bar``, specials on their own rows.
+
+    An interval is ``[lower, upper)`` for positive values and ``(lower, upper]`` for negative ones
+    (a bin holds the magnitudes ``[|upper|, |lower|)``); underflow beside zero is ``(lower, upper)``.
 
     When there are more than ``max_rows`` non-empty log2 bins, neighbouring bins are summed in
     groups so the picture keeps its shape (counts stay exact; labels show the merged range).
@@ -64,7 +67,10 @@ def render_histogram(hist: Histogram, width: int = 40, max_rows: int = 24) -> st
         if lo == up:
             label = "0 (exact)" if lo == 0 else _fmt(lo)
         else:
-            label = f"[{_fmt(lo)}, {_fmt(up)})" + (" *" if special else "")
+            # positive buckets hold [lo, up), negative ones (lo, up] (magnitudes [|up|, |lo|)),
+            # the underflow buckets beside zero are open at both ends
+            left, right = ("[" if lo > 0 else "("), ("]" if up < 0 else ")")
+            label = f"{left}{_fmt(lo)}, {_fmt(up)}{right}" + (" *" if special else "")
         bar = "#" * max(1, round(width * c / top))
         lines.append(f"{label:>26} {c:>9} {bar}")
     if hist.nan:

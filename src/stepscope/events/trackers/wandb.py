@@ -1,6 +1,6 @@
 """Weights & Biases tracker: one batched ``wandb.log`` row per step, on a declared x-axis.
 
-Facts this follows (see ``ECOSYSTEM.md``): W&B's ``_step`` is not the scientific axis, so the
+Facts this follows: W&B's ``_step`` is not the scientific axis, so the
 tracker declares its :class:`~stepscope.events.Axis` with ``define_metric(axis)`` and
 ``define_metric("*", step_metric=axis)`` and puts ``optimizer_step``, ``examples_seen`` and
 ``epoch`` (where known) in every row. Events are buffered per axis value and sent as ONE row when

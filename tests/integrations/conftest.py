@@ -1,6 +1,0 @@
-"""Make the integrations test kit importable under importlib mode."""
-
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).parent))
