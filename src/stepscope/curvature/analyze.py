@@ -59,6 +59,7 @@ import torch
 from torch import Tensor, nn
 
 from stepscope._purity import float64_copy, preserved_state
+from stepscope.codec import parse_enum
 from stepscope.curvature.factors import (
     APPROX_METHOD,
     KfacApprox,
@@ -75,11 +76,9 @@ from stepscope.curvature.families import (
     Family,
     block_metrics,
     output_directions,
-    parse_mode,
     place_directions,
 )
 from stepscope.curvature.output_space import DEFAULT_SUPPORT_RTOL, output_space_mismatch
-from stepscope.curvature.products import parse_enum
 from stepscope.curvature.quotients import layer_directional
 from stepscope.denominators import RULE
 from stepscope.errors import Refusal
@@ -241,8 +240,8 @@ def analyze_curvature(
         JSON-ready; layout and every key are defined in the module docstring.
     """
     start = time.perf_counter()
-    mode_enum = parse_mode(mode)
-    approx = parse_enum(KfacApprox, kfac_approx, "kfac_approx")
+    mode_enum = parse_enum(CurvatureMode, mode, "curvature mode", "curvature_mode_invalid")
+    approx = parse_enum(KfacApprox, kfac_approx, "kfac_approx", "curvature_mode_invalid")
     _validate(x, y, mode_enum, samples, eig_max_dimension)
     supplied_dtype = next((p.dtype for p in model.parameters()), None)
     prev_precision = torch.get_float32_matmul_precision()

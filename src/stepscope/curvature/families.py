@@ -41,7 +41,6 @@ import torch
 from torch import Tensor
 
 from stepscope.curvature.factors import KfacApprox, kfac_factor_rows
-from stepscope.errors import Refusal
 
 
 class CurvatureMode(str, Enum):
@@ -57,18 +56,6 @@ class Family(str, Enum):
     EMPIRICAL_FISHER = "empirical_fisher"
     CE_GGN = "ce_ggn"
     JACOBIAN_GRAM = "jacobian_gram"
-
-
-def parse_mode(mode: str | CurvatureMode) -> CurvatureMode:
-    """Validate a mode string, refusing ``curvature_mode_invalid`` for unknown ones."""
-    try:
-        return CurvatureMode(mode)
-    except ValueError:
-        raise Refusal(
-            "curvature_mode_invalid",
-            f"unknown curvature mode {mode!r}",
-            [f"use one of {[m.value for m in CurvatureMode]}"],
-        ) from None
 
 
 def softmax_and_complement(logits: Tensor) -> tuple[Tensor, Tensor]:
