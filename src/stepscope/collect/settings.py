@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from stepscope.defaults import DEFAULT_SEED
 from stepscope.errors import Refusal
 from stepscope.stats import HistogramDescriptor
 
@@ -249,7 +250,7 @@ class WatchSettings:
     ram_policy: str = "refuse"
     histogram_descriptor: HistogramDescriptor | None = None
     update_sample_size: int = 4096
-    update_seed: int = 20260909
+    update_seed: int = DEFAULT_SEED
     commit_steps: int = 32
     commit_seconds: float | None = 10.0
     event_stream: Any = None

@@ -80,6 +80,7 @@ from stepscope.curvature.families import (
 )
 from stepscope.curvature.output_space import DEFAULT_SUPPORT_RTOL, output_space_mismatch
 from stepscope.curvature.quotients import layer_directional
+from stepscope.defaults import DEFAULT_SEED
 from stepscope.denominators import RULE
 from stepscope.errors import Refusal
 from stepscope.probe.outputs import OutputSelector, ScoredTargets, score_targets, select_logits
@@ -185,7 +186,7 @@ def analyze_curvature(
     y: Tensor,
     mode: str = "exact",
     samples: int = 1,
-    seed: int = 20260909,
+    seed: int = DEFAULT_SEED,
     probe_id: str | None = None,
     eig_max_dimension: int = 1536,
     include_directional: bool = True,

@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from stepscope.defaults import DEFAULT_SEED
 from stepscope.errors import Refusal
 
 EXIT_CENSORED = 5
@@ -169,7 +170,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--seed",
         type=int,
-        default=20260909,
+        default=DEFAULT_SEED,
         help="seed of the sampled estimators (default: %(default)s)",
     )
     p.add_argument("--probe-id", default=None, help="a name for the probe set in the results")

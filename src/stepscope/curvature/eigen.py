@@ -50,13 +50,13 @@ from torch import Tensor
 
 from stepscope.codec import parse_enum
 from stepscope.curvature.products import (
-    DEFAULT_SEED,
     LOSS_CONVENTION,
     CurvatureKind,
     CurvatureOperator,
     LossKind,
     probe_operator,
 )
+from stepscope.defaults import DEFAULT_SEED
 from stepscope.errors import Refusal
 from stepscope.probe.outputs import OutputSelector
 

@@ -45,6 +45,7 @@ import torch
 from torch import Tensor, nn
 
 from stepscope.curvature.analyze import analyze_curvature, probe_sha256
+from stepscope.defaults import DEFAULT_SEED
 from stepscope.errors import Refusal
 
 PANEL_SCHEMA = "stepscope.curvature_panel.v1"
@@ -252,7 +253,7 @@ def run_curvature_panel(
     *,
     mode: str = "exact",
     samples: int = 1,
-    seed: int = 20260909,
+    seed: int = DEFAULT_SEED,
     probe_id: str | None = None,
     eig_max_dimension: int = 1536,
     include_directional: bool = True,

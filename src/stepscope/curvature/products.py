@@ -56,9 +56,6 @@ from stepscope.codec import parse_enum
 from stepscope.errors import Refusal
 from stepscope.probe.outputs import OutputSelector, score_targets, select_logits
 
-#: Seed of the private generators behind random directions and probes (never the global RNG).
-DEFAULT_SEED = 20260909
-
 
 class CurvatureKind(str, Enum):
     """Which curvature matrix a product applies."""

@@ -39,19 +39,19 @@ import torch
 import torch.nn.functional as F
 
 from stepscope.collect import ALL_STREAMS, HistoryCollector, WatchSettings
+from stepscope.defaults import DEFAULT_SEED
 from stepscope.demo import model as model_module
 from stepscope.demo.data import DigitSplits, load_digits_splits
 from stepscope.demo.model import Residual, ciresan_mlp
 from stepscope.demo.run import evaluate, print_dataset_statistics
 from stepscope.errors import Refusal
-from stepscope.probe.selection import DEFAULT_PROBE_SEED
 from stepscope.progress import Progress
 
 if TYPE_CHECKING:
     from stepscope.probe import DenseProbe
 
 #: The one probe draw of the whole study (every variant and seed probes the same examples).
-PROBE_SEED = DEFAULT_PROBE_SEED
+PROBE_SEED = DEFAULT_SEED
 TELEMETRY_FILE = "telemetry.json"
 
 
