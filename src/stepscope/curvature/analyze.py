@@ -72,8 +72,8 @@ from stepscope.curvature.factors import (
 )
 from stepscope.curvature.families import (
     ESTIMATOR_LABELS,
+    CurvatureFamily,
     CurvatureMode,
-    Family,
     block_metrics,
     output_directions,
     place_directions,
@@ -333,7 +333,7 @@ class _Targets:
 
 
 def _directions(
-    family: Family,
+    family: CurvatureFamily,
     scored: ScoredTargets,
     mode: CurvatureMode,
     samples: int,
@@ -345,7 +345,7 @@ def _directions(
     v = output_directions(family, rows, scored.labels, mode, samples, gen)
     if scored.keep is None:  # class labels (``keep`` is set exactly for token labels)
         return v
-    exact_rows = mode is CurvatureMode.EXACT and family is not Family.EMPIRICAL_FISHER
+    exact_rows = mode is CurvatureMode.EXACT and family is not CurvatureFamily.EMPIRICAL_FISHER
     return place_directions(v, scored.keep, per_position=exact_rows)
 
 
@@ -382,10 +382,10 @@ def _analyze(
     if mode is CurvatureMode.EXACT:
         # one pass per output unit gives every layer's Jacobian; each family is a mix of it
         jac = backprop_factors(
-            target, captures, _directions(Family.JACOBIAN_GRAM, scored, mode, samples, gen)
+            target, captures, _directions(CurvatureFamily.JACOBIAN_GRAM, scored, mode, samples, gen)
         )
-        per_family = {Family.JACOBIAN_GRAM: jac}
-        for fam in (Family.EMPIRICAL_FISHER, Family.CE_GGN):
+        per_family = {CurvatureFamily.JACOBIAN_GRAM: jac}
+        for fam in (CurvatureFamily.EMPIRICAL_FISHER, CurvatureFamily.CE_GGN):
             v = _directions(fam, scored, mode, samples, gen)
             v = v.reshape(v.shape[0], n, -1)  # (K, n, outputs): outputs index jac's directions
             per_family[fam] = [torch.einsum("knc,cnpd->knpd", v, j) for j in jac]
@@ -393,7 +393,7 @@ def _analyze(
     else:
         per_family = {}
         passes = 0
-        for fam in Family:
+        for fam in CurvatureFamily:
             v = _directions(fam, scored, mode, samples, gen)
             per_family[fam] = backprop_factors(target, captures, v)
             passes += v.shape[0]
@@ -411,11 +411,11 @@ def _analyze(
     approx = targets.approx
     for j, cap in enumerate(captures):
         a = cap.inputs  # (n, P, D)
-        a_rows, a_norm, _ = kfac_factor_rows(a, per_family[Family.EMPIRICAL_FISHER][j], approx)
+        a_rows, a_norm, _ = kfac_factor_rows(a, per_family[CurvatureFamily.EMPIRICAL_FISHER][j], approx)
         a_sp = spectrum(a_rows, f"{cap.name}/activation", a_norm)
         entry: dict[str, Any] = {"activation_factor": a_sp}
         has_bias = names[cap.name].bias is not None
-        for fam in Family:
+        for fam in CurvatureFamily:
             rows = per_family[fam][j].detach()
             label = f"{cap.name}/{fam.value}/backprop"
             b_sp = spectrum(kfac_factor_rows(a, rows, approx)[2], label, n)
@@ -424,8 +424,8 @@ def _analyze(
         if include_directional:
             directional[cap.name] = layer_directional(
                 a,
-                {fam.value: per_family[fam][j].detach() for fam in Family},
-                Family.EMPIRICAL_FISHER.value,
+                {fam.value: per_family[fam][j].detach() for fam in CurvatureFamily},
+                CurvatureFamily.EMPIRICAL_FISHER.value,
             )
     largest = max(eigenproblems, key=lambda e: e["dimension"])
     predictions = flat.argmax(1)
@@ -440,7 +440,7 @@ def _analyze(
         "scored_targets": m,
         "probe_cross_entropy_mean": float(-log_probs[torch.arange(m), labels].mean()),
         "probe_accuracy_fraction": float((predictions == labels).double().mean()),
-        "estimators": {f.value: ESTIMATOR_LABELS[mode][f] for f in Family},
+        "estimators": {f.value: ESTIMATOR_LABELS[mode][f] for f in CurvatureFamily},
         "backward_passes": passes,
         "layer_shapes": {cap.name: _layer_shape(cap) for cap in captures},
         # parameters outside the analysed layers (embeddings, norms, ...): not in any block
