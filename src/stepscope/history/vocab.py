@@ -18,11 +18,11 @@ from stepscope.codec import parse_enum
 class Stream(str, enum.Enum):
     """What tensor a site's observation reduces."""
 
-    ACTIVATION = "activation"
-    GRADIENT = "gradient"
-    PARAMETER = "parameter"
-    UPDATE = "update"
-    ACTIVATION_GRAD = "activation_grad"
+    ACTIVATION = "activation"  # module outputs, at module return (forward)
+    GRADIENT = "gradient"  # parameter gradients, just before the optimizer step
+    PARAMETER = "parameter"  # parameter values, just after the optimizer step
+    UPDATE = "update"  # the actual parameter change of the optimizer step (sampled)
+    ACTIVATION_GRAD = "activation_grad"  # gradients of module outputs (tensor hooks)
 
 
 #: Streams whose records must say whether the gradient was loss-scaled.
