@@ -411,7 +411,9 @@ def _analyze(
     approx = targets.approx
     for j, cap in enumerate(captures):
         a = cap.inputs  # (n, P, D)
-        a_rows, a_norm, _ = kfac_factor_rows(a, per_family[CurvatureFamily.EMPIRICAL_FISHER][j], approx)
+        a_rows, a_norm, _ = kfac_factor_rows(
+            a, per_family[CurvatureFamily.EMPIRICAL_FISHER][j], approx
+        )
         a_sp = spectrum(a_rows, f"{cap.name}/activation", a_norm)
         entry: dict[str, Any] = {"activation_factor": a_sp}
         has_bias = names[cap.name].bias is not None

@@ -140,7 +140,8 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _pin(args: argparse.Namespace) -> int:
-    from stepscope.curvature.offline import atomic_write_json, make_panel_pins
+    from stepscope.curvature.offline import make_panel_pins
+    from stepscope.history.files import atomic_write_json
 
     pins = make_panel_pins(args.source, _checkpoints(args.checkpoint), args.probe)
     atomic_write_json(Path(args.out), pins)

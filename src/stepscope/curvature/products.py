@@ -413,7 +413,9 @@ def make_operator(
     next_token: bool = False,
 ) -> CurvatureOperator:
     """The operator for ``kind`` on ``model`` as it is (no state guard; see :func:`probe_operator`)."""
-    operator = _OPERATORS[parse_enum(CurvatureKind, kind, "curvature kind", "curvature_mode_invalid")]
+    operator = _OPERATORS[
+        parse_enum(CurvatureKind, kind, "curvature kind", "curvature_mode_invalid")
+    ]
     return operator(model, x, y, loss, output=output, next_token=next_token)
 
 

@@ -47,12 +47,6 @@ def merge_spine_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return merge(a, b)
 
 
-def _idx() -> dict[str, int]:
-    from stepscope.stats import SPINE_FIELDS
-
-    return {name: i for i, name in enumerate(SPINE_FIELDS)}
-
-
 def merge_batches(
     a: ObservationBatch, b: ObservationBatch, *, micro_batch: int | str | None = "same"
 ) -> ObservationBatch:

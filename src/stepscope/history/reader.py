@@ -336,7 +336,9 @@ class HistoryReader:
         if table not in TABLES:
             raise Refusal("history_series_unknown", f"unknown table {table!r}; one of {TABLES}.")
         steps = check_steps(steps)
-        sv = None if stream is None else parse_enum(Stream, stream, "stream", "stream_unknown").value
+        sv = (
+            None if stream is None else parse_enum(Stream, stream, "stream", "stream_unknown").value
+        )
         parts = []
         for row, f in self._selected(table, sv, steps, site_ids):
             arr = self._load(f)
@@ -392,7 +394,8 @@ class HistoryReader:
         rows = rows[rows["micro_batch"] == (-1 if micro is None else micro)]
         if phase is not None:
             rows = rows[
-                rows["phase"] == code_of(parse_enum(Phase, phase, "phase", "history_series_unknown"))
+                rows["phase"]
+                == code_of(parse_enum(Phase, phase, "phase", "history_series_unknown"))
             ]
         elif len(np.unique(rows["phase"])) > 1:
             names = sorted(member_of(Phase, c).value for c in np.unique(rows["phase"]))

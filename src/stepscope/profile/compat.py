@@ -157,7 +157,9 @@ def extract_events(
         except (AttributeError, TypeError) as exc:  # a torch without this private surface
             reason = f"in-memory Kineto events unavailable ({exc})"
         else:
-            has_device = any(e.kind in DEVICE_KINDS or e.kind is TraceEventKind.RUNTIME for e in events)
+            has_device = any(
+                e.kind in DEVICE_KINDS or e.kind is TraceEventKind.RUNTIME for e in events
+            )
             return LoadedTrace(events, device_requested or has_device, SOURCE_IN_MEMORY)
     with tempfile.TemporaryDirectory(prefix="stepscope-trace-") as tmp:
         path = Path(tmp) / "trace.json"

@@ -192,7 +192,12 @@ class EvalRecord:
     def from_dict(cls, d: Mapping[str, Any]) -> EvalRecord:
         """Inverse of :meth:`to_dict`; a malformed row refuses ``history_json_invalid``."""
         try:
-            metrics = {str(k): float_from_json(v, str(k)) for k, v in dict(d["metrics"]).items()}
+            metrics: dict[str, float] = {}
+            for k, v in dict(d["metrics"]).items():
+                value = float_from_json(v, str(k))
+                if value is None:
+                    raise ValueError(f"metric {k!r} is null")
+                metrics[str(k)] = value
             return cls(
                 split=d["split"],
                 metrics=metrics,
