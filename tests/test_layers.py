@@ -29,6 +29,7 @@ LAYERS: list[set[str]] = [
         "transfer",
         "codec",
         "defaults",
+        "budget",
     },
     {"stats"},
     {"history"},
