@@ -83,58 +83,12 @@ from stepscope.curvature.quotients import layer_directional
 from stepscope.defaults import DEFAULT_SEED
 from stepscope.denominators import RULE
 from stepscope.errors import Refusal
+from stepscope.probe.legacy import OMITTED_LEGACY, legacy_names
 from stepscope.probe.outputs import OutputSelector, ScoredTargets, score_targets, select_logits
 from stepscope.probe.selection import probe_hash
 
 SCHEMA = "stepscope.curvature.v1"
 _LOG = logging.getLogger(__name__)
-
-#: canonical key -> the legacy name it replaces (docs/LEGACY_METRICS.md)
-LEGACY_NAMES: dict[str, str] = {
-    "layers.*.{family}.weight.diag_max": "layer-{i}/{hessian,jacobian,fisher}/diag_l2",
-    "layers.*.{family}.weight.frobenius": "layer-{i}/{family}/diag_fro",
-    "layers.*.{family}.weight.trace": "layer-{i}/{family}/diag_trace; hess_trace, jac_trace",
-    "layers.*.{family}.weight.average": "layer-{i}/{family}/diag_average",
-    "layers.*.{family}.kfac.trace": "layer-{i}/{family}/kfac_trace (legacy used unnormalised sums)",
-    "layers.*.{family}.kfac.relative_diagonal_error": "layer-{i}/{family}/kfac_error",
-    "layers.*.{family}.kfac.top_eigenvalue": "hess_l2, jac_l2, fish_l2",
-    "layers.*.activation_factor.eigenvalues": "hess_A/jac_A/fish_A spectra (one shared A)",
-    "layers.*.{family}.backprop_factor.eigenvalues": "hess_B, jac_B, fish_B spectra",
-    "directional.*.gradient_moments.mean_gradient_frobenius": "layer-{i}/grad_fro",
-    "directional.*.gradient_moments.mean_gradient_sq_norm": "layer-{i}/enorms",
-    "directional.*.gradient_moments.covariance_trace": "layer-{i}/norms_centered",
-    "directional.*.gradient_moments.gradient_diversity": "diversity / n (Yin et al.)",
-    "directional.*.gradient_moments.gradient_diversity_legacy_scale": "layer-{i}/fisher/diversity",
-    "directional.*.ce_ggn.mean_gradient_rayleigh_quotient": "hess_curv",
-    "directional.*.jacobian_gram.mean_gradient_rayleigh_quotient": "jac_curv",
-    "directional.*.{family}.per_example_rayleigh_quotient": "{hess,jac,sigma}_curv_grad, _max, _median",
-    "directional.*.ce_ggn.weighted_gradient_norm_mean": "norms_hess",
-    "directional.*.jacobian_gram.weighted_gradient_sq_norm_mean": "norms_jac",
-    "directional.*.{family}.factorized_noise_contraction": "hess_noise, jac_noise",
-    "directional.*.{family}.factorized_noise_contraction_centered": "*_noise_centered",
-    "output_space.lyapunov.rho_ambient": "mismatch/rho",
-    "output_space.preconditioned_fisher.rho_ambient": "mismatch/rho_cheap",
-    "output_space.lyapunov_to_preconditioned_intrinsic_dimension_ratio": "mismatch/diagonalizability",
-}
-
-#: legacy quantities deliberately not reproduced, with the reason
-OMITTED_LEGACY: dict[str, str] = {
-    "kfac_fro": "unnormalised factor sums (n^2 times the normalised value); kfac.frobenius replaces it",
-    "*_erank (trace/top)": "was an intrinsic dimension, not an entropy rank; see effective_rank and "
-    "output_space.*.intrinsic_dimension",
-    "lyap_hess_ave, lyap_jac_ave": "read accumulator fields that were never written (always 0)",
-    "band_bottou_stoch": "read an unwritten field (always 0)",
-    "lr1, lr2, lr3, lr4": "heuristic learning-rate prescriptions; lr1/lr2 divide by n twice",
-    "openai_gradient_noise": "square-root accumulator mislabelled as a gradient-noise scale; see "
-    "gradient_moments.simple_noise_scale",
-    "band_bottou, band_yaida, band_yaida_centered, jain1_*, jain2_*": "heuristic rates, unaudited",
-    "regrets, pairwise cosines": "expensive offset-regret predictions; absolute cosines",
-    "hist_fish_eig, hist_jac_eig": "duplicated the Hessian eigenvalue products",
-    "Kronecker-product eigenvalue lists": "up to millions of values per layer; factor spectra "
-    "and their products are reported instead",
-    "mean_norm": "sqrt(sum |g_i|^2)/n is neither mean nor RMS; see per_example_norm",
-}
-
 
 def _validate(x: Tensor, y: Tensor, mode: CurvatureMode, samples: int, eig_max: int) -> None:
     if not isinstance(x, Tensor) or not isinstance(y, Tensor):
@@ -475,7 +429,7 @@ def _analyze(
             "weight.frobenius": "2-norm of the exact block diagonal (legacy diag_fro)",
             "kfac": "normalised Bbar (x) Abar with Abar = sum a a^T / n, Bbar = sum_k B B^T / n",
         },
-        "legacy_names": LEGACY_NAMES,
+        "legacy_names": {k: v.describe() for k, v in legacy_names("curvature").items()},
         "omitted_legacy_quantities": OMITTED_LEGACY,
     }
     return {
