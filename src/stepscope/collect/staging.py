@@ -26,6 +26,7 @@ from stepscope.stats.reduce import merge_spine_into, native_spine_kernels
 
 _ROW = SPINE_WIDTH * 8  # bytes per spine row (float64)
 
+
 class Staging:
     """Spine and histogram rows of one device for every (stream, site) row key.
 

@@ -90,6 +90,7 @@ from stepscope.probe.selection import probe_hash
 SCHEMA = "stepscope.curvature.v1"
 _LOG = logging.getLogger(__name__)
 
+
 def _validate(x: Tensor, y: Tensor, mode: CurvatureMode, samples: int, eig_max: int) -> None:
     if not isinstance(x, Tensor) or not isinstance(y, Tensor):
         raise Refusal("curvature_input_invalid", "x and y must be tensors", ["pass torch tensors"])
