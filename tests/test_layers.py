@@ -27,7 +27,18 @@ SRC = Path(stepscope.__file__).parent
 
 #: Bottom to top. A name is a top-level module or sub-package of ``stepscope``.
 LAYERS: list[set[str]] = [
-    {"errors", "progress", "denominators", "selection", "_purity", "_version", "transfer"},
+    {
+        "errors",
+        "progress",
+        "denominators",
+        "selection",
+        "_purity",
+        "_version",
+        "transfer",
+        "codec",
+        "defaults",
+        "budget",
+    },
     {"stats"},  # stats.layout (torch-free) is what history builds on, imported at module level
     {"history"},
     {"runlog", "events", "profile"},
@@ -40,6 +51,7 @@ TOP = len(LAYERS) - 1
 #: Imports between peers of one layer (below the top) that are allowed, with the reason.
 PEERS: dict[tuple[str, str], str] = {
     ("selection", "errors"): "every module refuses with stepscope.errors",
+    ("codec", "errors"): "parse_enum and float_from_json refuse with the caller's code",
     ("curvature", "probe"): "curvature reuses the probe's output selection and layer sequence",
 }
 

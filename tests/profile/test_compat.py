@@ -10,7 +10,7 @@ import torch
 from stepscope import Refusal
 from stepscope.profile import compat, from_profiler, join_events
 from stepscope.profile.results import Availability, availability_of
-from stepscope.profile.trace import EventKind
+from stepscope.profile.trace import TraceEventKind
 
 PID, MAIN_TID, BWD_TID = 4242, 4242, 4300
 
@@ -85,8 +85,8 @@ def test_cuda_shaped_in_memory_events_join_by_correlation_and_thread():
     loaded = compat.extract_events(fake_prof(cuda_shaped_events()), device_requested=True)
     assert loaded.source == "in_memory_kineto" and loaded.disclosures == ()
     kinds = [e.kind for e in loaded.events]
-    assert kinds.count(EventKind.KERNEL) == 2 and kinds.count(EventKind.RUNTIME) == 3
-    assert kinds[-2:] == [EventKind.MEMCPY, EventKind.MEMSET]
+    assert kinds.count(TraceEventKind.KERNEL) == 2 and kinds.count(TraceEventKind.RUNTIME) == 3
+    assert kinds[-2:] == [TraceEventKind.MEMCPY, TraceEventKind.MEMSET]
     result = join_events(loaded.events)
     ev = result.events
     owner = {ev[a.event].name: (ev[a.owner].name if a.owner is not None else a.status.value)

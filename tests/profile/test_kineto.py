@@ -11,7 +11,7 @@ from stepscope.profile.accounting import JoinStatus, classify_owner, interval_un
 from stepscope.profile.kineto import join_events
 from stepscope.profile.results import Availability, availability_of
 from stepscope.profile.spans import OwnerClass
-from stepscope.profile.trace import EventKind, TraceEvent
+from stepscope.profile.trace import TraceEvent, TraceEventKind
 
 HOST = ("pid", 1)
 OTHER_HOST = ("pid", 2)
@@ -29,14 +29,14 @@ class Builder:
         return e.index
 
     def op(self, name, start, end, thread=HOST, ext=None):
-        return self.add(EventKind.CPU_OP, name, start, end - start, thread, ext=ext)
+        return self.add(TraceEventKind.CPU_OP, name, start, end - start, thread, ext=ext)
 
     def launch(self, corr, start, end, thread=HOST, ext=None):
         return self.add(
-            EventKind.RUNTIME, "cudaLaunchKernel", start, end - start, thread, corr, ext
+            TraceEventKind.RUNTIME, "cudaLaunchKernel", start, end - start, thread, corr, ext
         )
 
-    def kernel(self, corr, start, dur, stream=7, device=0, kind=EventKind.KERNEL, ext=None):
+    def kernel(self, corr, start, dur, stream=7, device=0, kind=TraceEventKind.KERNEL, ext=None):
         return self.add(kind, f"k{corr}", start, dur, (device, stream), corr, ext)
 
 
@@ -159,8 +159,8 @@ def test_memcpy_and_memset_count_as_device_time():
     b.op("aten::copy_", 0, 100)
     b.launch(1, 10, 20)
     b.launch(2, 30, 40)
-    b.kernel(1, 100, 8, kind=EventKind.MEMCPY)
-    b.kernel(2, 104, 8, kind=EventKind.MEMSET)
+    b.kernel(1, 100, 8, kind=TraceEventKind.MEMCPY)
+    b.kernel(2, 104, 8, kind=TraceEventKind.MEMSET)
     r = join_events(b.events)
     assert r.accounting.device_time_sum_ns == 16 and r.accounting.device_busy_ns == 12
     assert owners_by_name(r) == {"k1": "aten::copy_", "k2": "aten::copy_"}

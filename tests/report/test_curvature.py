@@ -10,7 +10,7 @@ import torch
 
 import stepscope as ss
 from stepscope.history import open_history
-from stepscope.report import Plot, RunView, Table
+from stepscope.report import Plot, ReportRun, Table
 from stepscope.report.curvature import curvature_section, find_curvature_files
 
 
@@ -22,7 +22,7 @@ def test_panel_draws_real_analyze_curvature_output(runs, tmp_path):
     doc = {"epoch": 3, "snapshot_duration_s": 0.5, "analysis": analysis}
     (tmp_path / "curvature-003.json").write_text(json.dumps(doc))
     assert find_curvature_files(tmp_path) == [tmp_path / "curvature-003.json"]
-    sec = curvature_section([RunView(tmp_path, open_history(runs["bare"]), "real")])
+    sec = curvature_section([ReportRun(tmp_path, open_history(runs["bare"]), "real")])
     plots = {i.title: i for i in sec.items if isinstance(i, Plot)}
     spectra = plots["factor spectra at epoch 3 · real"]
     for layer in ("0", "2"):
@@ -43,5 +43,5 @@ def test_a_curvature_file_that_is_not_a_panel_refuses(runs, tmp_path):
     (tmp_path / "curvature").mkdir()
     (tmp_path / "curvature" / "curvature-000.json").write_text('{"epoch": 0}')
     with pytest.raises(ss.Refusal) as err:
-        curvature_section([RunView(tmp_path, open_history(runs["bare"]), "bad")])
+        curvature_section([ReportRun(tmp_path, open_history(runs["bare"]), "bad")])
     assert err.value.code == "report_input_invalid"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 import time
 
-from stepscope.report import RunView
+from stepscope.report import ReportRun
 from stepscope.report.html import to_html
 from stepscope.report.model import Section
 from stepscope.report.plots import Plot
@@ -13,7 +13,7 @@ from stepscope.report.record import record_section
 
 
 def test_record_shows_the_creation_date_and_rounded_numbers(runs):
-    view = RunView.open(runs["seed0"])
+    view = ReportRun.open(runs["seed0"])
     sec = record_section([view])
     table = sec.items[0]
     rows = dict((r[0], r[1]) for r in table.rows)
@@ -37,7 +37,7 @@ def test_a_caption_shared_by_several_plots_is_printed_once(runs):
     shared = "Thin traces: seeds; thick: their mean."
     sec = Section("curves", "Curves")
     sec.items.extend([_plot(f"p{i}", shared) for i in range(4)] + [_plot("own", "Only mine.")])
-    html = to_html([sec], [RunView.open(runs["seed0"])])
+    html = to_html([sec], [ReportRun.open(runs["seed0"])])
     assert html.count(shared) == 1 and html.count("Only mine.") == 1
     assert html.count("<figcaption>x-axis: optimizer step.") == 5  # each still names its axis
     assert 'width="256" height="128"' in html  # shown at half its pixels: sharp on HiDPI

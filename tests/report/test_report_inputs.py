@@ -10,7 +10,7 @@ import torch
 
 import stepscope as ss
 from stepscope.history import open_history
-from stepscope.report import RunView, render_report
+from stepscope.report import ReportRun, render_report
 from stepscope.report.curvature import curvature_section
 from tests.report.report_testkit import curvature_doc
 
@@ -54,7 +54,7 @@ def test_loosely_typed_curvature_json_refuses_with_a_code(runs, tmp_path, mutant
     (tmp_path / "curvature").mkdir()
     (tmp_path / "curvature" / "curvature-000.json").write_text(json.dumps(doc))
     with pytest.raises(ss.Refusal) as err:
-        curvature_section([RunView(tmp_path, open_history(runs["bare"]), "bad")])
+        curvature_section([ReportRun(tmp_path, open_history(runs["bare"]), "bad")])
     assert err.value.code == "report_input_invalid"
 
 
@@ -62,7 +62,7 @@ def test_the_unmutated_document_still_draws(runs, tmp_path):
     (tmp_path / "curvature").mkdir()
     doc = curvature_doc(0, 1.0)
     (tmp_path / "curvature" / "curvature-000.json").write_text(json.dumps(doc))
-    assert curvature_section([RunView(tmp_path, open_history(runs["bare"]), "ok")]).items
+    assert curvature_section([ReportRun(tmp_path, open_history(runs["bare"]), "ok")]).items
 
 
 class _Dollar(torch.nn.Module):

@@ -7,7 +7,6 @@ from stepscope.collect.settings import (
     ALL_STREAMS,
     DEFAULT_CADENCE,
     Cadence,
-    StreamName,
     WatchSettings,
 )
 
@@ -22,7 +21,6 @@ __all__ = [
     "Plan",
     "PlanRow",
     "StepTransaction",
-    "StreamName",
     "WatchSettings",
     "choose_stream_cadences",
 ]

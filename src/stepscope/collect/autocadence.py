@@ -33,12 +33,12 @@ Example
 
 from __future__ import annotations
 
-import math
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from stepscope.budget import densest_cadence
 from stepscope.collect.settings import Cadence
 from stepscope.errors import Refusal
 
@@ -179,7 +179,7 @@ def choose_stream_cadences(
     cadences, expected = {}, fixed
     for s in streams:
         cost = mean[s] + shared / n + hist[s] / histogram_factor
-        k = min(MAX_CADENCE, max(1, math.ceil(cost / budget - 1e-12)))
+        k = min(MAX_CADENCE, densest_cadence(cost, budget))
         cadences[s] = Cadence(k, histogram_factor * k)
         expected += cost / k
     return CadenceChoice(

@@ -60,7 +60,7 @@ from stepscope.collect.sites import (
     register_param_sites,
     unwrap_compiled,
 )
-from stepscope.collect.staging import Staging, by_device, to_host  # noqa: F401  (tests patch it here)
+from stepscope.collect.staging import Staging
 from stepscope.collect.stepping import OptimizerSteps
 from stepscope.collect.stepstate import StepState, StepTransaction
 from stepscope.collect.store import open_store

@@ -7,35 +7,28 @@ Example
 -------
 >>> s = WatchSettings(output_dir="runs/a", histogram_descriptor=None)
 >>> s.ram_policy
-'refuse'
+<RingPolicy.REFUSE: 'refuse'>
 >>> resolve_cadence({"parameter": 10}, ("activation", "parameter"))["parameter"]
 Cadence(spine=10, histogram=100)
 """
 
 from __future__ import annotations
 
-import enum
 import math
 import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from stepscope.codec import parse_enum
+from stepscope.defaults import DEFAULT_SEED
 from stepscope.errors import Refusal
+from stepscope.history.ring import RingPolicy
+from stepscope.history.vocab import Stream
 from stepscope.stats import HistogramDescriptor
 
-
-class StreamName(str, enum.Enum):
-    """The five things a collector can watch."""
-
-    ACTIVATION = "activation"  # module outputs, at module return (forward)
-    GRADIENT = "gradient"  # parameter gradients, just before the optimizer step
-    PARAMETER = "parameter"  # parameter values, just after the optimizer step
-    UPDATE = "update"  # the actual parameter change of the optimizer step (sampled)
-    ACTIVATION_GRAD = "activation_grad"  # gradients of module outputs (tensor hooks)
-
-
-ALL_STREAMS: tuple[str, ...] = tuple(s.value for s in StreamName)
+#: The five things a collector can watch (the values of :class:`~stepscope.history.Stream`).
+ALL_STREAMS: tuple[str, ...] = tuple(s.value for s in Stream)
 
 Schedule = int | Callable[[int], bool]
 
@@ -206,8 +199,9 @@ class WatchSettings:
         ``None`` there, e.g. when the checkpoint lies beyond the committed steps, keeps it
         unknown).
     ram_capacity, ram_policy
-        Ring of recent step blocks; RAM-only policy ``refuse`` (default), ``drop_oldest`` or
-        ``coarsen``. With disk on the ring is an LRU cache.
+        Ring of recent step blocks; RAM-only policy (a :class:`~stepscope.history.ring.RingPolicy`
+        or its value, stored as the enum) ``refuse`` (default), ``drop_oldest`` or ``coarsen``.
+        With disk on the ring is an LRU cache.
     histogram_descriptor
         The histogram grid (default ``HistogramDescriptor()``).
     update_sample_size
@@ -246,10 +240,10 @@ class WatchSettings:
     run_id: str | None = None
     resume: bool = False
     ram_capacity: int = 256
-    ram_policy: str = "refuse"
+    ram_policy: RingPolicy | str = RingPolicy.REFUSE
     histogram_descriptor: HistogramDescriptor | None = None
     update_sample_size: int = 4096
-    update_seed: int = 20260909
+    update_seed: int = DEFAULT_SEED
     commit_steps: int = 32
     commit_seconds: float | None = 10.0
     event_stream: Any = None
@@ -274,8 +268,8 @@ class WatchSettings:
             problems.append("run_id must be a non-empty string or None")
         if self.ram_capacity < 1:
             problems.append("ram_capacity must be >= 1")
-        if self.ram_policy not in ("refuse", "drop_oldest", "coarsen"):
-            problems.append(f"ram_policy {self.ram_policy!r} not in refuse/drop_oldest/coarsen")
+        policy = parse_enum(RingPolicy, self.ram_policy, "ram_policy", "settings_invalid")
+        object.__setattr__(self, "ram_policy", policy)
         if self.update_sample_size < 1:
             problems.append("update_sample_size must be >= 1")
         if self.kernel_backend not in ("auto", "c", "torch"):

@@ -26,9 +26,6 @@ from stepscope.stats.reduce import merge_spine_into, native_spine_kernels
 
 _ROW = SPINE_WIDTH * 8  # bytes per spine row (float64)
 
-# the collector still imports the name from here; the copy itself is stepscope.transfer's
-to_host = transfer.to_host
-
 
 class Staging:
     """Spine and histogram rows of one device for every (stream, site) row key.

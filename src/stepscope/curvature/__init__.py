@@ -10,13 +10,13 @@
 from stepscope.curvature.analyze import analyze_curvature, probe_sha256
 from stepscope.curvature.eigen import top_eigenvalues
 from stepscope.curvature.estimators import trace
-from stepscope.curvature.families import CurvatureMode, Family
+from stepscope.curvature.families import CurvatureFamily, CurvatureMode
 from stepscope.curvature.offline import make_panel_pins, run_curvature_panel
 from stepscope.curvature.quadratic import directional
 
 __all__ = [
+    "CurvatureFamily",
     "CurvatureMode",
-    "Family",
     "analyze_curvature",
     "directional",
     "make_panel_pins",

@@ -59,6 +59,7 @@ import torch
 from torch import Tensor, nn
 
 from stepscope._purity import float64_copy, preserved_state
+from stepscope.codec import parse_enum
 from stepscope.curvature.factors import (
     APPROX_METHOD,
     KfacApprox,
@@ -71,69 +72,23 @@ from stepscope.curvature.factors import (
 )
 from stepscope.curvature.families import (
     ESTIMATOR_LABELS,
+    CurvatureFamily,
     CurvatureMode,
-    Family,
     block_metrics,
     output_directions,
-    parse_mode,
     place_directions,
 )
 from stepscope.curvature.output_space import DEFAULT_SUPPORT_RTOL, output_space_mismatch
-from stepscope.curvature.products import parse_enum
 from stepscope.curvature.quotients import layer_directional
+from stepscope.defaults import DEFAULT_SEED
 from stepscope.denominators import RULE
 from stepscope.errors import Refusal
+from stepscope.probe.legacy import OMITTED_LEGACY, legacy_names
 from stepscope.probe.outputs import OutputSelector, ScoredTargets, score_targets, select_logits
 from stepscope.probe.selection import probe_hash
 
 SCHEMA = "stepscope.curvature.v1"
 _LOG = logging.getLogger(__name__)
-
-#: canonical key -> the legacy name it replaces (docs/LEGACY_METRICS.md)
-LEGACY_NAMES: dict[str, str] = {
-    "layers.*.{family}.weight.diag_max": "layer-{i}/{hessian,jacobian,fisher}/diag_l2",
-    "layers.*.{family}.weight.frobenius": "layer-{i}/{family}/diag_fro",
-    "layers.*.{family}.weight.trace": "layer-{i}/{family}/diag_trace; hess_trace, jac_trace",
-    "layers.*.{family}.weight.average": "layer-{i}/{family}/diag_average",
-    "layers.*.{family}.kfac.trace": "layer-{i}/{family}/kfac_trace (legacy used unnormalised sums)",
-    "layers.*.{family}.kfac.relative_diagonal_error": "layer-{i}/{family}/kfac_error",
-    "layers.*.{family}.kfac.top_eigenvalue": "hess_l2, jac_l2, fish_l2",
-    "layers.*.activation_factor.eigenvalues": "hess_A/jac_A/fish_A spectra (one shared A)",
-    "layers.*.{family}.backprop_factor.eigenvalues": "hess_B, jac_B, fish_B spectra",
-    "directional.*.gradient_moments.mean_gradient_frobenius": "layer-{i}/grad_fro",
-    "directional.*.gradient_moments.mean_gradient_sq_norm": "layer-{i}/enorms",
-    "directional.*.gradient_moments.covariance_trace": "layer-{i}/norms_centered",
-    "directional.*.gradient_moments.gradient_diversity": "diversity / n (Yin et al.)",
-    "directional.*.gradient_moments.gradient_diversity_legacy_scale": "layer-{i}/fisher/diversity",
-    "directional.*.ce_ggn.mean_gradient_rayleigh_quotient": "hess_curv",
-    "directional.*.jacobian_gram.mean_gradient_rayleigh_quotient": "jac_curv",
-    "directional.*.{family}.per_example_rayleigh_quotient": "{hess,jac,sigma}_curv_grad, _max, _median",
-    "directional.*.ce_ggn.weighted_gradient_norm_mean": "norms_hess",
-    "directional.*.jacobian_gram.weighted_gradient_sq_norm_mean": "norms_jac",
-    "directional.*.{family}.factorized_noise_contraction": "hess_noise, jac_noise",
-    "directional.*.{family}.factorized_noise_contraction_centered": "*_noise_centered",
-    "output_space.lyapunov.rho_ambient": "mismatch/rho",
-    "output_space.preconditioned_fisher.rho_ambient": "mismatch/rho_cheap",
-    "output_space.lyapunov_to_preconditioned_intrinsic_dimension_ratio": "mismatch/diagonalizability",
-}
-
-#: legacy quantities deliberately not reproduced, with the reason
-OMITTED_LEGACY: dict[str, str] = {
-    "kfac_fro": "unnormalised factor sums (n^2 times the normalised value); kfac.frobenius replaces it",
-    "*_erank (trace/top)": "was an intrinsic dimension, not an entropy rank; see effective_rank and "
-    "output_space.*.intrinsic_dimension",
-    "lyap_hess_ave, lyap_jac_ave": "read accumulator fields that were never written (always 0)",
-    "band_bottou_stoch": "read an unwritten field (always 0)",
-    "lr1, lr2, lr3, lr4": "heuristic learning-rate prescriptions; lr1/lr2 divide by n twice",
-    "openai_gradient_noise": "square-root accumulator mislabelled as a gradient-noise scale; see "
-    "gradient_moments.simple_noise_scale",
-    "band_bottou, band_yaida, band_yaida_centered, jain1_*, jain2_*": "heuristic rates, unaudited",
-    "regrets, pairwise cosines": "expensive offset-regret predictions; absolute cosines",
-    "hist_fish_eig, hist_jac_eig": "duplicated the Hessian eigenvalue products",
-    "Kronecker-product eigenvalue lists": "up to millions of values per layer; factor spectra "
-    "and their products are reported instead",
-    "mean_norm": "sqrt(sum |g_i|^2)/n is neither mean nor RMS; see per_example_norm",
-}
 
 
 def _validate(x: Tensor, y: Tensor, mode: CurvatureMode, samples: int, eig_max: int) -> None:
@@ -186,7 +141,7 @@ def analyze_curvature(
     y: Tensor,
     mode: str = "exact",
     samples: int = 1,
-    seed: int = 20260909,
+    seed: int = DEFAULT_SEED,
     probe_id: str | None = None,
     eig_max_dimension: int = 1536,
     include_directional: bool = True,
@@ -241,8 +196,8 @@ def analyze_curvature(
         JSON-ready; layout and every key are defined in the module docstring.
     """
     start = time.perf_counter()
-    mode_enum = parse_mode(mode)
-    approx = parse_enum(KfacApprox, kfac_approx, "kfac_approx")
+    mode_enum = parse_enum(CurvatureMode, mode, "curvature mode", "curvature_mode_invalid")
+    approx = parse_enum(KfacApprox, kfac_approx, "kfac_approx", "curvature_mode_invalid")
     _validate(x, y, mode_enum, samples, eig_max_dimension)
     supplied_dtype = next((p.dtype for p in model.parameters()), None)
     prev_precision = torch.get_float32_matmul_precision()
@@ -333,7 +288,7 @@ class _Targets:
 
 
 def _directions(
-    family: Family,
+    family: CurvatureFamily,
     scored: ScoredTargets,
     mode: CurvatureMode,
     samples: int,
@@ -345,7 +300,7 @@ def _directions(
     v = output_directions(family, rows, scored.labels, mode, samples, gen)
     if scored.keep is None:  # class labels (``keep`` is set exactly for token labels)
         return v
-    exact_rows = mode is CurvatureMode.EXACT and family is not Family.EMPIRICAL_FISHER
+    exact_rows = mode is CurvatureMode.EXACT and family is not CurvatureFamily.EMPIRICAL_FISHER
     return place_directions(v, scored.keep, per_position=exact_rows)
 
 
@@ -382,10 +337,10 @@ def _analyze(
     if mode is CurvatureMode.EXACT:
         # one pass per output unit gives every layer's Jacobian; each family is a mix of it
         jac = backprop_factors(
-            target, captures, _directions(Family.JACOBIAN_GRAM, scored, mode, samples, gen)
+            target, captures, _directions(CurvatureFamily.JACOBIAN_GRAM, scored, mode, samples, gen)
         )
-        per_family = {Family.JACOBIAN_GRAM: jac}
-        for fam in (Family.EMPIRICAL_FISHER, Family.CE_GGN):
+        per_family = {CurvatureFamily.JACOBIAN_GRAM: jac}
+        for fam in (CurvatureFamily.EMPIRICAL_FISHER, CurvatureFamily.CE_GGN):
             v = _directions(fam, scored, mode, samples, gen)
             v = v.reshape(v.shape[0], n, -1)  # (K, n, outputs): outputs index jac's directions
             per_family[fam] = [torch.einsum("knc,cnpd->knpd", v, j) for j in jac]
@@ -393,7 +348,7 @@ def _analyze(
     else:
         per_family = {}
         passes = 0
-        for fam in Family:
+        for fam in CurvatureFamily:
             v = _directions(fam, scored, mode, samples, gen)
             per_family[fam] = backprop_factors(target, captures, v)
             passes += v.shape[0]
@@ -411,11 +366,13 @@ def _analyze(
     approx = targets.approx
     for j, cap in enumerate(captures):
         a = cap.inputs  # (n, P, D)
-        a_rows, a_norm, _ = kfac_factor_rows(a, per_family[Family.EMPIRICAL_FISHER][j], approx)
+        a_rows, a_norm, _ = kfac_factor_rows(
+            a, per_family[CurvatureFamily.EMPIRICAL_FISHER][j], approx
+        )
         a_sp = spectrum(a_rows, f"{cap.name}/activation", a_norm)
         entry: dict[str, Any] = {"activation_factor": a_sp}
         has_bias = names[cap.name].bias is not None
-        for fam in Family:
+        for fam in CurvatureFamily:
             rows = per_family[fam][j].detach()
             label = f"{cap.name}/{fam.value}/backprop"
             b_sp = spectrum(kfac_factor_rows(a, rows, approx)[2], label, n)
@@ -424,8 +381,8 @@ def _analyze(
         if include_directional:
             directional[cap.name] = layer_directional(
                 a,
-                {fam.value: per_family[fam][j].detach() for fam in Family},
-                Family.EMPIRICAL_FISHER.value,
+                {fam.value: per_family[fam][j].detach() for fam in CurvatureFamily},
+                CurvatureFamily.EMPIRICAL_FISHER.value,
             )
     largest = max(eigenproblems, key=lambda e: e["dimension"])
     predictions = flat.argmax(1)
@@ -440,7 +397,7 @@ def _analyze(
         "scored_targets": m,
         "probe_cross_entropy_mean": float(-log_probs[torch.arange(m), labels].mean()),
         "probe_accuracy_fraction": float((predictions == labels).double().mean()),
-        "estimators": {f.value: ESTIMATOR_LABELS[mode][f] for f in Family},
+        "estimators": {f.value: ESTIMATOR_LABELS[mode][f] for f in CurvatureFamily},
         "backward_passes": passes,
         "layer_shapes": {cap.name: _layer_shape(cap) for cap in captures},
         # parameters outside the analysed layers (embeddings, norms, ...): not in any block
@@ -473,7 +430,7 @@ def _analyze(
             "weight.frobenius": "2-norm of the exact block diagonal (legacy diag_fro)",
             "kfac": "normalised Bbar (x) Abar with Abar = sum a a^T / n, Bbar = sum_k B B^T / n",
         },
-        "legacy_names": LEGACY_NAMES,
+        "legacy_names": {k: v.describe() for k, v in legacy_names("curvature").items()},
         "omitted_legacy_quantities": OMITTED_LEGACY,
     }
     return {

@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from stepscope.defaults import DEFAULT_SEED
 from stepscope.errors import Refusal
 
 EXIT_CENSORED = 5
@@ -139,7 +140,8 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _pin(args: argparse.Namespace) -> int:
-    from stepscope.curvature.offline import atomic_write_json, make_panel_pins
+    from stepscope.curvature.offline import make_panel_pins
+    from stepscope.history.files import atomic_write_json
 
     pins = make_panel_pins(args.source, _checkpoints(args.checkpoint), args.probe)
     atomic_write_json(Path(args.out), pins)
@@ -169,7 +171,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--seed",
         type=int,
-        default=20260909,
+        default=DEFAULT_SEED,
         help="seed of the sampled estimators (default: %(default)s)",
     )
     p.add_argument("--probe-id", default=None, help="a name for the probe set in the results")

@@ -48,15 +48,15 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from stepscope.codec import parse_enum
 from stepscope.curvature.products import (
-    DEFAULT_SEED,
     LOSS_CONVENTION,
     CurvatureKind,
     CurvatureOperator,
     LossKind,
-    parse_enum,
     probe_operator,
 )
+from stepscope.defaults import DEFAULT_SEED
 from stepscope.errors import Refusal
 from stepscope.probe.outputs import OutputSelector
 
@@ -180,8 +180,8 @@ def top_eigenvalues(
     -------
     TopEigenvalues
     """
-    parsed_kind = parse_enum(CurvatureKind, kind, "curvature kind")
-    parsed_method = parse_enum(EigenMethod, method, "eigen method")
+    parsed_kind = parse_enum(CurvatureKind, kind, "curvature kind", "curvature_mode_invalid")
+    parsed_method = parse_enum(EigenMethod, method, "eigen method", "curvature_mode_invalid")
     if not isinstance(k, int) or k < 1 or not isinstance(max_iter, int) or max_iter < 1:
         raise Refusal(
             "curvature_input_invalid",

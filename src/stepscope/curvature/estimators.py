@@ -38,15 +38,15 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from stepscope.codec import parse_enum
 from stepscope.curvature.products import (
-    DEFAULT_SEED,
     LOSS_CONVENTION,
     CurvatureKind,
     CurvatureOperator,
     LossKind,
-    parse_enum,
     probe_operator,
 )
+from stepscope.defaults import DEFAULT_SEED
 from stepscope.errors import Refusal
 from stepscope.probe.outputs import OutputSelector
 
@@ -147,8 +147,8 @@ def trace(
     -------
     TraceEstimate
     """
-    parsed_kind = parse_enum(CurvatureKind, kind, "curvature kind")
-    parsed_method = parse_enum(TraceMethod, method, "trace method")
+    parsed_kind = parse_enum(CurvatureKind, kind, "curvature kind", "curvature_mode_invalid")
+    parsed_method = parse_enum(TraceMethod, method, "trace method", "curvature_mode_invalid")
     minimum = 3 if parsed_method is TraceMethod.HUTCH_PLUS_PLUS else 1
     if not isinstance(samples, int) or samples < minimum:
         raise Refusal(

@@ -41,7 +41,6 @@ import torch
 from torch import Tensor
 
 from stepscope.curvature.factors import KfacApprox, kfac_factor_rows
-from stepscope.errors import Refusal
 
 
 class CurvatureMode(str, Enum):
@@ -51,24 +50,13 @@ class CurvatureMode(str, Enum):
     SAMPLED = "sampled"  #: per-example Rademacher combinations averaged over ``samples``
 
 
-class Family(str, Enum):
-    """The three curvature families (names are the JSON keys)."""
+class CurvatureFamily(str, Enum):
+    """The three curvature families (names are the JSON keys); not :class:`stepscope.errors.Family`,
+    a refusal code's family."""
 
     EMPIRICAL_FISHER = "empirical_fisher"
     CE_GGN = "ce_ggn"
     JACOBIAN_GRAM = "jacobian_gram"
-
-
-def parse_mode(mode: str | CurvatureMode) -> CurvatureMode:
-    """Validate a mode string, refusing ``curvature_mode_invalid`` for unknown ones."""
-    try:
-        return CurvatureMode(mode)
-    except ValueError:
-        raise Refusal(
-            "curvature_mode_invalid",
-            f"unknown curvature mode {mode!r}",
-            [f"use one of {[m.value for m in CurvatureMode]}"],
-        ) from None
 
 
 def softmax_and_complement(logits: Tensor) -> tuple[Tensor, Tensor]:
@@ -156,7 +144,7 @@ def rademacher(shape: tuple[int, ...], generator: torch.Generator, dtype: torch.
 
 
 def output_directions(
-    family: Family,
+    family: CurvatureFamily,
     logits: Tensor,
     labels: Tensor,
     mode: CurvatureMode,
@@ -169,33 +157,33 @@ def output_directions(
     (each sampled direction already carries the :math:`1/\\sqrt{\\text{samples}}` weight).
     """
     n, c = logits.shape
-    if family is Family.EMPIRICAL_FISHER:
+    if family is CurvatureFamily.EMPIRICAL_FISHER:
         return ce_logit_gradient(logits, labels).unsqueeze(0)
     if mode is CurvatureMode.EXACT:
-        if family is Family.JACOBIAN_GRAM:
+        if family is CurvatureFamily.JACOBIAN_GRAM:
             eye = torch.eye(c, dtype=logits.dtype, device=logits.device)
             return eye.unsqueeze(1).expand(c, n, c)
         return ce_hessian_sqrt(logits).permute(1, 0, 2)
     r = rademacher((samples, n, c), generator, logits.dtype).to(logits.device)
     scale = float(samples) ** -0.5
-    if family is Family.JACOBIAN_GRAM:
+    if family is CurvatureFamily.JACOBIAN_GRAM:
         return r * scale
     s = ce_hessian_sqrt(logits)  # (n, C, C): rows are directions
     return torch.einsum("snk,nkc->snc", r, s) * scale
 
 
 #: how each family's directions were chosen, per mode (goes into the output metadata)
-ESTIMATOR_LABELS: dict[CurvatureMode, dict[Family, str]] = {
+ESTIMATOR_LABELS: dict[CurvatureMode, dict[CurvatureFamily, str]] = {
     CurvatureMode.EXACT: {
-        Family.EMPIRICAL_FISHER: "exact: observed-label CE logit gradient",
-        Family.CE_GGN: "exact: all C square-root CE-Hessian rows sqrt(p_k)(e_k - p)",
-        Family.JACOBIAN_GRAM: "exact: all C output units",
+        CurvatureFamily.EMPIRICAL_FISHER: "exact: observed-label CE logit gradient",
+        CurvatureFamily.CE_GGN: "exact: all C square-root CE-Hessian rows sqrt(p_k)(e_k - p)",
+        CurvatureFamily.JACOBIAN_GRAM: "exact: all C output units",
     },
     CurvatureMode.SAMPLED: {
-        Family.EMPIRICAL_FISHER: "exact: observed-label CE logit gradient",
-        Family.CE_GGN: "unbiased estimate: per-example Rademacher combinations of the "
+        CurvatureFamily.EMPIRICAL_FISHER: "exact: observed-label CE logit gradient",
+        CurvatureFamily.CE_GGN: "unbiased estimate: per-example Rademacher combinations of the "
         "square-root CE-Hessian rows, averaged over `samples`",
-        Family.JACOBIAN_GRAM: "unbiased estimate: per-example Rademacher combinations of the "
+        CurvatureFamily.JACOBIAN_GRAM: "unbiased estimate: per-example Rademacher combinations of the "
         "output units, averaged over `samples`",
     },
 }

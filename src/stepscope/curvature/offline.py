@@ -33,7 +33,6 @@ import functools
 import hashlib
 import inspect
 import io
-import json
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -45,7 +44,9 @@ import torch
 from torch import Tensor, nn
 
 from stepscope.curvature.analyze import analyze_curvature, probe_sha256
+from stepscope.defaults import DEFAULT_SEED
 from stepscope.errors import Refusal
+from stepscope.history.files import atomic_write_json, sha256_file
 
 PANEL_SCHEMA = "stepscope.curvature_panel.v1"
 SAFETY_FACTOR = 1.25
@@ -55,17 +56,10 @@ DEFAULT_WORK_LIMIT_S = 420.0
 ProgressCallback = Callable[[int, Path, dict[str, Any]], None]
 
 
-def sha256_file(path: str | os.PathLike[str]) -> str:
-    """sha256 of a file's bytes."""
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
-
-
-def atomic_write_json(path: Path, payload: Any) -> None:
-    """Write JSON so that ``path`` only ever names complete, durable data (temp, fsync, rename,
-    directory fsync: :func:`stepscope.history.files.atomic_write_bytes`)."""
-    from stepscope.history.files import atomic_write_bytes
-
-    atomic_write_bytes(path, json.dumps(payload, indent=1, allow_nan=False).encode())
+def _pinned_sha256(path: str | os.PathLike[str], what: str) -> str:
+    """sha256 of a pinned file's bytes (:func:`stepscope.history.files.sha256_file`; a link is
+    resolved first: a pin names content, not where it is linked from)."""
+    return sha256_file(Path(path).resolve(), what)[0]
 
 
 def load_probe(path: str | os.PathLike[str]) -> tuple[Tensor, Tensor]:
@@ -92,8 +86,10 @@ def make_panel_pins(
     """Compute the pins a panel verifies (store them before the run, e.g. in ``pins.json``)."""
     x, y = load_probe(probe) if isinstance(probe, (str, os.PathLike)) else probe
     return {
-        "source_sha256": {str(p): sha256_file(p) for p in source_files},
-        "checkpoint_sha256": {str(int(e)): sha256_file(p) for e, p in checkpoints.items()},
+        "source_sha256": {str(p): _pinned_sha256(p, "model source file") for p in source_files},
+        "checkpoint_sha256": {
+            str(int(e)): _pinned_sha256(p, "checkpoint") for e, p in checkpoints.items()
+        },
         "probe_sha256": probe_sha256(x, y),
     }
 
@@ -127,7 +123,7 @@ def verify_source_file(path: str | Path, pins: Mapping[str, Any]) -> str:
             ["pin the file that defines the factory (make_panel_pins / curvature-pin --source)"],
         )
     name, want = sources[target]
-    got = sha256_file(target) if target.is_file() else "<missing file>"
+    got = _pinned_sha256(target, "model source file") if target.is_file() else "<missing file>"
     if got != want:
         raise _tampered("model source file", name, want, got)
     return got
@@ -136,7 +132,7 @@ def verify_source_file(path: str | Path, pins: Mapping[str, Any]) -> str:
 def analysis_code_sha256() -> dict[str, str]:
     """sha256 of each source file of :mod:`stepscope.curvature` plus ``_combined`` over them."""
     folder = Path(__file__).resolve().parent
-    files = {p.name: sha256_file(p) for p in sorted(folder.glob("*.py"))}
+    files = {p.name: _pinned_sha256(p, "analysis source file") for p in sorted(folder.glob("*.py"))}
     combined = hashlib.sha256("".join(f"{k}:{v}\n" for k, v in files.items()).encode())
     return {**files, "_combined": combined.hexdigest()}
 
@@ -180,7 +176,9 @@ def _verify_pins(
             ["pin the files that define the model factory (make_panel_pins)"],
         )
     for path, want in sources.items():
-        got = sha256_file(path) if Path(path).is_file() else "<missing file>"
+        got = (
+            _pinned_sha256(path, "model source file") if Path(path).is_file() else "<missing file>"
+        )
         if got != want:
             raise _tampered("model source file", path, want, got)
     where = factory_source(factory)
@@ -199,7 +197,7 @@ def _verify_pins(
                 f"checkpoint for epoch {epoch} has no sha256 pin",
                 ["pin every checkpoint before the run"],
             )
-        got = sha256_file(path) if path.is_file() else "<missing file>"
+        got = _pinned_sha256(path, "checkpoint") if path.is_file() else "<missing file>"
         if got != ckpt_pins[epoch]:
             raise _tampered("checkpoint", path, ckpt_pins[epoch], got)
     got = probe_sha256(x, y)
@@ -252,7 +250,7 @@ def run_curvature_panel(
     *,
     mode: str = "exact",
     samples: int = 1,
-    seed: int = 20260909,
+    seed: int = DEFAULT_SEED,
     probe_id: str | None = None,
     eig_max_dimension: int = 1536,
     include_directional: bool = True,
@@ -397,7 +395,7 @@ def run_curvature_panel(
             {
                 "epoch": epoch,
                 "file": target.name,
-                "sha256": sha256_file(target),
+                "sha256": _pinned_sha256(target, "result file"),
                 "snapshot_duration_s": duration,
             }
         )

@@ -44,7 +44,6 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from enum import Enum
-from typing import TypeVar
 
 import torch
 import torch.autograd.forward_ad as fwAD
@@ -53,13 +52,9 @@ from torch import Tensor
 from torch.func import functional_call
 
 from stepscope._purity import float64_copy, preserved_state
+from stepscope.codec import parse_enum
 from stepscope.errors import Refusal
 from stepscope.probe.outputs import OutputSelector, score_targets, select_logits
-
-E = TypeVar("E", bound=Enum)
-
-#: Seed of the private generators behind random directions and probes (never the global RNG).
-DEFAULT_SEED = 20260909
 
 
 class CurvatureKind(str, Enum):
@@ -89,19 +84,6 @@ LOSS_CONVENTION = (
     "empirical Fisher = (1/n) sum_i g_i g_i^T with g_i the per-example-loss gradients; "
     "model evaluated in eval() mode"
 )
-
-
-def parse_enum(enum_type: type[E], value: object, what: str) -> E:
-    """Convert ``value`` to ``enum_type`` or refuse ``curvature_mode_invalid``."""
-    try:
-        return enum_type(value)
-    except ValueError:
-        allowed = [e.value for e in enum_type]
-        raise Refusal(
-            "curvature_mode_invalid",
-            f"unknown {what} {value!r}.",
-            [f"use one of {allowed}"],
-        ) from None
 
 
 @dataclass(frozen=True)
@@ -149,7 +131,7 @@ class CurvatureOperator:
         output: OutputSelector = None,
         next_token: bool = False,
     ) -> None:
-        self.loss = parse_enum(LossKind, loss, "loss")
+        self.loss = parse_enum(LossKind, loss, "loss", "curvature_mode_invalid")
         self.output = output
         self.next_token = bool(next_token)
         self._scored: _ScoredRows | None = None  # fixed by the first forward (setup)
@@ -431,7 +413,9 @@ def make_operator(
     next_token: bool = False,
 ) -> CurvatureOperator:
     """The operator for ``kind`` on ``model`` as it is (no state guard; see :func:`probe_operator`)."""
-    operator = _OPERATORS[parse_enum(CurvatureKind, kind, "curvature kind")]
+    operator = _OPERATORS[
+        parse_enum(CurvatureKind, kind, "curvature kind", "curvature_mode_invalid")
+    ]
     return operator(model, x, y, loss, output=output, next_token=next_token)
 
 
@@ -452,8 +436,8 @@ def probe_operator(
     buffers are only read. ``dtype=torch.float64`` measures a float64 copy of the model (the
     original is untouched) with floating inputs cast to float64.
     """
-    parse_enum(CurvatureKind, kind, "curvature kind")
-    parse_enum(LossKind, loss, "loss")
+    parse_enum(CurvatureKind, kind, "curvature kind", "curvature_mode_invalid")
+    parse_enum(LossKind, loss, "loss", "curvature_mode_invalid")
     with preserved_state(model):
         target = _model_in_dtype(model, dtype)
         target.eval()

@@ -38,15 +38,15 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from stepscope.codec import parse_enum
 from stepscope.curvature.products import (
-    DEFAULT_SEED,
     LOSS_CONVENTION,
     PSD,
     CurvatureKind,
     LossKind,
-    parse_enum,
     probe_operator,
 )
+from stepscope.defaults import DEFAULT_SEED
 from stepscope.errors import Refusal
 from stepscope.probe.outputs import OutputSelector
 
@@ -175,9 +175,9 @@ def directional(
         ``curvature_mode_invalid`` for an unknown kind/loss/direction name;
         ``curvature_input_invalid`` for a missing ``update`` or mis-shaped tensors.
     """
-    parsed_kind = parse_enum(CurvatureKind, kind, "curvature kind")
+    parsed_kind = parse_enum(CurvatureKind, kind, "curvature kind", "curvature_mode_invalid")
     if isinstance(direction, (str, Direction)):
-        how = parse_enum(Direction, direction, "direction")
+        how = parse_enum(Direction, direction, "direction", "curvature_mode_invalid")
         if how is Direction.GIVEN:
             raise Refusal(
                 "curvature_input_invalid",

@@ -20,9 +20,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from stepscope.defaults import DEFAULT_SEED
 from stepscope.errors import Refusal
-
-SPLIT_SEED = 20260909
 
 
 @dataclass(frozen=True)
@@ -53,7 +52,7 @@ class DigitSplits:
         return {
             "source": self.source,
             "normalisation": self.normalisation,
-            "split_seed": SPLIT_SEED,
+            "split_seed": DEFAULT_SEED,
             "split_hash": self.split_hash,
             "data_hash": self.data_hash,
             "sizes": {
@@ -108,7 +107,7 @@ def load_digits_splits(
     x, y, name, scale = _raw(source)
     x = np.asarray(x, dtype=np.float32) / np.float32(scale)
     y = np.asarray(y, dtype=np.int64)
-    rng = np.random.default_rng(SPLIT_SEED)
+    rng = np.random.default_rng(DEFAULT_SEED)
     parts: list[list[np.ndarray]] = [[], [], []]
     for cls in np.unique(y):
         idx = rng.permutation(np.flatnonzero(y == cls))

@@ -15,7 +15,8 @@ split for every variant and seed, so probe curves of different runs average the 
 the one-step update snapshots and the checkpoint writes run inside ``collector.telemetry()``: they
 are charged to ``clock/telemetry_seconds`` and never to the isolated training seconds. Each run's
 ``telemetry.json`` states probe seconds, serialisation seconds, snapshot and checkpoint seconds,
-and the overall telemetry fraction including them (:func:`telemetry_record`).
+and the overall telemetry fraction including them
+(:func:`~stepscope.demo.telemetry.telemetry_record`, in :mod:`stepscope.demo.telemetry`).
 
 Example
 -------
@@ -29,8 +30,6 @@ import functools
 import shutil
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
@@ -39,20 +38,26 @@ import torch
 import torch.nn.functional as F
 
 from stepscope.collect import ALL_STREAMS, HistoryCollector, WatchSettings
+from stepscope.defaults import DEFAULT_SEED
 from stepscope.demo import model as model_module
 from stepscope.demo.data import DigitSplits, load_digits_splits
 from stepscope.demo.model import Residual, ciresan_mlp
 from stepscope.demo.run import evaluate, print_dataset_statistics
+from stepscope.demo.telemetry import (
+    TELEMETRY_FILE,
+    TelemetryLedger,
+    probe_cadence,
+    probed_update,
+    telemetry_record,
+)
 from stepscope.errors import Refusal
-from stepscope.probe.selection import DEFAULT_PROBE_SEED
 from stepscope.progress import Progress
 
 if TYPE_CHECKING:
-    from stepscope.probe import DenseProbe
+    pass
 
 #: The one probe draw of the whole study (every variant and seed probes the same examples).
-PROBE_SEED = DEFAULT_PROBE_SEED
-TELEMETRY_FILE = "telemetry.json"
+PROBE_SEED = DEFAULT_SEED
 
 
 @dataclass(frozen=True)
@@ -130,119 +135,9 @@ class StudyResult:
     elapsed_seconds: float
 
 
-def _probe_cadence(
-    cfg: StudyConfig,
-    probe: DenseProbe,
-    model: torch.nn.Module,
-    splits: DigitSplits,
-    steps_per_epoch: int,
-) -> tuple[int, dict]:
-    """The probe cadence: the user's, or the densest one the probe's helper qualifies (<= target).
-
-    The helper times the probe against real training steps of a *copy* of the model (the run
-    itself is untouched) and never changes precision; its decision and timings are recorded.
-    """
-    import copy
-    import tempfile
-
-    from stepscope._purity import preserved_state
-    from stepscope.history import ArtifactWriter
-    from stepscope.probe import plan_cadence, write_probe_record
-
-    if cfg.probe_every is not None:
-        return cfg.probe_every, {"rule": "user", "cadence_steps": cfg.probe_every}
-    twin = copy.deepcopy(model)
-    twin_opt = torch.optim.SGD(twin.parameters(), lr=cfg.lr, momentum=cfg.momentum)
-    x, y = splits.train_x[: cfg.batch_size], splits.train_y[: cfg.batch_size]
-
-    def step() -> None:
-        loss = F.cross_entropy(twin(x), y)
-        twin_opt.zero_grad(set_to_none=True)
-        loss.backward()
-        twin_opt.step()
-
-    with (
-        preserved_state(twin),  # the twin's dropout/stochastic depth draws leave no trace
-        tempfile.TemporaryDirectory() as scratch,
-        ArtifactWriter(Path(scratch) / "probe", durable=True) as writer,
-    ):
-        # serialisation is timed the way the run writes: rows into a durable artifact
-        decision = plan_cadence(
-            probe,
-            twin,
-            step,
-            target=cfg.probe_overhead_target,
-            repeats=3,
-            max_cadence=None,
-            serialize=lambda rec: write_probe_record(writer, rec),
-        )
-    record = decision.to_dict()
-    every = decision.cadence_steps or steps_per_epoch  # infeasible: epoch ends only (recorded)
-    return every, record
-
-
 def _checkpoint_epochs(epochs: int) -> list[int]:
     """Three checkpoints: initialisation, the middle, the end (fewer if there are fewer epochs)."""
     return sorted({0, (epochs + 1) // 2, epochs})
-
-
-class TelemetryLedger:
-    """Seconds of the telemetry done outside the collector's hooks, by kind.
-
-    Every ``charge(kind)`` block runs inside ``collector.telemetry()`` (so the collector's
-    telemetry clock includes it and the training clock does not) and is also added to
-    ``seconds[kind]`` here, so the run record can say what the telemetry time was spent on.
-    """
-
-    def __init__(self, collector: HistoryCollector) -> None:
-        self.collector = collector
-        self.seconds: dict[str, float] = {
-            "probe_seconds": 0.0,
-            "probe_serialization_seconds": 0.0,
-            "update_snapshot_seconds": 0.0,
-            "checkpoint_seconds": 0.0,
-        }
-        self.counts: dict[str, int] = dict.fromkeys(self.seconds, 0)
-
-    @contextmanager
-    def charge(self, kind: str) -> Iterator[None]:
-        t0 = time.perf_counter()
-        try:
-            with self.collector.telemetry():
-                yield
-        finally:
-            self.seconds[kind] += time.perf_counter() - t0
-            self.counts[kind] += 1
-
-
-def telemetry_record(
-    runlog: dict, ledger: dict[str, float], counts: dict[str, int], evaluation_seconds: float
-) -> dict:
-    """The run's telemetry accounting: what the collector's clocks say, and what was spent on.
-
-    ``overall_telemetry_fraction`` = all telemetry seconds (hooks, probe, its serialisation,
-    update snapshots, checkpoints) / isolated training seconds;
-    ``fraction_of_training_and_evaluation`` divides by training plus the run's existing
-    evaluation seconds (the seed's 5% target's denominator).
-    """
-    training = float(runlog.get("training_seconds") or 0.0)
-    telemetry = float(runlog.get("telemetry_seconds") or 0.0)
-    outside = sum(ledger.values())
-    return {
-        "training_seconds": training,
-        "evaluation_seconds": evaluation_seconds,
-        "telemetry_seconds": telemetry,
-        **ledger,
-        "hook_and_logging_seconds": max(telemetry - outside, 0.0),
-        "counts": counts,
-        "overall_telemetry_fraction": telemetry / training if training > 0 else None,
-        "fraction_of_training_and_evaluation": telemetry / (training + evaluation_seconds)
-        if training + evaluation_seconds > 0
-        else None,
-        "target_fraction": 0.05,
-        "clock": "host perf_counter; probe, serialisation, snapshots and checkpoints charged "
-        "through collector.telemetry(), never to training seconds",
-    }
 
 
 def _macs_per_example(module: torch.nn.Module) -> int:
@@ -250,27 +145,6 @@ def _macs_per_example(module: torch.nn.Module) -> int:
     return sum(
         m.in_features * m.out_features for m in module.modules() if isinstance(m, torch.nn.Linear)
     )
-
-
-def _probed_update(
-    ledger: TelemetryLedger,
-    probe: DenseProbe,
-    model: torch.nn.Module,
-    step: int,
-    opt: torch.optim.Optimizer,
-) -> None:
-    """One optimizer step whose true update the probe records; only the snapshot is telemetry
-    (the step itself stays inside the transaction, observed by the hooks)."""
-    capture = probe.around_step(model, step=step, optimizer=opt)
-    with ledger.charge("update_snapshot_seconds"):
-        capture.__enter__()
-    try:
-        opt.step()
-    except BaseException as exc:
-        capture.__exit__(type(exc), exc, exc.__traceback__)
-        raise
-    with ledger.charge("update_snapshot_seconds"):
-        capture.__exit__(None, None, None)
 
 
 def train_run(
@@ -310,7 +184,7 @@ def train_run(
     )
     n = len(splits.train_y)
     steps_per_epoch = (n + cfg.batch_size - 1) // cfg.batch_size
-    probe_every, cadence_record = _probe_cadence(cfg, probe, model, splits, steps_per_epoch)
+    probe_every, cadence_record = probe_cadence(cfg, probe, model, splits, steps_per_epoch)
     collector = HistoryCollector(
         model,
         sites="*",
@@ -384,7 +258,7 @@ def train_run(
                     opt.zero_grad(set_to_none=True)
                     loss.backward()
                     if probed:  # a predeclared step: the probe records its true update
-                        _probed_update(ledger, probe, model, step, opt)
+                        probed_update(ledger, probe, model, step, opt)
                     else:
                         opt.step()
                     st.log("train/loss", loss)

@@ -20,13 +20,13 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import math
 from collections.abc import Mapping
 from dataclasses import MISSING, dataclass
 from typing import Any
 
 import numpy as np
 
+from stepscope.codec import float_from_json, json_float
 from stepscope.errors import Refusal
 from stepscope.history.schema import GRADIENT_STREAMS, Phase, ScaleGrad, Stream
 from stepscope.stats import SPINE_FIELDS, SPINE_WIDTH, Histogram, HistogramDescriptor, RunningStats
@@ -184,12 +184,8 @@ class Verdict:
         )
 
 
-def _enc(v: float | None) -> float | str | None:
-    return v if v is None or math.isfinite(v) else repr(float(v))
-
-
-def _dec(v: Any) -> float | None:
-    return None if v is None else float(v)
+_enc = json_float  # the one non-finite float spelling (stepscope.codec)
+_dec = float_from_json
 
 
 def _invalid(message: str) -> Refusal:

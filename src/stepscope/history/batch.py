@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from stepscope.codec import parse_enum
 from stepscope.errors import Refusal
 from stepscope.history.schema import (
     GRADIENT_STREAMS,
@@ -33,7 +34,6 @@ from stepscope.history.schema import (
     Presence,
     ScaleGrad,
     Stream,
-    _enum,
 )
 from stepscope.stats import Histogram, HistogramDescriptor, RunningStats
 from stepscope.stats.layout import N_COUNTS, REDUCTION_DTYPES, SPINE_WIDTH
@@ -100,13 +100,13 @@ class ObservationBatch:
 
     def __post_init__(self) -> None:
         s = object.__setattr__
-        s(self, "stream", _enum(Stream, self.stream, "stream"))
-        s(self, "phase", _enum(Phase, self.phase, "phase", "stat_payload_invalid"))
+        s(self, "stream", parse_enum(Stream, self.stream, "stream", "stream_unknown"))
+        s(self, "phase", parse_enum(Phase, self.phase, "phase", "stat_payload_invalid"))
         if self.scale_grad is not None:
             s(
                 self,
                 "scale_grad",
-                _enum(ScaleGrad, self.scale_grad, "scale_grad", "stat_payload_invalid"),
+                parse_enum(ScaleGrad, self.scale_grad, "scale_grad", "stat_payload_invalid"),
             )
         if not isinstance(self.disclosures, (tuple, list)) or not all(
             isinstance(d, str) for d in self.disclosures

@@ -89,8 +89,10 @@ def atomic_write_bytes(
 
 
 def atomic_write_json(path: Path, obj: Any, *, durable: bool = True) -> None:
-    """Atomically write ``obj`` as indented JSON."""
-    atomic_write_bytes(path, (json.dumps(obj, indent=1) + "\n").encode(), durable=durable)
+    """Atomically write ``obj`` as indented, standard JSON (a bare NaN or infinity raises
+    ``ValueError``: spell it with :func:`stepscope.codec.json_float`)."""
+    text = json.dumps(obj, indent=1, allow_nan=False) + "\n"
+    atomic_write_bytes(path, text.encode(), durable=durable)
 
 
 def _kind_refusal(path: Path, what: str, kind: str) -> Refusal:

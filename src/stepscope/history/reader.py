@@ -41,6 +41,7 @@ from typing import Any
 
 import numpy as np
 
+from stepscope.codec import parse_enum
 from stepscope.errors import Refusal
 from stepscope.history.batch import OBSERVED, code_of, member_of
 from stepscope.history.commits import EVAL_LOG, MAX_JSON, CommittedArtifact
@@ -54,7 +55,6 @@ from stepscope.history.schema import (
     SiteRecord,
     StepBlockRecord,
     Stream,
-    _enum,
 )
 from stepscope.history.verify import check_codes
 from stepscope.stats import Histogram, HistogramDescriptor
@@ -192,7 +192,9 @@ class HistoryReader(CommittedArtifact):
         if table not in TABLES:
             raise Refusal("history_series_unknown", f"unknown table {table!r}; one of {TABLES}.")
         steps = check_steps(steps)
-        sv = None if stream is None else _enum(Stream, stream, "stream").value
+        sv = (
+            None if stream is None else parse_enum(Stream, stream, "stream", "stream_unknown").value
+        )
         parts = []
         for row, f in self._selected(table, sv, steps, site_ids):
             arr = self._load(f)
@@ -248,7 +250,8 @@ class HistoryReader(CommittedArtifact):
         rows = rows[rows["micro_batch"] == (-1 if micro is None else micro)]
         if phase is not None:
             rows = rows[
-                rows["phase"] == code_of(_enum(Phase, phase, "phase", "history_series_unknown"))
+                rows["phase"]
+                == code_of(parse_enum(Phase, phase, "phase", "history_series_unknown"))
             ]
         elif len(np.unique(rows["phase"])) > 1:
             names = sorted(member_of(Phase, c).value for c in np.unique(rows["phase"]))

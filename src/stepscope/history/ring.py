@@ -32,10 +32,11 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from stepscope.codec import parse_enum
 from stepscope.errors import Refusal
 from stepscope.history.batch import ObservationBatch
 from stepscope.history.merge import merge_step_batches
-from stepscope.history.schema import StepBlockRecord, _enum
+from stepscope.history.schema import StepBlockRecord
 
 DEFAULT_CAPACITY = 256
 
@@ -94,7 +95,7 @@ class StepRing:
         *,
         disk_backed: bool = False,
     ) -> None:
-        self.policy = _enum(RingPolicy, policy, "ring policy", "settings_invalid")
+        self.policy = parse_enum(RingPolicy, policy, "ring policy", "settings_invalid")
         if not isinstance(capacity, int) or capacity < 1:
             raise Refusal("settings_invalid", f"ring capacity {capacity!r} must be an int >= 1.")
         if self.policy is RingPolicy.COARSEN and capacity < 2:

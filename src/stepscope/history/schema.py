@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stepscope._version import __version__
+from stepscope.codec import parse_enum
 from stepscope.errors import Refusal
 from stepscope.history.vocab import (
     GRADIENT_STREAMS,
@@ -37,7 +38,6 @@ from stepscope.history.vocab import (
     StepProvenance,
     Stream,
     Tristate,
-    _enum,
 )
 from stepscope.stats import Histogram, HistogramDescriptor, RunningStats
 
@@ -329,7 +329,11 @@ class StepBlockRecord:
     wall_time: float | None = None
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "provenance", _enum(StepProvenance, self.provenance, "provenance"))
+        object.__setattr__(
+            self,
+            "provenance",
+            parse_enum(StepProvenance, self.provenance, "provenance", "history_json_invalid"),
+        )
         if self.optimizer_step < 0:
             raise Refusal("history_json_invalid", "optimizer_step must be >= 0.", [])
 
@@ -353,7 +357,9 @@ class StepBlockRecord:
             optimizer_step=_need(d, "optimizer_step", int, w),
             examples_seen=_opt(d, "examples_seen", int, w),
             epoch=_opt(d, "epoch", int, w),
-            provenance=_enum(StepProvenance, _need(d, "provenance", str, w), "provenance"),
+            provenance=parse_enum(
+                StepProvenance, _need(d, "provenance", str, w), "provenance", "history_json_invalid"
+            ),
             truth=StepTruth.from_dict(_need(d, "truth", Mapping, w)),
             wall_time=None if wall is None else float(wall),
         )
@@ -381,12 +387,24 @@ class ObservationRecord:
     disclosures: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "stream", _enum(Stream, self.stream, "stream"))
-        object.__setattr__(self, "phase", _enum(Phase, self.phase, "phase"))
-        object.__setattr__(self, "presence", _enum(Presence, self.presence, "presence"))
+        object.__setattr__(
+            self, "stream", parse_enum(Stream, self.stream, "stream", "stream_unknown")
+        )
+        object.__setattr__(
+            self, "phase", parse_enum(Phase, self.phase, "phase", "history_json_invalid")
+        )
+        object.__setattr__(
+            self,
+            "presence",
+            parse_enum(Presence, self.presence, "presence", "history_json_invalid"),
+        )
         object.__setattr__(self, "disclosures", tuple(self.disclosures))
         if self.scale_grad is not None:
-            object.__setattr__(self, "scale_grad", _enum(ScaleGrad, self.scale_grad, "scale_grad"))
+            object.__setattr__(
+                self,
+                "scale_grad",
+                parse_enum(ScaleGrad, self.scale_grad, "scale_grad", "history_json_invalid"),
+            )
         if self.presence is not Presence.OBSERVED and (
             self.spine is not None or self.histogram is not None
         ):

@@ -11,19 +11,18 @@ True
 from __future__ import annotations
 
 import enum
-from typing import Any
 
-from stepscope.errors import Refusal
+from stepscope.codec import parse_enum
 
 
 class Stream(str, enum.Enum):
     """What tensor a site's observation reduces."""
 
-    ACTIVATION = "activation"
-    GRADIENT = "gradient"
-    PARAMETER = "parameter"
-    UPDATE = "update"
-    ACTIVATION_GRAD = "activation_grad"
+    ACTIVATION = "activation"  # module outputs, at module return (forward)
+    GRADIENT = "gradient"  # parameter gradients, just before the optimizer step
+    PARAMETER = "parameter"  # parameter values, just after the optimizer step
+    UPDATE = "update"  # the actual parameter change of the optimizer step (sampled)
+    ACTIVATION_GRAD = "activation_grad"  # gradients of module outputs (tensor hooks)
 
 
 #: Streams whose records must say whether the gradient was loss-scaled.
@@ -83,25 +82,7 @@ class Tristate(str, enum.Enum):
             return cls.UNKNOWN
         if isinstance(value, bool):
             return cls.YES if value else cls.NO
-        return _enum(cls, value, "tristate")
-
-
-def _enum(kind: type[enum.Enum], value: Any, what: str, code: str | None = None) -> Any:
-    """``value`` as a member of ``kind``, or refuse with ``code`` (what the caller was doing:
-    ``history_json_invalid`` when parsing a stored file, the default; an API argument passes its
-    own code). A stream always refuses ``stream_unknown``."""
-    if isinstance(value, kind):
-        return value
-    try:
-        return kind(value)
-    except (ValueError, TypeError):
-        allowed = ", ".join(m.value for m in kind)  # type: ignore[attr-defined]
-        if kind is Stream:
-            code = "stream_unknown"
-        code = code or "history_json_invalid"
-        raise Refusal(
-            code, f"{what} {value!r} is not one of: {allowed}.", [f"use one of: {allowed}"]
-        ) from None
+        return parse_enum(cls, value, "tristate", "history_json_invalid")
 
 
 #: Row disclosure of an ``update`` row reduced from a seeded sample of ``k`` elements

@@ -17,9 +17,8 @@ from stepscope.probe.cadence import (
     time_probe_parts,
 )
 from stepscope.probe.dense import DenseProbe
+from stepscope.probe.legacy import LEGACY_NAMES, OMITTED_LEGACY, LegacyName, legacy_names
 from stepscope.probe.recorder import (
-    LEGACY_NAMES,
-    OMITTED_LEGACY,
     BlockRecord,
     LayerRecord,
     ModelRecord,
@@ -45,6 +44,7 @@ __all__ = [
     "CadenceDecision",
     "DenseProbe",
     "LayerRecord",
+    "LegacyName",
     "ModelRecord",
     "ParamSnapshot",
     "ProbeRecord",
@@ -54,6 +54,7 @@ __all__ = [
     "StepUpdate",
     "choose_cadence",
     "choose_probe_size",
+    "legacy_names",
     "plan_cadence",
     "probe_events",
     "probe_hash",

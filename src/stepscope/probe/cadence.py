@@ -27,6 +27,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from stepscope.budget import densest_cadence
+
 if TYPE_CHECKING:
     from stepscope.probe.dense import DenseProbe
 
@@ -98,7 +100,7 @@ def choose_cadence(
     probe, step = _median(probe_seconds), _median(step_seconds)
     if step <= 0.0:
         raise ValueError("step time must be positive")
-    k = max(1, math.ceil(probe / (target * step) - 1e-12))
+    k = densest_cadence(probe, target * step)
     feasible = max_cadence is None or k <= max_cadence
     return CadenceDecision(
         cadence_steps=k if feasible else None,

@@ -39,6 +39,7 @@ import numpy as np
 import torch
 
 from stepscope._purity import preserved_state
+from stepscope.defaults import DEFAULT_SEED
 from stepscope.denominators import RULE
 from stepscope.errors import Refusal
 from stepscope.probe.assemble import block_record, zero_fraction, zero_validity
@@ -46,7 +47,7 @@ from stepscope.probe.forward import CONFUSION_CLASS_CAP, ProbeForward, run_probe
 from stepscope.probe.moments import absent_moments, gradient_moments
 from stepscope.probe.outputs import OutputSelector
 from stepscope.probe.recorder import LayerRecord, ProbeRecord, StepAxes
-from stepscope.probe.selection import DEFAULT_PROBE_SEED, ProbeSelection, select_probe
+from stepscope.probe.selection import ProbeSelection, select_probe
 from stepscope.probe.sequence import check_module, measured_parameters, module_kind
 from stepscope.probe.state import (
     ParamSnapshot,
@@ -112,7 +113,7 @@ class DenseProbe:
         inputs: torch.Tensor,
         labels: torch.Tensor,
         size: int = 128,
-        seed: int = DEFAULT_PROBE_SEED,
+        seed: int = DEFAULT_SEED,
         indices: Sequence[int] | torch.Tensor | np.ndarray | None = None,
         layers: Sequence[str] | None = None,
         input_normalization: str = "none recorded (inputs used as given)",

@@ -1,4 +1,5 @@
-"""Records returned by :meth:`DenseProbe.measure`, their legacy names, and flat scalar rows.
+"""Records returned by :meth:`DenseProbe.measure` and flat scalar rows (legacy names:
+:mod:`stepscope.probe.legacy`).
 
 A :class:`ProbeRecord` holds the step axes (``optimizer_step``, ``examples_seen``, ``epoch``), the
 model-level probe outcome (cross-entropy, accuracy, predicted-class counts, confusion matrix) and
@@ -19,30 +20,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-#: canonical weight-block key -> (legacy name under ``layer-{i}/``, how the two relate).
-LEGACY_NAMES: dict[str, tuple[str, str]] = {
-    "fisher_trace": ("layer-{i}/fisher/diag_trace", "equal (legacy B at per-example scale)"),
-    "mean_grad_sq_norm": ("layer-{i}/enorms", "equal"),
-    "covariance_trace": ("layer-{i}/norms_centered", "equal (ours clipped only for round-off)"),
-    "gradient_diversity": ("layer-{i}/fisher/diversity", "legacy = n * ours (Yin et al.)"),
-    "gradient_diversity_legacy_scale": ("layer-{i}/fisher/diversity", "equal (fisher / ||G||^2)"),
-    "grad_norm_rms": ("layer-{i}/mean_norm", "legacy = ours / sqrt(n)"),
-    "grad_norm_quantiles.min": ("layer-{i}/min_norm", "equal"),
-    "grad_norm_quantiles.median": ("layer-{i}/median_norm", "equal"),
-    "grad_norm_quantiles.max": ("layer-{i}/max_norm", "equal"),
-    "grad_fro_legacy_scale": ("layer-{i}/grad_fro", "equal (mean-loss gradient)"),
-    "activation_zero_fraction": ("layer-{i}/a_sparsity", "legacy counted entries <= 0; ours == 0"),
-    "backprop_zero_fraction": ("layer-{i}/b_sparsity", "legacy counted entries <= 0; ours == 0"),
-}
-#: legacy per-layer names with no canonical replacement here (buggy or out of this probe's scope).
-OMITTED_LEGACY: tuple[str, ...] = (
-    "lyap_hess_ave",
-    "lyap_jac_ave",
-    "band_bottou_stoch",
-    "lr1",
-    "lr2",
-    "openai_gradient_noise",
-)
+from stepscope.probe.legacy import OMITTED_LEGACY, legacy_names
 
 
 @dataclass(frozen=True)
@@ -167,7 +145,8 @@ class ProbeRecord:
         """JSON-safe nested dict (legacy-name map and omitted legacy names included)."""
         out = dataclasses.asdict(self)
         out["legacy_names"] = {
-            k: {"legacy_name": v[0], "relation": v[1]} for k, v in LEGACY_NAMES.items()
+            k: {"legacy_name": v.name, "relation": v.relation}
+            for k, v in legacy_names("probe").items()
         }
         out["omitted_legacy_names"] = list(OMITTED_LEGACY)
         return out

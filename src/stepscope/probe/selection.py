@@ -27,10 +27,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from stepscope.defaults import DEFAULT_SEED
 from stepscope.errors import Refusal
-
-#: Default seed of the probe's private generator (the seed of the curvature analyses).
-DEFAULT_PROBE_SEED = 20260909
 
 
 @dataclass(frozen=True)
@@ -161,7 +159,7 @@ def select_probe(
     inputs: torch.Tensor,
     labels: torch.Tensor,
     size: int = 128,
-    seed: int = DEFAULT_PROBE_SEED,
+    seed: int = DEFAULT_SEED,
     indices: Sequence[int] | torch.Tensor | np.ndarray | None = None,
     input_normalization: str = "none recorded (inputs used as given)",
 ) -> tuple[ProbeSelection, torch.Tensor, torch.Tensor]:

@@ -18,13 +18,12 @@ from stepscope.profile.region import region
 from stepscope.profile.results import Availability, HotPathRow, ProfileResult
 from stepscope.profile.session import active_session, session
 from stepscope.profile.spans import Altitude, OwnerClass, Span, SpanRegistry
-from stepscope.profile.trace import EventKind, TraceEvent
+from stepscope.profile.trace import TraceEvent, TraceEventKind
 
 __all__ = [
     "Altitude",
     "Availability",
     "CallNode",
-    "EventKind",
     "HotPathRow",
     "JoinResult",
     "JoinStatus",
@@ -33,6 +32,7 @@ __all__ = [
     "Span",
     "SpanRegistry",
     "TraceEvent",
+    "TraceEventKind",
     "active_session",
     "call_tree",
     "draw",

@@ -30,9 +30,9 @@ import torch
 from stepscope.errors import Refusal
 from stepscope.profile.trace import (
     DEVICE_KINDS,
-    EventKind,
     LoadedTrace,
     TraceEvent,
+    TraceEventKind,
     classify_category,
     read_chrome_trace,
 )
@@ -83,11 +83,11 @@ def _convert(index: int, e: Any) -> TraceEvent:
     category = str(e.activity_type()) if hasattr(e, "activity_type") else ""
     kind = classify_category(category)
     name = e.name()
-    if kind is EventKind.OTHER and str(e.device_type()).endswith("CUDA"):
+    if kind is TraceEventKind.OTHER and str(e.device_type()).endswith("CUDA"):
         kind = (
-            EventKind.MEMCPY
+            TraceEventKind.MEMCPY
             if name.startswith("Memcpy")
-            else EventKind.MEMSET
+            else TraceEventKind.MEMSET
             if name.startswith("Memset")
             else kind
         )
@@ -99,7 +99,7 @@ def _convert(index: int, e: Any) -> TraceEvent:
         thread = (int(e.device_index()), int(e.device_resource_id()))
     else:
         thread = ("host", int(e.device_resource_id()))
-    if kind is EventKind.CPU_OP:
+    if kind is TraceEventKind.CPU_OP:
         ext = e.external_id() if hasattr(e, "external_id") else e.correlation_id()
         correlation, external = None, _nonzero(ext)
     else:
@@ -157,7 +157,9 @@ def extract_events(
         except (AttributeError, TypeError) as exc:  # a torch without this private surface
             reason = f"in-memory Kineto events unavailable ({exc})"
         else:
-            has_device = any(e.kind in DEVICE_KINDS or e.kind is EventKind.RUNTIME for e in events)
+            has_device = any(
+                e.kind in DEVICE_KINDS or e.kind is TraceEventKind.RUNTIME for e in events
+            )
             return LoadedTrace(events, device_requested or has_device, SOURCE_IN_MEMORY)
     with tempfile.TemporaryDirectory(prefix="stepscope-trace-") as tmp:
         path = Path(tmp) / "trace.json"

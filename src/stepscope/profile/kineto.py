@@ -20,13 +20,13 @@ External id equal to its own correlation; those are not evidence either way).
 
 Example
 -------
->>> from stepscope.profile.trace import EventKind, TraceEvent
+>>> from stepscope.profile.trace import TraceEventKind, TraceEvent
 >>> def ev(i, kind, start, dur, thread, corr=None):
 ...     return TraceEvent(i, kind, kind.value, f"e{i}", start, dur, thread, corr, None)
 >>> events = [
-...     ev(0, EventKind.CPU_OP, 0, 100, ("p", 1)),
-...     ev(1, EventKind.RUNTIME, 10, 5, ("p", 1), corr=7),
-...     ev(2, EventKind.KERNEL, 50, 30, (0, 7), corr=7),
+...     ev(0, TraceEventKind.CPU_OP, 0, 100, ("p", 1)),
+...     ev(1, TraceEventKind.RUNTIME, 10, 5, ("p", 1), corr=7),
+...     ev(2, TraceEventKind.KERNEL, 50, 30, (0, 7), corr=7),
 ... ]
 >>> result = join_events(events)
 >>> result.device[0].owner, result.accounting.part_a_unique_ns, result.accounting.joined_fraction
@@ -39,7 +39,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 
 from stepscope.profile.accounting import JoinResult, JoinStatus, account
-from stepscope.profile.trace import DEVICE_KINDS, EventKind, TraceEvent
+from stepscope.profile.trace import DEVICE_KINDS, TraceEvent, TraceEventKind
 
 
 def _contains(outer: TraceEvent, inner: TraceEvent) -> bool:
@@ -114,11 +114,11 @@ def join_events(events: Sequence[TraceEvent], ours: frozenset[str] = frozenset()
 
     Examples
     --------
-    >>> from stepscope.profile.trace import EventKind, TraceEvent
-    >>> ops = [TraceEvent(i, EventKind.CPU_OP, "cpu_op", n, 0, 10, ("p", 1), None, None)
+    >>> from stepscope.profile.trace import TraceEventKind, TraceEvent
+    >>> ops = [TraceEvent(i, TraceEventKind.CPU_OP, "cpu_op", n, 0, 10, ("p", 1), None, None)
     ...        for i, n in enumerate(["a", "b"])]  # two ops with the same interval
-    >>> launch = TraceEvent(2, EventKind.RUNTIME, "cuda_runtime", "launch", 1, 1, ("p", 1), 5, None)
-    >>> kernel = TraceEvent(3, EventKind.KERNEL, "kernel", "k", 50, 4, (0, 7), 5, None)
+    >>> launch = TraceEvent(2, TraceEventKind.RUNTIME, "cuda_runtime", "launch", 1, 1, ("p", 1), 5, None)
+    >>> kernel = TraceEvent(3, TraceEventKind.KERNEL, "kernel", "k", 50, 4, (0, 7), 5, None)
     >>> r = join_events([*ops, launch, kernel])
     >>> r.groups[0].names, r.groups[0].device_ns, r.accounting.part_a_ambiguous_ns
     (('a', 'b'), 4, 4)
@@ -126,7 +126,7 @@ def join_events(events: Sequence[TraceEvent], ours: frozenset[str] = frozenset()
     events = tuple(events)
     runtime_by_corr: dict[int, list[int]] = defaultdict(list)
     for e in events:
-        if e.kind is EventKind.RUNTIME and e.correlation is not None:
+        if e.kind is TraceEventKind.RUNTIME and e.correlation is not None:
             runtime_by_corr[e.correlation].append(e.index)
     device_ids = [e.index for e in events if e.kind in DEVICE_KINDS]
 
@@ -146,7 +146,7 @@ def join_events(events: Sequence[TraceEvent], ours: frozenset[str] = frozenset()
 
     ops_by_thread: dict[tuple, list[int]] = defaultdict(list)
     for e in events:
-        if e.kind is EventKind.CPU_OP:
+        if e.kind is TraceEventKind.CPU_OP:
             ops_by_thread[e.thread].append(e.index)
     launches_by_thread: dict[tuple, set[int]] = defaultdict(set)
     for launch in launch_of.values():

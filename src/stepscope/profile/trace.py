@@ -10,9 +10,9 @@ a float64 of a Unix-epoch microsecond timestamp only resolves 0.25 us.
 
 Example
 -------
->>> from stepscope.profile.trace import classify_category, EventKind
+>>> from stepscope.profile.trace import classify_category, TraceEventKind
 >>> classify_category("cuda_runtime"), classify_category("Kernel"), classify_category("cpu_op")
-(<EventKind.RUNTIME: 'runtime'>, <EventKind.KERNEL: 'kernel'>, <EventKind.CPU_OP: 'cpu_op'>)
+(<TraceEventKind.RUNTIME: 'runtime'>, <TraceEventKind.KERNEL: 'kernel'>, <TraceEventKind.CPU_OP: 'cpu_op'>)
 """
 
 from __future__ import annotations
@@ -32,8 +32,9 @@ from stepscope.errors import Refusal
 MAX_TRACE_BYTES = 2 * 1024**3
 
 
-class EventKind(str, Enum):
-    """The role an event plays in the join."""
+class TraceEventKind(str, Enum):
+    """The role a trace event plays in the join (not :class:`stepscope.events.EventKind`, which
+    tags observer events)."""
 
     CPU_OP = "cpu_op"  # an op or annotation on a host thread: a candidate owner
     RUNTIME = "runtime"  # a runtime/driver call on a host thread (e.g. cudaLaunchKernel)
@@ -44,35 +45,35 @@ class EventKind(str, Enum):
 
 
 #: Kinds whose durations make up device time.
-DEVICE_KINDS = frozenset({EventKind.KERNEL, EventKind.MEMCPY, EventKind.MEMSET})
+DEVICE_KINDS = frozenset({TraceEventKind.KERNEL, TraceEventKind.MEMCPY, TraceEventKind.MEMSET})
 
 # Category spellings across profiler versions (lower-cased): 2021 traces used "Operator",
 # "Runtime", "Kernel", "Memcpy", "Memset"; later ones cpu_op, cuda_runtime, kernel, gpu_memcpy.
 # ROCm traces put HIP runtime calls in "cuda_runtime".
-_CATEGORY_KINDS: dict[str, EventKind] = {
-    "cpu_op": EventKind.CPU_OP,
-    "operator": EventKind.CPU_OP,
-    "user_annotation": EventKind.CPU_OP,
-    "python_function": EventKind.CPU_OP,
-    "cuda_runtime": EventKind.RUNTIME,
-    "cuda_driver": EventKind.RUNTIME,
-    "runtime": EventKind.RUNTIME,
-    "privateuse1_runtime": EventKind.RUNTIME,
-    "privateuse1_driver": EventKind.RUNTIME,
-    "xpu_runtime": EventKind.RUNTIME,
-    "mtia_runtime": EventKind.RUNTIME,
-    "kernel": EventKind.KERNEL,
-    "concurrent_kernel": EventKind.KERNEL,
-    "gpu_memcpy": EventKind.MEMCPY,
-    "memcpy": EventKind.MEMCPY,
-    "gpu_memset": EventKind.MEMSET,
-    "memset": EventKind.MEMSET,
+_CATEGORY_KINDS: dict[str, TraceEventKind] = {
+    "cpu_op": TraceEventKind.CPU_OP,
+    "operator": TraceEventKind.CPU_OP,
+    "user_annotation": TraceEventKind.CPU_OP,
+    "python_function": TraceEventKind.CPU_OP,
+    "cuda_runtime": TraceEventKind.RUNTIME,
+    "cuda_driver": TraceEventKind.RUNTIME,
+    "runtime": TraceEventKind.RUNTIME,
+    "privateuse1_runtime": TraceEventKind.RUNTIME,
+    "privateuse1_driver": TraceEventKind.RUNTIME,
+    "xpu_runtime": TraceEventKind.RUNTIME,
+    "mtia_runtime": TraceEventKind.RUNTIME,
+    "kernel": TraceEventKind.KERNEL,
+    "concurrent_kernel": TraceEventKind.KERNEL,
+    "gpu_memcpy": TraceEventKind.MEMCPY,
+    "memcpy": TraceEventKind.MEMCPY,
+    "gpu_memset": TraceEventKind.MEMSET,
+    "memset": TraceEventKind.MEMSET,
 }
 
 
-def classify_category(category: str) -> EventKind:
+def classify_category(category: str) -> TraceEventKind:
     """Map a profiler category (chrome ``cat`` or Kineto ``activity_type``) to its kind."""
-    return _CATEGORY_KINDS.get(category.lower(), EventKind.OTHER)
+    return _CATEGORY_KINDS.get(category.lower(), TraceEventKind.OTHER)
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,7 +87,7 @@ class TraceEvent:
     """
 
     index: int
-    kind: EventKind
+    kind: TraceEventKind
     category: str
     name: str
     start_ns: int
@@ -178,7 +179,7 @@ def events_from_chrome(payload: Any, source: str) -> LoadedTrace:
                 external_id=_optional_int(ext),
             )
         )
-    has_runtime = any(e.kind is EventKind.RUNTIME for e in events)
+    has_runtime = any(e.kind is TraceEventKind.RUNTIME for e in events)
     disclosures = (f"{skipped} complete events without a numeric ts/dur were skipped",) * (
         skipped > 0
     )

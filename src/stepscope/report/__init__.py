@@ -14,14 +14,14 @@ from stepscope.report.html import (
     to_html,
     write_report,
 )
-from stepscope.report.model import Note, RunView, Section, Table
+from stepscope.report.model import Note, ReportRun, Section, Table
 from stepscope.report.plots import Plot, Trace, heatmap_plot, histogram_plot, line_plot
 
 __all__ = [
     "SECTION_KEYS",
     "Note",
     "Plot",
-    "RunView",
+    "ReportRun",
     "Section",
     "Table",
     "Trace",

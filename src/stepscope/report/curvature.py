@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from stepscope.errors import Refusal
-from stepscope.report.model import RunView, Section, Table, fmt, no_data
+from stepscope.report.model import ReportRun, Section, Table, fmt, no_data
 from stepscope.report.plots import Trace, line_plot
 
 FAMILIES = ("empirical_fisher", "ce_ggn", "jacobian_gram")
@@ -167,7 +167,7 @@ def _pos(values: np.ndarray) -> np.ndarray:
     return np.where(values > 0, values, np.nan)  # log axis: non-positive values are not drawn
 
 
-def curvature_section(runs: list[RunView]) -> Section:
+def curvature_section(runs: list[ReportRun]) -> Section:
     """Spectra, ranks, directional quotients and Lyapunov mismatch per checkpoint."""
     sec = Section("curvature", "Curvature panel (offline, per checkpoint)")
     for r in runs:
@@ -249,7 +249,7 @@ def curvature_section(runs: list[RunView]) -> Section:
     return sec
 
 
-def precision_table(r: RunView, docs: list[dict[str, Any]]) -> Table:
+def precision_table(r: ReportRun, docs: list[dict[str, Any]]) -> Table:
     """Recorder FP32 vs offline FP64 probe CE/accuracy, side by side per checkpoint.
 
     The recorder's values are its ``probe/model/*`` rows at the checkpoint's optimizer step

@@ -6,8 +6,8 @@ accuracy would hide it.
 
 Example
 -------
->>> from stepscope.report.model import RunView
->>> runs = [RunView.open("runs/a")]  # needs recorded runs  # doctest: +SKIP
+>>> from stepscope.report.model import ReportRun
+>>> runs = [ReportRun.open("runs/a")]  # needs recorded runs  # doctest: +SKIP
 >>> endpoints_section(runs, default_endpoints(runs)).key  # needs recorded runs  # doctest: +SKIP
 'endpoints'
 """
@@ -17,12 +17,12 @@ from __future__ import annotations
 import numpy as np
 
 from stepscope.report import data as D
-from stepscope.report.model import Note, RunView, Section, Table, fmt, no_data
+from stepscope.report.model import Note, ReportRun, Section, Table, fmt, no_data
 from stepscope.report.plots import bar_plot, matrix_plot
 from stepscope.report.sections import PROBE_ACC, PROBE_CE
 
 
-def default_endpoints(runs: list[RunView]) -> list[int]:
+def default_endpoints(runs: list[ReportRun]) -> list[int]:
     """Default endpoints from the first run with probe rows.
 
     The first and last step where the probe and an evaluation were both taken (so the gap is
@@ -46,7 +46,7 @@ def default_endpoints(runs: list[RunView]) -> list[int]:
     return sorted({int(steps[0]), int(steps[-1])}) if len(steps) else []
 
 
-def endpoints_section(runs: list[RunView], endpoints: list[int]) -> Section:
+def endpoints_section(runs: list[ReportRun], endpoints: list[int]) -> Section:
     """Generalisation gap, predicted-class counts and confusion matrices at the endpoints."""
     from stepscope.probe.sink import read_probe_confusion
 
@@ -145,7 +145,7 @@ def eval_confusion(h: object, split: str, step: int) -> np.ndarray | None:
     return None if np.isnan(out).any() else out.astype(np.int64)
 
 
-def _eval_confusions(sec: Section, r: RunView, endpoints: list[int]) -> bool:
+def _eval_confusions(sec: Section, r: ReportRun, endpoints: list[int]) -> bool:
     """Evaluation-split confusion matrices at the endpoints (official test: declared only)."""
     drew = False
     for split in sorted(D.eval_metrics(r.reader)):

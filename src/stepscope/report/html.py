@@ -26,7 +26,7 @@ from pathlib import Path
 from stepscope.errors import Refusal
 from stepscope.report.curvature import curvature_section
 from stepscope.report.endpoints import default_endpoints, endpoints_section
-from stepscope.report.model import Item, Note, RunView, Section, Table
+from stepscope.report.model import Item, Note, ReportRun, Section, Table
 from stepscope.report.overlay import Overlay, load_overlay
 from stepscope.report.plots import PNG_SCALE, Plot
 from stepscope.report.record import record_section
@@ -70,7 +70,7 @@ th{background:#f6f6f6} td{max-width:40em;overflow-wrap:break-word}  /* words who
 
 
 def build_sections(
-    runs: Sequence[RunView],
+    runs: Sequence[ReportRun],
     endpoints: Sequence[int] | None = None,
     histogram_limit: int = 40,
     overlays: Sequence[Overlay] = (),
@@ -137,7 +137,7 @@ def _item_html(item: Item, shared: frozenset[str] = frozenset()) -> str:
     raise TypeError(f"unknown report item {type(item).__name__}")
 
 
-def to_html(sections: Sequence[Section], runs: Sequence[RunView]) -> str:
+def to_html(sections: Sequence[Section], runs: Sequence[ReportRun]) -> str:
     """The whole document as a string (no external references)."""
     names = ", ".join(html.escape(r.label) for r in runs)
     toc = "".join(f'<li><a href="#{s.key}">{html.escape(s.title)}</a></li>' for s in sections)
@@ -211,14 +211,14 @@ def render_report(
         raise Refusal("report_input_invalid", "no runs were given.", ["pass at least one RUN"])
     if endpoints is not None and any(int(e) < 0 for e in endpoints):
         raise Refusal("report_input_invalid", f"endpoints {list(endpoints)} must be >= 0.", [])
-    views = [RunView.open(p) for p in runs]
+    views = [ReportRun.open(p) for p in runs]
     loaded = [load_overlay(p) for p in overlays]
     sections = build_sections(views, endpoints, histogram_limit, loaded, progress)
     return write_report(sections, views, out)
 
 
 def write_report(
-    sections: Sequence[Section], runs: Sequence[RunView], out: str | os.PathLike[str]
+    sections: Sequence[Section], runs: Sequence[ReportRun], out: str | os.PathLike[str]
 ) -> Path:
     """Write built sections as the HTML file ``out`` (atomically: temp file, then rename)."""
     target = Path(out)

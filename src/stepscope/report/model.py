@@ -60,8 +60,11 @@ GROUP_KEYS: tuple[str, ...] = ("recipe", "variant")
 
 
 @dataclass
-class RunView:
-    """One run given to the report: its directory, reader, display label and recipe group."""
+class ReportRun:
+    """One run given to the report: its directory, reader, display label and recipe group.
+
+    Not :class:`stepscope.runlog.RunView` (the run log's scalar/branch view of one artifact).
+    """
 
     path: Path
     reader: HistoryReader
@@ -69,7 +72,7 @@ class RunView:
     group: str = ""
 
     @classmethod
-    def open(cls, path: str | os.PathLike[str]) -> RunView:
+    def open(cls, path: str | os.PathLike[str]) -> ReportRun:
         """Open a run directory (refuses like :func:`~stepscope.history.open_history`).
 
         ``group`` is the run's recipe, from the run record's ``extra`` (first of

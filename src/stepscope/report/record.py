@@ -6,8 +6,8 @@ seconds and their ``overhead_fraction``, :mod:`stepscope.runlog`), else from the
 
 Example
 -------
->>> from stepscope.report.model import RunView
->>> record_section([RunView.open("runs/a")]).items[0].title  # needs recorded runs  # doctest: +SKIP
+>>> from stepscope.report.model import ReportRun
+>>> record_section([ReportRun.open("runs/a")]).items[0].title  # needs recorded runs  # doctest: +SKIP
 'run record · a'
 """
 
@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from stepscope.report.model import Item, RunView, Section, Table, fmt, fmt_unix, no_data
+from stepscope.report.model import Item, ReportRun, Section, Table, fmt, fmt_unix, no_data
 
 #: Keys of ``RunRecord.extra`` that may hold measured overhead (first found is shown).
 OVERHEAD_KEYS = ("measurements", "overhead", "measured_overhead")
@@ -47,7 +47,7 @@ def _rounded(value: Any) -> Any:
     return value
 
 
-def record_section(runs: list[RunView]) -> Section:
+def record_section(runs: list[ReportRun]) -> Section:
     """One table per run (run record, segments, storage) and one for measured overhead."""
     sec = Section("record", "Run record")
     for r in runs:
@@ -79,7 +79,7 @@ def record_section(runs: list[RunView]) -> Section:
     return sec
 
 
-def _telemetry_accounting(r: RunView) -> Item | None:
+def _telemetry_accounting(r: ReportRun) -> Item | None:
     """``RUN/telemetry.json`` (written by ``stepscope demo``): what the telemetry seconds were spent
     on (probe, serialisation, snapshots, checkpoints, hooks) and the overall fraction."""
     path = r.path / "telemetry.json"
@@ -97,7 +97,7 @@ def _span(steps: Any) -> str:
     return f"steps {int(steps[0])}..{int(steps[-1])}" if len(steps) else "none"
 
 
-def _overhead(r: RunView) -> Item:
+def _overhead(r: ReportRun) -> Item:
     summary = _runlog_summary(r)
     if summary is not None:
         rows: list[list[str]] = []
@@ -115,7 +115,7 @@ def _overhead(r: RunView) -> Item:
     )
 
 
-def _runlog_summary(r: RunView) -> dict[str, Any] | None:
+def _runlog_summary(r: ReportRun) -> dict[str, Any] | None:
     """The clocks' summary (training/telemetry/elapsed seconds, overhead fraction), if written."""
     if not (r.path / "runlog.json").exists():
         return None

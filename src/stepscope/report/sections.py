@@ -1,13 +1,13 @@
 """Report sections built from the artifacts: curves, branch activity, layers, moments, histograms.
 
-Each builder takes the :class:`~stepscope.report.model.RunView` list and returns a
+Each builder takes the :class:`~stepscope.report.model.ReportRun` list and returns a
 :class:`~stepscope.report.model.Section`. A quantity that no run recorded becomes a
 ``no data recorded`` note naming the rows that were looked for; nothing is drawn as zero.
 
 Example
 -------
->>> from stepscope.report.model import RunView
->>> runs = [RunView.open("runs/a"), RunView.open("runs/b")]  # needs recorded runs  # doctest: +SKIP
+>>> from stepscope.report.model import ReportRun
+>>> runs = [ReportRun.open("runs/a"), ReportRun.open("runs/b")]  # needs recorded runs  # doctest: +SKIP
 >>> curves_section(runs, endpoints=[0, 99]).has_data  # needs recorded runs  # doctest: +SKIP
 True
 """
@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from stepscope.report import data as D
-from stepscope.report.model import Item, Note, RunView, Section, Table, fmt, no_data
+from stepscope.report.model import Item, Note, ReportRun, Section, Table, fmt, no_data
 from stepscope.report.overlay import Overlay
 from stepscope.report.plots import Trace, heatmap_plot, line_plot
 
@@ -55,7 +55,7 @@ def seed_traces(label: str, per_run: list[tuple[str, np.ndarray, np.ndarray]]) -
     return traces
 
 
-def _sources(run: RunView) -> dict[str, tuple[np.ndarray, str | None, str | None]]:
+def _sources(run: ReportRun) -> dict[str, tuple[np.ndarray, str | None, str | None]]:
     """``source label -> (steps, CE name, accuracy name)`` for the probe and each eval split."""
     h = run.reader
     out: dict[str, tuple[np.ndarray, str | None, str | None]] = {}
@@ -92,7 +92,7 @@ def _overlay_traces(overlays: Sequence[Overlay], metric: str) -> list[Trace]:
 
 
 def curves_section(
-    runs: list[RunView], endpoints: list[int], overlays: Sequence[Overlay] = ()
+    runs: list[ReportRun], endpoints: list[int], overlays: Sequence[Overlay] = ()
 ) -> Section:
     """Probe and validation CE/accuracy vs optimizer step and isolated training seconds.
 
@@ -186,7 +186,7 @@ def curves_section(
     return sec
 
 
-def _same_probe(members: list[RunView]) -> bool:
+def _same_probe(members: list[ReportRun]) -> bool:
     """Whether the runs' persisted probe identities agree (runs without ``probe.json`` — written
     before identities were persisted — are not held against it)."""
     from stepscope.probe.sink import read_probe_identity
@@ -196,10 +196,10 @@ def _same_probe(members: list[RunView]) -> bool:
 
 
 def _by_group(
-    runs: list[RunView], labels: list[str]
-) -> list[tuple[tuple[str, str], list[RunView]]]:
+    runs: list[ReportRun], labels: list[str]
+) -> list[tuple[tuple[str, str], list[ReportRun]]]:
     """``((label, group suffix), runs)`` per label and recipe; one recipe: an empty suffix."""
-    groups: dict[str, list[RunView]] = {}
+    groups: dict[str, list[ReportRun]] = {}
     for r in runs:
         groups.setdefault(r.group, []).append(r)
     out = []
@@ -209,12 +209,12 @@ def _by_group(
     return out
 
 
-def _user_series(run: RunView, name: str) -> tuple[np.ndarray, np.ndarray]:
+def _user_series(run: ReportRun, name: str) -> tuple[np.ndarray, np.ndarray]:
     steps, values = D.scalar_rows(run.reader, name)
     return steps.astype(float), values
 
 
-def _elapsed_plot(runs: list[RunView]) -> Item:
+def _elapsed_plot(runs: list[ReportRun]) -> Item:
     traces, sources = [], set()
     for r in runs:
         h = r.reader
@@ -243,7 +243,7 @@ def _elapsed_plot(runs: list[RunView]) -> Item:
     )
 
 
-def branch_section(runs: list[RunView]) -> Section:
+def branch_section(runs: list[ReportRun]) -> Section:
     """Branch activity (``branch/<b>/<q>`` rows) vs step, beside measured throughput."""
     sec = Section("branch", "Branch activity and measured training throughput")
     quantities = sorted(
@@ -301,7 +301,7 @@ HEATMAPS = (
 )
 
 
-def layers_section(runs: list[RunView]) -> Section:
+def layers_section(runs: list[ReportRun]) -> Section:
     """Plot 3: layer x step heatmaps of dense-probe quantities for every run, then (apart, under
     their own titles) the sampled training-minibatch stream heatmaps."""
     sec = Section("layers", "Layer x step heatmaps: dense probe (Plot 3), then training streams")
@@ -312,7 +312,7 @@ def layers_section(runs: list[RunView]) -> Section:
     return sec
 
 
-def _probe_heatmaps(r: RunView) -> list[Item]:
+def _probe_heatmaps(r: ReportRun) -> list[Item]:
     if not len(D.probe_steps(r.reader)):
         return [no_data(f"dense-probe layer heatmaps (Plot 3) · {r.label}", "probe/<layer>/* rows")]
     items: list[Item] = []
@@ -338,7 +338,7 @@ def _probe_heatmaps(r: RunView) -> list[Item]:
     return items
 
 
-def _training_heatmaps(r: RunView) -> list[Item]:
+def _training_heatmaps(r: ReportRun) -> list[Item]:
     items: list[Item] = []
     mats = D.layer_quantities(r.reader)
     sample = r.reader.run.extra.get("update_sample_size")
@@ -382,7 +382,7 @@ def _validity(h: Any, layer: str, steps: np.ndarray) -> Callable[[str], np.ndarr
     return read
 
 
-def moments_section(runs: list[RunView]) -> Section:
+def moments_section(runs: list[ReportRun]) -> Section:
     """Probe per-example gradient moments per layer with validity annotations."""
     sec = Section("moments", "Per-example gradient moments (dense probe; not curvature)")
     rows: list[list[str]] = []
@@ -433,7 +433,7 @@ def moments_section(runs: list[RunView]) -> Section:
     return sec
 
 
-def histograms_section(runs: list[RunView], limit: int = 40) -> Section:
+def histograms_section(runs: list[ReportRun], limit: int = 40) -> Section:
     """Each site's histogram over time, every run in turn, up to ``limit`` panels in all; the
     panels left out are named in a note (a stated selection, never a silent cut)."""
     from stepscope.report.plots import histogram_plot

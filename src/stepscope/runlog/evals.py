@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from stepscope.codec import float_from_json, json_float
 from stepscope.errors import Refusal
 from stepscope.history.reader import EVAL_LOG as EVAL_LOG  # the artifact names the file
 from stepscope.runlog.names import HASH_WIDTH, METRIC_WIDTH, SPLIT_WIDTH, check_label
@@ -177,7 +178,7 @@ class EvalRecord:
         """JSON-safe dictionary (metrics sorted by name; NaN metrics as the string ``"nan"``)."""
         return {
             "split": self.split,
-            "metrics": {k: _json_float(v) for k, v in self._sorted},
+            "metrics": {k: json_float(v) for k, v in self._sorted},
             "optimizer_step": self.optimizer_step,
             "examples_seen": self.examples_seen,
             "epoch": self.epoch,
@@ -191,7 +192,12 @@ class EvalRecord:
     def from_dict(cls, d: Mapping[str, Any]) -> EvalRecord:
         """Inverse of :meth:`to_dict`; a malformed row refuses ``history_json_invalid``."""
         try:
-            metrics = {str(k): float(v) for k, v in dict(d["metrics"]).items()}
+            metrics: dict[str, float] = {}
+            for k, v in dict(d["metrics"]).items():
+                value = float_from_json(v, str(k))
+                if value is None:
+                    raise ValueError(f"metric {k!r} is null")
+                metrics[str(k)] = value
             return cls(
                 split=d["split"],
                 metrics=metrics,
@@ -209,7 +215,3 @@ class EvalRecord:
                 f"an evals.log row is malformed ({exc}).",
                 ["restore evals.log from a copy"],
             ) from None
-
-
-def _json_float(v: float) -> float | str:
-    return v if math.isfinite(v) else str(v)  # JSON has no NaN/inf; float("nan") reads it back

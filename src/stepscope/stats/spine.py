@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from stepscope.codec import float_from_json, json_float
 from stepscope.errors import Refusal
 from stepscope.stats.layout import (
     COUNT_FIELDS,
@@ -50,28 +51,17 @@ if TYPE_CHECKING:
 __all__ = ["COUNT_FIELDS", "FLOAT_FIELDS", "RunningStats"]
 
 
-def _enc(value: float | None) -> float | str | None:
-    """JSON-safe float: non-finite floats become strings (JSON has no inf)."""
-    if value is None or math.isfinite(value):
-        return value
-    return repr(value)  # 'inf' / '-inf' / 'nan'
-
-
 def _exact(value: int) -> int | float:
     """``value`` as a float when float64 holds it exactly, else the exact int (int64 extremes)."""
     return float(value) if float(value) == value else value
 
 
 def _dec(value: Any, name: str) -> float | None:
-    if value is None:
-        return None
-    if isinstance(value, str) and value in ("inf", "-inf", "nan"):
-        return float(value)
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise Refusal("stat_payload_invalid", f"field {name!r} must be a number, got {value!r}")
-    if isinstance(value, int) and not -(2**63) <= value <= 2**63:
+    if value is None or isinstance(value, str | bool) or not isinstance(value, int):
+        return float_from_json(value, name, "stat_payload_invalid")
+    if not -(2**63) <= value <= 2**63:
         raise Refusal("stat_payload_invalid", f"field {name!r} is out of range: {value}")
-    if isinstance(value, int) and name in ("min", "max", "absmax"):
+    if name in ("min", "max", "absmax"):
         return _exact(value)  # integer extremes beyond float64 stay exact
     return float(value)
 
@@ -240,7 +230,7 @@ class RunningStats:
         """JSON-safe dict (non-finite sums as strings); :meth:`from_dict` inverts it exactly."""
         d: dict[str, Any] = {"kind": "running_stats", "reduction_dtype": self.reduction_dtype}
         d.update(self._c)
-        d.update({k: _enc(v) for k, v in self._f.items()})
+        d.update({k: json_float(v) for k, v in self._f.items()})
         return d
 
     @classmethod
