@@ -34,7 +34,8 @@ from pathlib import Path
 import numpy as np
 
 from stepscope.events.convert import events_from_step
-from stepscope.events.event import Axis, ObserverEvent
+from stepscope.events.coordinates import Axis
+from stepscope.events.event import ObserverEvent
 from stepscope.events.stream import EventStream
 
 __all__ = [
