@@ -14,10 +14,12 @@ Every event has a ``name`` (the stable tag), :class:`~stepscope.events.Axes` (``
 and scale provenance; :data:`~stepscope.events.NO_SUBJECT` for user scalars), an optional
 ``field`` and an :class:`EventSource`. Axes and subject are validated value objects shared by the
 events built from them, so an event's constructor checks only what is its own: a non-empty name,
-the two coordinates' types, the payload (a real number, a non-empty reason, ...). That makes the
-constructor cheap enough for the collector's hot path; there is no unvalidated back door. Invalid
-events refuse ``event_invalid``. The coordinates read through as properties (``e.optimizer_step``,
-``e.site``, ...).
+the two coordinates' types, the payload (a real number, a non-empty reason, ...). Arguments of
+the exact types pass with one ``type(x) is T`` test each; anything else is coerced or refused on
+a slower path. :meth:`ScalarEvent.measured` is the converter's positional constructor for the
+spine scalars (most events): the same checks, no keyword parsing. Nothing is built around the
+checks. Invalid events refuse ``event_invalid``. The coordinates read through as properties
+(``e.optimizer_step``, ``e.site``, ...).
 
 Consumers narrow on the class: after ``isinstance(e, ScalarEvent)``, ``e.value`` is a ``float``.
 :attr:`ObserverEvent.kind` names the kind for counting and filtering. :meth:`ObserverEvent.to_dict`
@@ -338,6 +340,18 @@ class ScalarEvent(ObserverEvent):
         source: EventSource | str = EventSource.USER_SCALAR,
         estimated: bool = False,
     ) -> None:
+        self._fill(name, axes, value, subject, field, source, estimated)
+
+    def _fill(
+        self,
+        name: str,
+        axes: Axes,
+        value: float,
+        subject: Subject,
+        field: str | None,
+        source: EventSource | str,
+        estimated: bool,
+    ) -> None:
         self._init_common(name, axes, subject, field, source)
         _set(self, "value", value if type(value) is float else _number(name, value))
         _set(self, "estimated", estimated if type(estimated) is bool else _flag(name, estimated))
@@ -349,49 +363,22 @@ class ScalarEvent(ObserverEvent):
         axes: Axes,
         value: float,
         subject: Subject,
-        field: str,
-        source: EventSource,
+        field: str | None,
+        source: EventSource | str,
         estimated: bool,
     ) -> ScalarEvent:
-        """The hot-path constructor: every argument positional, validated by exact type.
+        """The hot-path constructor: ``__init__`` without keyword parsing (every argument given).
 
-        Accepts exactly what ``__init__`` accepts and refuses what it refuses; arguments of the
-        exact types (a ``float`` value, an :class:`EventSource`, a ``bool``, a non-empty ``str``
-        name and field, an :class:`Axes` and a :class:`Subject`: what
-        :func:`~stepscope.events.events_from_step` passes for each spine field) skip the keyword
-        parsing and the coercions. Anything else goes through ``__init__``.
+        Validates exactly as ``__init__`` does (the same code): arguments of the exact types,
+        as :func:`~stepscope.events.events_from_step` passes them for each spine field, pass
+        with one type test each.
 
         >>> e = ScalarEvent.measured("w/l2", Axes(1), 2.0, NO_SUBJECT, "l2", EventSource.SPINE, False)
         >>> e == ScalarEvent("w/l2", Axes(1), 2.0, field="l2", source="spine")
         True
         """
-        if not (
-            type(value) is float
-            and type(name) is str
-            and name
-            and type(field) is str
-            and type(axes) is Axes
-            and type(subject) is Subject
-            and type(source) is EventSource
-            and type(estimated) is bool
-        ):
-            return cls(
-                name,
-                axes,
-                value,
-                subject=subject,
-                field=field,
-                source=source,
-                estimated=estimated,
-            )
         e = _new(cls)
-        _set(e, "name", name)
-        _set(e, "axes", axes)
-        _set(e, "subject", subject)
-        _set(e, "field", field)
-        _set(e, "source", source)
-        _set(e, "value", value)
-        _set(e, "estimated", estimated)
+        e._fill(name, axes, value, subject, field, source, estimated)
         return e
 
     def to_dict(self) -> dict[str, Any]:
