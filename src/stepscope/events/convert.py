@@ -49,7 +49,7 @@ from typing import Any
 import numpy as np
 
 from stepscope.errors import Refusal
-from stepscope.events.coordinates import NO_SUBJECT, Axes, GradientStage, Subject
+from stepscope.events.coordinates import Axes, GradientStage, Subject
 from stepscope.events.event import (
     EventSource,
     HistogramEvent,
@@ -162,7 +162,7 @@ def events_from_step(
     for b in batches:
         out.extend(_batch_events(b, names, descriptor, axes))
     for name, value in (scalars or {}).items():
-        out.append(ScalarEvent(name, axes, float(value), subject=NO_SUBJECT))
+        out.append(ScalarEvent(name, axes, float(value)))
     return out
 
 
