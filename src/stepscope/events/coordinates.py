@@ -138,7 +138,7 @@ def _member(kind: type[enum.Enum], name: str, v: Any) -> Any:
         raise invalid_event(f"{name}={v!r} is not one of {allowed}.") from None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class Subject:
     """What an event is about: a site's stream at a phase (all ``None`` for user scalars).
 
@@ -155,28 +155,47 @@ class Subject:
         ``stream`` is a gradient stream.
     """
 
-    site: str | None = None
-    stream: Stream | None = None
-    phase: Phase | None = None
-    micro_batch: int | None = None
-    stage: GradientStage | None = None
-    scale_provenance: ScaleGrad | None = None
+    site: str | None
+    stream: Stream | None
+    phase: Phase | None
+    micro_batch: int | None
+    stage: GradientStage | None
+    scale_provenance: ScaleGrad | None
 
-    def __post_init__(self) -> None:
-        s = object.__setattr__
-        if self.site is not None and not isinstance(self.site, str):
-            raise invalid_event(f"site={self.site!r} is not a string.")
-        s(self, "stream", _member(Stream, "stream", self.stream))
-        s(self, "phase", _member(Phase, "phase", self.phase))
-        s(self, "micro_batch", _count("micro_batch", self.micro_batch, True))
-        s(self, "stage", _member(GradientStage, "stage", self.stage))
-        s(self, "scale_provenance", _member(ScaleGrad, "scale_provenance", self.scale_provenance))
-        stream = self.stream
-        if stream is not None and stream in GRADIENT_STREAMS:
-            if self.stage is None or self.scale_provenance is None:
+    def __init__(
+        self,
+        site: str | None = None,
+        stream: Stream | str | None = None,
+        phase: Phase | str | None = None,
+        micro_batch: int | None = None,
+        stage: GradientStage | str | None = None,
+        scale_provenance: ScaleGrad | str | None = None,
+    ) -> None:
+        # one subject per site row (the converter's hot path): exact types pass with one test
+        if site is not None and not isinstance(site, str):
+            raise invalid_event(f"site={site!r} is not a string.")
+        if type(stream) is not Stream:
+            stream = _member(Stream, "stream", stream)
+        if type(phase) is not Phase:
+            phase = _member(Phase, "phase", phase)
+        if micro_batch is not None:
+            micro_batch = _count("micro_batch", micro_batch, True)
+        if type(stage) is not GradientStage:
+            stage = _member(GradientStage, "stage", stage)
+        if type(scale_provenance) is not ScaleGrad:
+            scale_provenance = _member(ScaleGrad, "scale_provenance", scale_provenance)
+        if isinstance(stream, Stream) and stream in GRADIENT_STREAMS:
+            if stage is None or scale_provenance is None:
                 raise invalid_event(
-                    f"a {stream.value} subject ({self.site}) must carry stage and scale_provenance."
+                    f"a {stream.value} subject ({site}) must carry stage and scale_provenance."
                 )
+        s = object.__setattr__
+        s(self, "site", site)
+        s(self, "stream", stream)
+        s(self, "phase", phase)
+        s(self, "micro_batch", micro_batch)
+        s(self, "stage", stage)
+        s(self, "scale_provenance", scale_provenance)
 
 
 #: The subject of events that are not about a site (user scalars, run-level numbers).
