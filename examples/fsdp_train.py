@@ -35,7 +35,7 @@ import torch.nn.functional as F
 
 import stepscope as ss
 from stepscope.collect import Cadence
-from stepscope.events import Subscriber
+from stepscope.events import ScalarEvent, Subscriber
 
 GLOBAL_BATCH, SEQ, D_MODEL, CLASSES = 8, 4, 16, 3
 STREAMS = ("activation", "gradient", "parameter", "update")
@@ -78,6 +78,8 @@ class L2Events(Subscriber):
 
     def on_events(self, events) -> None:
         for e in events:
+            if not isinstance(e, ScalarEvent):  # an undefined l2 is an UnavailableEvent
+                continue
             if e.name.startswith("parameter.post_step/") and e.name.endswith("/l2"):
                 self.seen[f"{e.optimizer_step}:{e.name}"] = e.value
 

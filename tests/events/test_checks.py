@@ -141,17 +141,14 @@ def test_update_ratio_check_matches_the_real_parameter_change(ev, tmp_path):
 
 
 def test_update_ratio_with_zero_parameter_norm_is_unavailable_not_infinite():
-    from stepscope.events import EventSource, ObserverEvent
+    from stepscope.events import Axes, EventSource, ScalarEvent, Subject
 
     def l2(stream, phase, value):
-        return ObserverEvent(
-            EventKind.SCALAR,
+        return ScalarEvent(
             f"{stream}/w/l2",
-            1,
-            value=value,
-            site="w",
-            stream=stream,
-            phase=phase,
+            Axes(1),
+            value,
+            subject=Subject("w", stream, phase),
             field="l2",
             source=EventSource.SPINE,
         )
@@ -212,17 +209,14 @@ def test_verdicts_reach_tensorboard_as_text_at_their_step(ev, tmp_path):
 
 
 def test_update_ratio_says_when_the_parameter_norm_never_came():
-    from stepscope.events import EventSource, ObserverEvent
+    from stepscope.events import Axes, EventSource, ScalarEvent, Subject
 
     def upd(step):
-        return ObserverEvent(
-            EventKind.SCALAR,
+        return ScalarEvent(
             "update.post_step/w/l2",
-            step,
-            value=0.1,
-            site="w",
-            stream="update",
-            phase="post_step",
+            Axes(step),
+            0.1,
+            subject=Subject("w", "update", "post_step"),
             field="l2",
             source=EventSource.SPINE,
         )

@@ -11,9 +11,9 @@ import pytest
 from stepscope.errors import Refusal
 from stepscope.events import (
     MAX_CONSECUTIVE_FAILURES,
-    EventKind,
+    Axes,
     EventStream,
-    ObserverEvent,
+    ScalarEvent,
     Subscriber,
     SubscriberFailureWarning,
 )
@@ -45,7 +45,7 @@ class Raiser(Subscriber):
 
 
 def _scalar(step):
-    return ObserverEvent(EventKind.SCALAR, "loss", step, value=float(step))
+    return ScalarEvent("loss", Axes(step), float(step))
 
 
 def test_every_subscriber_gets_every_batch_in_order():

@@ -1,7 +1,9 @@
 """Events, checks and trackers: one scan of the tensors, many consumers.
 
 The collector writes each step's rows to the artifact and hands them to :func:`events_from_step`;
-the resulting :class:`ObserverEvent` s go out on an :class:`EventStream` to checks
+the resulting :class:`ObserverEvent` s (one frozen class per kind: :class:`ScalarEvent`,
+:class:`HistogramEvent`, :class:`VerdictEvent`, :class:`UnavailableEvent`, on shared :class:`Axes`
+and :class:`Subject` value objects) go out on an :class:`EventStream` to checks
 (:class:`NonFiniteCheck`, :class:`ZeroFractionCheck`, :class:`GradientNormCheck`,
 :class:`UpdateRatioCheck`) and trackers (:class:`TensorBoardTracker`, :class:`WandbTracker`,
 :class:`JsonlTracker`). :func:`export_run` replays a finished artifact through the same path.
@@ -18,16 +20,18 @@ from stepscope.events.checks import (
     ZeroFractionCheck,
 )
 from stepscope.events.convert import SpineScalar, event_prefix, events_from_step, spine_scalars
+from stepscope.events.coordinates import NO_SUBJECT, Axes, Axis, GradientStage, Subject
 from stepscope.events.event import (
-    Axis,
     EventKind,
     EventSource,
-    GradientStage,
-    HistogramPayload,
+    HistogramEvent,
     ObserverEvent,
-    Verdict,
+    ScalarEvent,
+    UnavailableEvent,
+    VerdictEvent,
 )
 from stepscope.events.export import ExportReport, export_run, replay, step_events
+from stepscope.events.payload import HistogramPayload, Verdict
 from stepscope.events.stream import (
     MAX_CONSECUTIVE_FAILURES,
     CheckFailed,
@@ -59,6 +63,8 @@ from stepscope.events.views import (
 
 __all__ = [
     "MAX_CONSECUTIVE_FAILURES",
+    "NO_SUBJECT",
+    "Axes",
     "Axis",
     "Check",
     "CheckAction",
@@ -71,11 +77,14 @@ __all__ = [
     "Finding",
     "GradientNormCheck",
     "GradientStage",
+    "HistogramEvent",
     "HistogramPayload",
     "JsonlTracker",
     "NonFiniteCheck",
     "ObserverEvent",
+    "ScalarEvent",
     "SpineScalar",
+    "Subject",
     "Subscriber",
     "SubscriberFailureWarning",
     "SubscriberLike",
@@ -83,8 +92,10 @@ __all__ = [
     "TensorBoardTracker",
     "Tracker",
     "TrackerCounts",
+    "UnavailableEvent",
     "UpdateRatioCheck",
     "Verdict",
+    "VerdictEvent",
     "WandbLogWarning",
     "WandbTracker",
     "ZeroFractionCheck",

@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from stepscope.events.event import Axis
+from stepscope.events.coordinates import Axis
 
 EPILOG = """\
 examples:

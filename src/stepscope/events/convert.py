@@ -49,16 +49,23 @@ from typing import Any
 import numpy as np
 
 from stepscope.errors import Refusal
+from stepscope.events.coordinates import Axes, GradientStage, Subject
 from stepscope.events.event import (
-    EventKind,
     EventSource,
-    GradientStage,
-    HistogramPayload,
+    HistogramEvent,
     ObserverEvent,
-    trusted_template,
+    ScalarEvent,
+    UnavailableEvent,
 )
+from stepscope.events.payload import HistogramPayload
 from stepscope.history.batch import OBSERVED, ObservationBatch, member_of
-from stepscope.history.schema import GRADIENT_STREAMS, Presence, SiteRecord, StepBlockRecord
+from stepscope.history.schema import (
+    GRADIENT_STREAMS,
+    Presence,
+    ScaleGrad,
+    SiteRecord,
+    StepBlockRecord,
+)
 from stepscope.history.vocab import is_estimate
 from stepscope.stats.layout import SPINE_FIELDS
 
@@ -131,7 +138,8 @@ def events_from_step(
     Parameters
     ----------
     block
-        The step block: its ``optimizer_step``, ``examples_seen`` and ``epoch`` go on every event.
+        The step block: its ``optimizer_step``, ``examples_seen`` and ``epoch`` are the
+        :class:`~stepscope.events.Axes` every event shares.
     batches
         The step's observation batches (as written by ``ArtifactWriter.write_step``).
     sites
@@ -148,40 +156,28 @@ def events_from_step(
         ``unavailable`` for non-observed rows and undefined fields, ``scalar`` per user scalar.
     """
     names = {s.site_id: s.name for s in sites}
-    axes: dict[str, Any] = {
-        "optimizer_step": block.optimizer_step,
-        "examples_seen": block.examples_seen,
-        "epoch": block.epoch,
-    }
+    axes = Axes(block.optimizer_step, block.examples_seen, block.epoch)
     out: list[ObserverEvent] = []
     for b in batches:
         out.extend(_batch_events(b, names, descriptor, axes))
     for name, value in (scalars or {}).items():
-        out.append(
-            ObserverEvent(
-                EventKind.SCALAR, name, value=float(value), source=EventSource.USER_SCALAR, **axes
-            )
-        )
+        out.append(ScalarEvent(name, axes, float(value)))
     return out
 
 
 def _batch_events(
-    b: ObservationBatch, names: Mapping[int, str], descriptor: Any, axes: dict[str, Any]
+    b: ObservationBatch, names: Mapping[int, str], descriptor: Any, axes: Axes
 ) -> list[ObserverEvent]:
-    grad = b.stream in GRADIENT_STREAMS
-    common: dict[str, Any] = {
-        "stream": b.stream,
-        "phase": b.phase,
-        "micro_batch": b.micro_batch,
-        **axes,
-    }
-    if grad:
-        common["stage"] = GradientStage.of(b.phase, b.micro_batch)
-        common["scale_provenance"] = b.scale_grad
+    stage: GradientStage | None = None
+    scale: ScaleGrad | None = None
+    if b.stream in GRADIENT_STREAMS:
+        stage, scale = GradientStage.of(b.phase, b.micro_batch), b.scale_grad
     derived = [(f.value, v.tolist()) for f, v in spine_scalars(b.spines).items()]
     totals = b.spines[:, _col("total")].tolist()
-    scalar_base = trusted_template(kind=EventKind.SCALAR, source=EventSource.SPINE, **common)
-    hist_of = {} if b.hist_rows is None else {int(r): i for i, r in enumerate(b.hist_rows)}
+    hist_of: dict[int, np.ndarray] = {}
+    if b.hist_rows is not None and b.histograms is not None:
+        hist_of = {int(r): b.histograms[j] for j, r in enumerate(b.hist_rows)}
+    spine, scalar = EventSource.SPINE, ScalarEvent.measured
     out: list[ObserverEvent] = []
     for i, sid in enumerate(b.site_ids.tolist()):
         if sid not in names:
@@ -191,51 +187,35 @@ def _batch_events(
                 ["pass the writer's (or reader's) sites"],
             )
         site = names[sid]
+        # one validated subject per row, shared by the row's scalars, histogram and absences
+        subject = Subject(site, b.stream, b.phase, b.micro_batch, stage, scale)
         prefix = event_prefix(b.stream, b.phase, site, b.micro_batch)
         if b.presence[i] != OBSERVED:
             reason = member_of(Presence, b.presence[i]).value
-            out.append(_unavailable(prefix, site, None, reason, common))
+            out.append(UnavailableEvent(prefix, axes, reason, subject=subject, source=spine))
             continue
-        row_base = {**scalar_base, "site": site}
+        # a sampled row: its values describe the sample (per row, never batch-wide)
         estimated = is_estimate(b.row_disclosure(i))
-        if estimated:  # a sampled row: its values describe the sample (per row, never batch-wide)
-            row_base["estimated"] = True
         for field, values in derived:
             v = values[i]
+            name = f"{prefix}/{field}"
             if math.isnan(v):
                 reason = UNDEFINED_EMPTY if totals[i] == 0 else UNDEFINED_NO_FINITE
-                out.append(_unavailable(f"{prefix}/{field}", site, field, reason, common))
-                continue
-            # fields come from validated batch/block records: skip re-validation (hot path)
-            fields = row_base.copy()
-            fields["name"], fields["value"], fields["field"] = f"{prefix}/{field}", v, field
-            out.append(ObserverEvent._trusted(fields))
+                out.append(
+                    UnavailableEvent(name, axes, reason, subject=subject, field=field, source=spine)
+                )
+            else:
+                out.append(scalar(name, axes, v, subject, field, spine, estimated))
         if i in hist_of:
-            payload = HistogramPayload(b.histograms[hist_of[i]], b.spines[i], descriptor)  # type: ignore[index]
+            payload = HistogramPayload(hist_of[i], b.spines[i], descriptor)
             out.append(
-                ObserverEvent(
-                    EventKind.HISTOGRAM_COUNTS,
+                HistogramEvent(
                     prefix,
-                    site=site,
+                    axes,
+                    payload,
+                    subject=subject,
                     field="histogram",
-                    histogram=payload,
-                    source=EventSource.HISTOGRAM,
                     estimated=estimated,
-                    **common,
                 )
             )
     return out
-
-
-def _unavailable(
-    name: str, site: str, field: str | None, reason: str, common: dict[str, Any]
-) -> ObserverEvent:
-    return ObserverEvent(
-        EventKind.UNAVAILABLE,
-        name,
-        site=site,
-        field=field,
-        reason=reason,
-        source=EventSource.SPINE,
-        **common,
-    )

@@ -33,9 +33,13 @@ from pathlib import Path
 
 import numpy as np
 
+from stepscope.errors import Refusal
 from stepscope.events.convert import events_from_step
-from stepscope.events.event import Axis, ObserverEvent
+from stepscope.events.coordinates import Axis
+from stepscope.events.event import ObserverEvent
 from stepscope.events.stream import EventStream
+from stepscope.history import HistoryReader, StepBlockRecord, open_history
+from stepscope.history.decode import batches_from_rows
 
 __all__ = [
     "ExportReport",
@@ -63,25 +67,22 @@ class ExportReport:
     subscriber_failures: dict[str, int] = field(default_factory=dict)
 
 
-def _steps_of(reader: object) -> tuple[dict[int, object], np.ndarray, np.ndarray]:
-    blocks = {b.optimizer_step: b for b in reader.step_blocks()}  # type: ignore[attr-defined]
-    scalar_rows = reader.table("scalars")  # type: ignore[attr-defined]
+def _steps_of(
+    reader: HistoryReader,
+) -> tuple[dict[int, StepBlockRecord], np.ndarray, np.ndarray]:
+    blocks = {b.optimizer_step: b for b in reader.step_blocks()}
+    scalar_rows = reader.table("scalars")
     all_steps = np.union1d(np.fromiter(blocks, np.int64, len(blocks)), scalar_rows["step"])
     return blocks, scalar_rows, all_steps
 
 
 def step_count(path: str | os.PathLike[str]) -> int:
     """How many steps :func:`step_events` yields for ``path`` (steps with a block or a scalar)."""
-    from stepscope.history import open_history
-
     return len(_steps_of(open_history(path))[2])
 
 
 def step_events(path: str | os.PathLike[str], window: int = 256) -> Iterator[list[ObserverEvent]]:
     """The events of each committed step of an artifact, in step order (one list per step)."""
-    from stepscope.history import StepBlockRecord, open_history
-    from stepscope.history.decode import batches_from_rows
-
     reader = open_history(path)
     blocks, scalar_rows, all_steps = _steps_of(reader)
     for lo_i in range(0, len(all_steps), window):
@@ -93,7 +94,6 @@ def step_events(path: str | os.PathLike[str], window: int = 256) -> Iterator[lis
         sc = scalar_rows[(scalar_rows["step"] >= span[0]) & (scalar_rows["step"] <= span[1])]
         for step in steps.tolist():
             block = blocks.get(step) or StepBlockRecord(step)
-            assert isinstance(block, StepBlockRecord)  # narrows the type for mypy
             rows = sc[sc["step"] == step]
             scalars = {reader.scalar_names[int(r["name"])]: float(r["value"]) for r in rows}
             yield events_from_step(
@@ -111,8 +111,6 @@ def replay(
 
     ``progress(done, total)`` is called after each step when given.
     """
-    from stepscope.history import open_history
-
     kinds: Counter[str] = Counter()
     n_steps = 0
     total = step_count(path) if progress is not None else 0
@@ -167,9 +165,6 @@ def export_run(
     progress
         ``progress(done_steps, total_steps)`` after each step.
     """
-    from stepscope.errors import Refusal
-    from stepscope.history import open_history
-
     if tensorboard is None and jsonl is None and wandb is None:
         raise Refusal(
             "settings_invalid",
@@ -234,8 +229,6 @@ def tensorboard_run_dir(log_dir: str | os.PathLike[str], run_id: str) -> Path:
     >>> tensorboard_run_dir("tb", "demo-1").as_posix()
     'tb/demo-1'
     """
-    from stepscope.errors import Refusal
-
     name = str(run_id)
     if not name or name in {".", ".."} or "/" in name or os.sep in name:
         raise Refusal(

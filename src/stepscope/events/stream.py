@@ -10,14 +10,14 @@ verdict) and then re-raises it. The most recent ``capacity`` events are kept for
 
 Example
 -------
->>> from stepscope.events import EventStream, ObserverEvent, EventKind, Subscriber
+>>> from stepscope.events import Axes, EventStream, ScalarEvent, Subscriber
 >>> class Count(Subscriber):
 ...     n = 0
 ...     def on_events(self, events):
 ...         self.n += len(events)
 >>> stream = EventStream(capacity=2)
 >>> c = stream.subscribe(Count())
->>> stream.publish([ObserverEvent(EventKind.SCALAR, "loss", i, value=1.0) for i in range(3)])
+>>> stream.publish([ScalarEvent("loss", Axes(i), 1.0) for i in range(3)])
 >>> c.n, [e.optimizer_step for e in stream.recent()]
 (3, [1, 2])
 """
@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from stepscope.errors import Refusal
-from stepscope.events.event import EventKind, EventSource, ObserverEvent
+from stepscope.events.event import EventKind, EventSource, ObserverEvent, VerdictEvent
 
 __all__ = [
     "MAX_CONSECUTIVE_FAILURES",
@@ -174,7 +174,9 @@ class EventStream:
                 raise Refusal(
                     "event_invalid",
                     f"published object of type {type(e).__name__} is not an ObserverEvent.",
-                    ["publish events built with events_from_step() or ObserverEvent(...)"],
+                    [
+                        "publish events from events_from_step() or the event classes (ScalarEvent, ...)"
+                    ],
                 )
         failed: CheckFailed | None = None
         rounds = 0
@@ -189,8 +191,7 @@ class EventStream:
                 if err is not None and failed is None:
                     failed = err
             self.stop_requested |= any(
-                e.kind is EventKind.VERDICT and e.verdict.action == "stop"  # type: ignore[union-attr]
-                for e in batch
+                isinstance(e, VerdictEvent) and e.verdict.action == "stop" for e in batch
             )
             batch = tuple(produced)
         if failed is not None:

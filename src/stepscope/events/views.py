@@ -25,7 +25,7 @@ Example
 -------
 >>> import torch
 >>> from stepscope.stats import HistogramDescriptor, reduce_histograms, reduce_spines
->>> from stepscope.events.event import HistogramPayload
+>>> from stepscope.events.payload import HistogramPayload
 >>> x = torch.tensor([0.0, 1.0, 1.0, -2.0])
 >>> d = HistogramDescriptor()
 >>> p = HistogramPayload(reduce_histograms([x], d)[0].numpy(), reduce_spines([x])[0].numpy(), d)
@@ -43,7 +43,7 @@ from typing import Any
 
 import numpy as np
 
-from stepscope.events.event import HistogramPayload
+from stepscope.events.payload import HistogramPayload
 from stepscope.stats import SPECIAL_FIELDS
 
 __all__ = [

@@ -114,34 +114,17 @@ def probe_events(record: ProbeRecord) -> list[ObserverEvent]:
     Defined numbers become ``scalar`` events named like the rows; undefined ones (``None``)
     become ``unavailable`` events whose reason is ``undefined_or_absent`` (see the validity rows).
     """
-    from stepscope.events.event import EventKind, EventSource, ObserverEvent
+    from stepscope.events import Axes, EventSource, ScalarEvent, UnavailableEvent
 
     step = record.step
-    out = [
-        ObserverEvent(
-            EventKind.SCALAR,
-            n,
-            optimizer_step=step.optimizer_step,
-            examples_seen=step.examples_seen,
-            epoch=step.epoch,
-            value=v,
-            source=EventSource.PROBE,
-        )
-        for n, v in probe_scalar_rows(record).items()
+    axes = Axes(step.optimizer_step, step.examples_seen, step.epoch)
+    probe = EventSource.PROBE
+    out: list[ObserverEvent] = [
+        ScalarEvent(n, axes, v, source=probe) for n, v in probe_scalar_rows(record).items()
     ]
     for name, value in record.scalars().items():
         if value is None:
-            out.append(
-                ObserverEvent(
-                    EventKind.UNAVAILABLE,
-                    name,
-                    optimizer_step=step.optimizer_step,
-                    examples_seen=step.examples_seen,
-                    epoch=step.epoch,
-                    reason="undefined_or_absent",
-                    source=EventSource.PROBE,
-                )
-            )
+            out.append(UnavailableEvent(name, axes, "undefined_or_absent", source=probe))
     return out
 
 

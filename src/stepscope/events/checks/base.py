@@ -12,10 +12,10 @@ finding into a ``verdict`` event (published back on the stream) and applies the 
 
 Example
 -------
->>> from stepscope.events import EventStream, NonFiniteCheck, ObserverEvent, EventKind
+>>> from stepscope.events import Axes, EventStream, NonFiniteCheck, ScalarEvent
 >>> stream = EventStream()
 >>> check = stream.subscribe(NonFiniteCheck(action="stop"))
->>> stream.publish([ObserverEvent(EventKind.SCALAR, "loss", 4, value=float("nan"))])
+>>> stream.publish([ScalarEvent("loss", Axes(4), float("nan"))])
 >>> check.should_stop, check.first.optimizer_step, stream.stop_requested
 (True, 4, True)
 """
@@ -28,7 +28,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from stepscope.errors import Refusal
-from stepscope.events.event import EventKind, EventSource, ObserverEvent, Verdict
+from stepscope.events.event import EventSource, ObserverEvent, VerdictEvent
+from stepscope.events.payload import Verdict
 from stepscope.events.stream import CheckFailed, Subscriber
 
 __all__ = ["Check", "CheckAction", "CheckWarning", "Finding"]
@@ -79,7 +80,7 @@ class Check(Subscriber):
                 ["pass action='warn', 'raise' or 'stop'"],
             ) from None
         self.should_stop = False
-        self.verdicts: list[ObserverEvent] = []
+        self.verdicts: list[VerdictEvent] = []
         self._warned: set[str] = set()
 
     def evaluate(self, events: Sequence[ObserverEvent]) -> list[Finding | ObserverEvent]:
@@ -92,7 +93,7 @@ class Check(Subscriber):
         if not measured:
             return []
         out: list[ObserverEvent] = []
-        verdicts: list[ObserverEvent] = []
+        verdicts: list[VerdictEvent] = []
         for item in self.evaluate(measured):
             if isinstance(item, ObserverEvent):
                 out.append(item)
@@ -107,9 +108,9 @@ class Check(Subscriber):
             for v in verdicts:
                 if v.name not in self._warned:
                     self._warned.add(v.name)
-                    warnings.warn(v.verdict.message, CheckWarning, stacklevel=2)  # type: ignore[union-attr]
+                    warnings.warn(v.verdict.message, CheckWarning, stacklevel=2)
         else:
-            first = verdicts[0].verdict.message  # type: ignore[union-attr]
+            first = verdicts[0].verdict.message
             raise CheckFailed(
                 first,
                 [*out, *verdicts],
@@ -120,22 +121,12 @@ class Check(Subscriber):
             )
         return [*out, *verdicts]
 
-    def _verdict(self, f: Finding) -> ObserverEvent:
-        e = f.event
-        target = e.name
-        return ObserverEvent(
-            EventKind.VERDICT,
-            f"check/{self.name}/{target}",
-            optimizer_step=e.optimizer_step,
-            examples_seen=e.examples_seen,
-            epoch=e.epoch,
-            site=e.site,
-            stream=e.stream,
-            phase=e.phase,
+    def _verdict(self, f: Finding) -> VerdictEvent:
+        e = f.event  # the verdict sits on its target's axes and keeps its subject and field
+        return VerdictEvent(
+            f"check/{self.name}/{e.name}",
+            e.axes,
+            Verdict(self.name, self.action.value, f.message, f.observed, f.lower, f.upper),
+            subject=e.subject,
             field=e.field,
-            micro_batch=e.micro_batch,
-            stage=e.stage,
-            scale_provenance=e.scale_provenance,
-            verdict=Verdict(self.name, self.action.value, f.message, f.observed, f.lower, f.upper),
-            source=EventSource.CHECK,
         )

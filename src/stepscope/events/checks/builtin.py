@@ -12,12 +12,12 @@
 Example
 -------
 >>> import warnings
->>> from stepscope.events import EventStream, ObserverEvent, EventKind, EventSource
+>>> from stepscope.events import Axes, EventSource, EventStream, ScalarEvent, Subject
 >>> stream = EventStream()
 >>> check = stream.subscribe(GradientNormCheck(lower=1e-6, upper=10.0))
->>> e = ObserverEvent(EventKind.SCALAR, "gradient.backward/fc/l2", 2, value=50.0, site="fc",
-...                   stream="gradient", phase="backward", field="l2", stage="backward",
-...                   scale_provenance="unscaled", source=EventSource.SPINE)
+>>> fc = Subject("fc", "gradient", "backward", stage="backward", scale_provenance="unscaled")
+>>> e = ScalarEvent("gradient.backward/fc/l2", Axes(2), 50.0, subject=fc, field="l2",
+...                 source=EventSource.SPINE)
 >>> with warnings.catch_warnings(record=True):
 ...     stream.publish([e])
 >>> check.verdicts[0].verdict.message
@@ -28,19 +28,22 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import TypeGuard
 
 from stepscope.events.checks.base import Check, CheckAction, Finding
 from stepscope.events.convert import SpineScalar
-from stepscope.events.event import EventKind, EventSource, ObserverEvent
+from stepscope.events.event import EventSource, ObserverEvent, ScalarEvent, UnavailableEvent
 from stepscope.history.schema import Phase, Stream
 
 __all__ = ["GradientNormCheck", "NonFiniteCheck", "UpdateRatioCheck", "ZeroFractionCheck"]
 
 
-def _scalar(e: ObserverEvent, field: SpineScalar, streams: frozenset[Stream] | None) -> bool:
+def _spine_scalar(
+    e: ObserverEvent, field: SpineScalar, streams: frozenset[Stream] | None
+) -> TypeGuard[ScalarEvent]:
+    """Whether ``e`` is the spine scalar ``field`` of one of ``streams`` (``None``: any)."""
     return (
-        e.kind is EventKind.SCALAR
+        isinstance(e, ScalarEvent)
         and e.source is EventSource.SPINE
         and e.field == field.value
         and (streams is None or e.stream in streams)
@@ -49,6 +52,10 @@ def _scalar(e: ObserverEvent, field: SpineScalar, streams: frozenset[Stream] | N
 
 def _streams(streams: Sequence[Stream | str] | None) -> frozenset[Stream] | None:
     return None if streams is None else frozenset(Stream(s) for s in streams)
+
+
+def _stream(e: ObserverEvent) -> str:
+    return "-" if e.stream is None else e.stream.value
 
 
 def _where(e: ObserverEvent) -> str:
@@ -88,15 +95,15 @@ class NonFiniteCheck(Check):
         """Findings for every event showing a non-finite value."""
         out: list[Finding | ObserverEvent] = []
         for e in events:
-            if _scalar(e, SpineScalar.NONFINITE_COUNT, self.streams) and e.value > 0:  # type: ignore[operator]
+            if _spine_scalar(e, SpineScalar.NONFINITE_COUNT, self.streams) and e.value > 0:
                 msg = (
-                    f"{int(e.value)} non-finite value(s) in {e.stream.value} of {e.site} "  # type: ignore[arg-type, union-attr]
+                    f"{int(e.value)} non-finite value(s) in {_stream(e)} of {e.site} "
                     f"at step {e.optimizer_step}{_where(e)}"
                 )
             elif (
-                e.kind is EventKind.SCALAR
+                isinstance(e, ScalarEvent)
                 and e.source is EventSource.USER_SCALAR
-                and not math.isfinite(e.value)  # type: ignore[arg-type]
+                and not math.isfinite(e.value)
             ):
                 msg = f"user scalar {e.name} is {e.value} at step {e.optimizer_step}"
             else:
@@ -135,13 +142,14 @@ class ZeroFractionCheck(Check):
         return [
             Finding(
                 e,
-                f"zero fraction of {e.stream.value} {e.site} is {e.value:.4g} > "  # type: ignore[union-attr]
+                f"zero fraction of {_stream(e)} {e.site} is {e.value:.4g} > "
                 f"{self.threshold:g} at step {e.optimizer_step}{_where(e)}",
                 observed=e.value,
                 upper=self.threshold,
             )
             for e in events
-            if _scalar(e, SpineScalar.ZERO_FRACTION, self.streams) and e.value > self.threshold  # type: ignore[operator]
+            if _spine_scalar(e, SpineScalar.ZERO_FRACTION, self.streams)
+            and e.value > self.threshold
         ]
 
 
@@ -169,16 +177,16 @@ class GradientNormCheck(Check):
         """Findings for norms outside the band."""
         out: list[Finding | ObserverEvent] = []
         for e in events:
-            if not _scalar(e, SpineScalar.L2, self.streams):
+            if not _spine_scalar(e, SpineScalar.L2, self.streams):
                 continue
             v = e.value
-            if v > self.upper:  # type: ignore[operator]
+            if v > self.upper:
                 what = f"{v:.4g} > {self.upper:g} (exploding)"
-            elif v < self.lower:  # type: ignore[operator]
+            elif v < self.lower:
                 what = f"{v:.4g} < {self.lower:g} (vanishing)"
             else:
                 continue
-            msg = f"{e.stream.value} l2 of {e.site} is {what} at step {e.optimizer_step}{_where(e)}"  # type: ignore[union-attr]
+            msg = f"{_stream(e)} l2 of {e.site} is {what} at step {e.optimizer_step}{_where(e)}"
             out.append(Finding(e, msg, observed=v, lower=self.lower, upper=self.upper))
         return out
 
@@ -222,8 +230,8 @@ class UpdateRatioCheck(Check):
         self.lower, self.upper = float(lower), float(upper)
         self.parameter_phase = None if parameter_phase is None else Phase(parameter_phase)
         # (step, site) -> role -> field -> event (l2, mean, std of one row)
-        self._pending: dict[tuple[int, str], dict[str, dict[str, ObserverEvent]]] = {}
-        self._done: set[tuple[int, str]] = set()  # compared already: later fields are ignored
+        self._pending: dict[tuple[int, str | None], dict[str, dict[str, ScalarEvent]]] = {}
+        self._done: set[tuple[int, str | None]] = set()  # compared: later fields are ignored
 
     def evaluate(self, events: Sequence[ObserverEvent]) -> list[Finding | ObserverEvent]:
         """Pair update and parameter norms (across publishes of the same step) and compare."""
@@ -231,8 +239,9 @@ class UpdateRatioCheck(Check):
         streams = frozenset({Stream.UPDATE, Stream.PARAMETER})
         for e in events:
             if (
-                e.kind is not EventKind.SCALAR
+                not isinstance(e, ScalarEvent)
                 or e.source is not EventSource.SPINE
+                or e.field is None
                 or e.field not in self._FIELDS
                 or e.stream not in streams
                 or e.micro_batch is not None
@@ -244,14 +253,14 @@ class UpdateRatioCheck(Check):
             key = (e.optimizer_step, e.site)
             if key in self._done:
                 continue
-            slot = self._pending.setdefault(key, {})  # type: ignore[arg-type]
+            slot = self._pending.setdefault(key, {})
             fields = slot.setdefault(role, {})
             if e.field in fields:
                 continue  # the first row of a role at this step is the one compared
             fields[e.field] = e
             if self._complete(slot):
-                del self._pending[key]  # type: ignore[arg-type]
-                self._done.add(key)  # type: ignore[arg-type]
+                del self._pending[key]
+                self._done.add(key)
                 out.extend(self._compare(slot["update"], slot["parameter"]))
         if events:  # give up on halves of steps older than the previous one
             newest = max(e.optimizer_step for e in events)
@@ -263,7 +272,7 @@ class UpdateRatioCheck(Check):
                     out.append(self._missing(upd, "parameter_norm_not_observed"))
         return out
 
-    def _complete(self, slot: dict[str, dict[str, ObserverEvent]]) -> bool:
+    def _complete(self, slot: dict[str, dict[str, ScalarEvent]]) -> bool:
         upd, par = slot.get("update"), slot.get("parameter")
         if upd is None or par is None:
             return False
@@ -271,48 +280,42 @@ class UpdateRatioCheck(Check):
         return all(f in upd and f in par for f in need)
 
     @staticmethod
-    def _rms(fields: dict[str, ObserverEvent]) -> float:
+    def _rms(fields: dict[str, ScalarEvent]) -> float:
         mean, std = fields[SpineScalar.MEAN.value].value, fields[SpineScalar.STD.value].value
-        return math.sqrt(mean * mean + std * std)  # type: ignore[operator]
+        return math.sqrt(mean * mean + std * std)
 
-    def _missing(self, upd: ObserverEvent, reason: str) -> ObserverEvent:
-        return ObserverEvent(
-            EventKind.UNAVAILABLE,
+    # the derived events keep the update row's subject (site, stream update, its phase)
+    def _missing(self, upd: ScalarEvent, reason: str) -> UnavailableEvent:
+        return UnavailableEvent(
             f"update_ratio/{upd.site}",
-            optimizer_step=upd.optimizer_step,
-            examples_seen=upd.examples_seen,
-            epoch=upd.epoch,
-            site=upd.site,
-            stream=Stream.UPDATE,
-            phase=upd.phase,
+            upd.axes,
+            reason,
+            subject=upd.subject,
             field="update_to_weight_ratio",
-            reason=reason,
             source=EventSource.CHECK,
         )
 
     def _compare(
-        self, upd_fields: dict[str, ObserverEvent], par_fields: dict[str, ObserverEvent]
+        self, upd_fields: dict[str, ScalarEvent], par_fields: dict[str, ScalarEvent]
     ) -> list[Finding | ObserverEvent]:
         upd, par = upd_fields[SpineScalar.L2.value], par_fields[SpineScalar.L2.value]
         estimated = upd.estimated
-        common: dict[str, Any] = {
-            "optimizer_step": upd.optimizer_step,
-            "examples_seen": upd.examples_seen,
-            "epoch": upd.epoch,
-            "site": upd.site,
-            "stream": Stream.UPDATE,
-            "phase": upd.phase,
-            "field": "update_to_weight_ratio",
-            "source": EventSource.CHECK,
-        }
         name = f"update_ratio/{upd.site}"
         if par.value == 0:
             return [self._missing(upd, "undefined_zero_parameter_norm")]
         if estimated:  # a sample's l2 is not the tensor's: compare per-element rms
             ratio = self._rms(upd_fields) / self._rms(par_fields)
         else:
-            ratio = upd.value / par.value  # type: ignore[operator]
-        derived = ObserverEvent(EventKind.SCALAR, name, value=ratio, estimated=estimated, **common)
+            ratio = upd.value / par.value
+        derived = ScalarEvent(
+            name,
+            upd.axes,
+            ratio,
+            subject=upd.subject,
+            field="update_to_weight_ratio",
+            source=EventSource.CHECK,
+            estimated=estimated,
+        )
         out: list[Finding | ObserverEvent] = [derived]
         if not self.lower <= ratio <= self.upper:
             side = "above" if ratio > self.upper else "below"

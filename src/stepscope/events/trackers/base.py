@@ -7,13 +7,13 @@ placed at 0. ``unavailable`` events are counted, not drawn as zeros.
 
 Example
 -------
->>> from stepscope.events import ObserverEvent, EventKind
+>>> from stepscope.events import Axes, ScalarEvent
 >>> class Printer(Tracker):
 ...     def write_scalar(self, event, x):
 ...         print(event.name, x, event.value)
 >>> t = Printer(axis="examples_seen")
->>> t.on_events([ObserverEvent(EventKind.SCALAR, "loss", 3, examples_seen=192, value=0.5),
-...              ObserverEvent(EventKind.SCALAR, "loss", 4, value=0.4)])
+>>> t.on_events([ScalarEvent("loss", Axes(3, examples_seen=192), 0.5),
+...              ScalarEvent("loss", Axes(4), 0.4)])
 loss 192 0.5
 >>> t.counts.skipped_no_axis
 1
@@ -24,7 +24,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from stepscope.events.event import Axis, EventKind, ObserverEvent
+from stepscope.events.coordinates import Axis
+from stepscope.events.event import (
+    HistogramEvent,
+    ObserverEvent,
+    ScalarEvent,
+    UnavailableEvent,
+    VerdictEvent,
+)
 from stepscope.events.stream import Subscriber
 
 __all__ = ["Tracker", "TrackerCounts"]
@@ -58,30 +65,30 @@ class Tracker(Subscriber):
             if x is None:
                 self.counts.skipped_no_axis += 1
                 continue
-            if e.kind is EventKind.SCALAR:
+            if isinstance(e, ScalarEvent):
                 self.write_scalar(e, x)
                 self.counts.scalars += 1
-            elif e.kind is EventKind.HISTOGRAM_COUNTS:
+            elif isinstance(e, HistogramEvent):
                 self.write_histogram(e, x)
                 self.counts.histograms += 1
-            elif e.kind is EventKind.VERDICT:
+            elif isinstance(e, VerdictEvent):
                 self.write_verdict(e, x)
                 self.counts.verdicts += 1
-            else:
+            elif isinstance(e, UnavailableEvent):
                 self.write_unavailable(e, x)
                 self.counts.unavailable += 1
         self.end_batch()
 
-    def write_scalar(self, event: ObserverEvent, x: int) -> None:
+    def write_scalar(self, event: ScalarEvent, x: int) -> None:
         """Write one scalar at axis value ``x``."""
 
-    def write_histogram(self, event: ObserverEvent, x: int) -> None:
+    def write_histogram(self, event: HistogramEvent, x: int) -> None:
         """Write one histogram at axis value ``x``."""
 
-    def write_verdict(self, event: ObserverEvent, x: int) -> None:
+    def write_verdict(self, event: VerdictEvent, x: int) -> None:
         """Write one verdict at axis value ``x``."""
 
-    def write_unavailable(self, event: ObserverEvent, x: int) -> None:
+    def write_unavailable(self, event: UnavailableEvent, x: int) -> None:
         """Record that a value is missing (never as a 0)."""
 
     def end_batch(self) -> None:

@@ -9,10 +9,10 @@ written as the strings ``"nan"``, ``"inf"``, ``"-inf"`` (JSON has no such number
 Example
 -------
 >>> import tempfile, os
->>> from stepscope.events import ObserverEvent, EventKind
+>>> from stepscope.events import Axes, ScalarEvent
 >>> path = os.path.join(tempfile.mkdtemp(), "events.jsonl")
 >>> with JsonlTracker(path) as t:
-...     t.on_events([ObserverEvent(EventKind.SCALAR, "loss", 1, examples_seen=64, value=0.5)])
+...     t.on_events([ScalarEvent("loss", Axes(1, examples_seen=64), 0.5)])
 >>> [(e.name, e.examples_seen, e.value) for e in read_jsonl(path)]
 [('loss', 64, 0.5)]
 """

@@ -30,9 +30,9 @@ as 0. The x-axis (``global_step``) is the tracker's :class:`~stepscope.events.Ax
 Example
 -------
 >>> import tempfile
->>> from stepscope.events import EventKind, ObserverEvent
+>>> from stepscope.events import Axes, ScalarEvent
 >>> tb = TensorBoardTracker(tempfile.mkdtemp())
->>> tb.on_events([ObserverEvent(EventKind.SCALAR, "loss", 3, value=0.5)])
+>>> tb.on_events([ScalarEvent("loss", Axes(3), 0.5)])
 >>> tb.counts.scalars
 1
 >>> tb.close()
@@ -46,7 +46,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from stepscope.errors import require_extra
-from stepscope.events.event import Axis, ObserverEvent
+from stepscope.events.coordinates import Axis
+from stepscope.events.event import HistogramEvent, ScalarEvent, VerdictEvent
 from stepscope.events.trackers.base import Tracker
 from stepscope.events.views import (
     log2_abs_view_raw,
@@ -146,15 +147,13 @@ class TensorBoardTracker(Tracker):
         except Exception as exc:  # hparams are a convenience; the text entry holds the record
             self.hparams_error = f"{type(exc).__name__}: {exc}"
 
-    def write_scalar(self, event: ObserverEvent, x: int) -> None:
+    def write_scalar(self, event: ScalarEvent, x: int) -> None:
         """``add_scalar(name, value, x)`` as a float32 ``simple_value``."""
-        self.writer.add_scalar(event.name, float(event.value), x)  # type: ignore[arg-type]
+        self.writer.add_scalar(event.name, event.value, x)
 
-    def write_histogram(self, event: ObserverEvent, x: int) -> None:
+    def write_histogram(self, event: HistogramEvent, x: int) -> None:
         """The exact histogram, the per-sign exponent views and the non-finite counts/bands."""
         payload = event.histogram
-        if payload is None:  # a histogram event always carries one; never raise in training
-            return
         for name, count in nonfinite_counts(payload).items():
             self.writer.add_scalar(f"{event.name}/{name}_count", float(count), x)
         bands = nonfinite_raw(payload)
@@ -173,10 +172,10 @@ class TensorBoardTracker(Tracker):
                         f"{event.name}{EXPONENT_VIEW_SUFFIX}/{label}", global_step=x, **view
                     )
 
-    def write_verdict(self, event: ObserverEvent, x: int) -> None:
+    def write_verdict(self, event: VerdictEvent, x: int) -> None:
         """A text entry under ``event.name`` with the verdict message."""
         v = event.verdict
-        self.writer.add_text(event.name, f"[{v.action}] {v.message}", x)  # type: ignore[union-attr]
+        self.writer.add_text(event.name, f"[{v.action}] {v.message}", x)
 
     def end_batch(self) -> None:
         """Flush if asked to flush every batch."""

@@ -38,7 +38,8 @@ import warnings
 from typing import Any
 
 from stepscope.errors import require_extra
-from stepscope.events.event import Axis, ObserverEvent
+from stepscope.events.coordinates import Axis
+from stepscope.events.event import HistogramEvent, ObserverEvent, ScalarEvent, VerdictEvent
 from stepscope.events.trackers.base import Tracker
 from stepscope.events.views import np_histogram, value_np_histogram
 
@@ -113,13 +114,13 @@ class WandbTracker(Tracker):
                     self._row[a.value] = v
         return self._row
 
-    def write_scalar(self, event: ObserverEvent, x: int) -> None:
+    def write_scalar(self, event: ScalarEvent, x: int) -> None:
         """Add ``name: value`` to the row of axis value ``x``."""
         self._row_for(event, x)[event.name] = event.value
 
-    def write_histogram(self, event: ObserverEvent, x: int) -> None:
+    def write_histogram(self, event: HistogramEvent, x: int) -> None:
         """Add ``name`` (value axis) and ``name/exponent_view`` (index axis) ``wandb.Histogram`` s."""
-        if not self.histograms or event.histogram is None:
+        if not self.histograms:
             return
         for key, h in (
             (event.name, value_np_histogram(event.histogram)),
@@ -130,10 +131,10 @@ class WandbTracker(Tracker):
                 hist = self._wandb.Histogram(np_histogram=(counts.tolist(), edges.tolist()))
                 self._row_for(event, x)[key] = hist
 
-    def write_verdict(self, event: ObserverEvent, x: int) -> None:
+    def write_verdict(self, event: VerdictEvent, x: int) -> None:
         """Add the verdict message (a string) to the row."""
         v = event.verdict
-        self._row_for(event, x)[event.name] = f"[{v.action}] {v.message}"  # type: ignore[union-attr]
+        self._row_for(event, x)[event.name] = f"[{v.action}] {v.message}"
 
     def flush(self) -> None:
         """Send the buffered row with one ``wandb.log`` call; failures are caught and counted."""
