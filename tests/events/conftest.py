@@ -202,7 +202,7 @@ def np_spine_scalars(x: torch.Tensor) -> dict[str, float | None]:
 
 @pytest.fixture(scope="session")
 def ev():
-    """The helpers above (test modules cannot import conftest under importlib mode)."""
+    """The helpers above as one fixture (tests use it rather than importing conftest)."""
     return SimpleNamespace(
         mlp=mlp,
         train=train,

@@ -69,7 +69,7 @@ def run_dir(tmp_path):
 
 @pytest.fixture(scope="session")
 def hx():
-    """The helpers above (test modules cannot import conftest under importlib mode)."""
+    """The helpers above as one fixture (tests use it rather than importing conftest)."""
     return SimpleNamespace(
         np_spine=np_spine,
         step_spines=step_spines,
