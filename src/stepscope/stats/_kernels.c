@@ -124,8 +124,12 @@ static void finish(const part_t *p, int64_t n, double K, double *out) {
         if ((double)mn < p->mn) p->mn = (double)mn;                                           \
         if ((double)mx > p->mx) p->mx = (double)mx;                                           \
     }                                                                                         \
+    static void NAME##_acc(const T *restrict x, int64_t lo, int64_t hi, double K, part_t *p); \
     static void NAME(const T *restrict x, int64_t lo, int64_t hi, double K, part_t *p) {      \
         part_init(p);                                                                         \
+        NAME##_acc(x, lo, hi, K, p);                                                          \
+    }                                                                                         \
+    static void NAME##_acc(const T *restrict x, int64_t lo, int64_t hi, double K, part_t *p) { \
         int64_t i = lo;                                                                       \
         for (;;) { /* fast blocks; a block holding a non-finite value is redone exactly */    \
             int64_t len = hi - i < SS_BLOCK ? (hi - i) / SS_LANES * SS_LANES : SS_BLOCK;       \
@@ -460,6 +464,78 @@ static void hist_range_f32_any(const float *restrict x, int64_t lo, int64_t hi,
 HIST_ENTRY(stepscope_hist_f32, hist_range_f32_any, float, uint32_t)
 HIST_ENTRY(stepscope_hist_f64, hist_range_f64, double, uint64_t)
 
+/* Spine and histogram of one float32 tensor in one read: chunks of SH_CHUNK elements (in L1) go
+ * through the spine's blocks and then the histogram's keys (or its slot table), so a histogram
+ * step reads each tensor once. The same numbers as stepscope_spine_f32 then stepscope_hist_f32
+ * (bit for bit: the spine's blocks and the histogram's counts are the same). Adds into
+ * hist_out, like stepscope_hist_f32. Several threads: the two threaded kernels one after the
+ * other. SH_CHUNK is a multiple of SS_BLOCK, so the spine sees the same blocks in the same order
+ * as one stepscope_spine_f32 call. */
+#define SH_CHUNK 8192
+_Static_assert(SH_CHUNK % SS_BLOCK == 0, "a chunk holds whole spine blocks");
+void stepscope_spine_hist_f32(const float *x, int64_t n, const int32_t *table, const uint32_t *thr,
+                              int nthr, int64_t nb2, int64_t width, int nthreads,
+                              double *spine_out, int64_t *hist_out) {
+    if (clamp_threads(nthreads, n) > 1) {
+        stepscope_spine_f32(x, n, nthreads, spine_out);
+        stepscope_hist_f32(x, n, table, thr, nthr, nb2, width, nthreads, hist_out);
+        return;
+    }
+    double K = 0.0;
+    for (int64_t i = 0; i < n; i++) {
+        if (isfinite(x[i])) { K = (double)x[i]; break; }
+    }
+    part_t total;
+    part_init(&total);
+    int keys = nthr <= 3 && n >= HKEY_MIN;
+    uint32_t k0[HKEYS + 16], k1[HKEYS + 16];
+    if (keys) { memset(k0, 0, sizeof(k0)); memset(k1, 0, sizeof(k1)); }
+    int64_t since_fold = 0;
+    for (int64_t b = 0; b < n; b += SH_CHUNK) {
+        int64_t len = n - b < SH_CHUNK ? n - b : SH_CHUNK;
+        spine_range_f32_acc(x, b, b + len, K, &total); /* the blocks of one whole-range call */
+        if (!keys) {
+            hist_range_f32(x, b, b + len, table, thr, nthr, nb2, hist_out, hist_out);
+            continue;
+        }
+        if (since_fold + len > HKEY_CHUNK) { /* uint32 counters: fold before any can overflow */
+            hist_fold_keys(k0, k1, table, nb2, hist_out);
+            memset(k0, 0, sizeof(k0)); memset(k1, 0, sizeof(k1));
+            since_fold = 0;
+        }
+        hist_keys_f32(x + b, len, thr, nthr, k0, k1);
+        since_fold += len;
+    }
+    if (keys) hist_fold_keys(k0, k1, table, nb2, hist_out);
+    (void)width;
+    finish(&total, n, K, spine_out);
+}
+
+/* Spines and histograms of many tensors in one call (a stream's due tensors on a histogram
+ * step). kinds[i] is 0 for float32 and 1 for float64; tables[kind], thrs[kind] and nthrs[kind]
+ * are that format's slot table and mantissa thresholds (reduce.py's _tables). Each spine row is
+ * written, each histogram row overwritten. */
+void stepscope_spine_hist_many(int64_t count, const void *const *ptrs, const int64_t *ns,
+                               const int32_t *kinds, int nthreads, double *const *spine_outs,
+                               int64_t *const *hist_outs, const void *const *tables,
+                               const void *const *thrs, const int32_t *nthrs, int64_t nb2,
+                               int64_t width) {
+    for (int64_t i = 0; i < count; i++) {
+        memset(hist_outs[i], 0, (size_t)width * sizeof(int64_t));
+        int k = kinds[i] ? 1 : 0;
+        const int32_t *table = (const int32_t *)tables[k];
+        if (k) {
+            stepscope_spine_f64((const double *)ptrs[i], ns[i], nthreads, spine_outs[i]);
+            stepscope_hist_f64((const double *)ptrs[i], ns[i], table, (const uint64_t *)thrs[k],
+                               nthrs[k], nb2, width, nthreads, hist_outs[i]);
+        } else {
+            stepscope_spine_hist_f32((const float *)ptrs[i], ns[i], table,
+                                     (const uint32_t *)thrs[k], nthrs[k], nb2, width, nthreads,
+                                     spine_outs[i], hist_outs[i]);
+        }
+    }
+}
+
 /* Fold spine row b into spine row a in place (a module called again in one step): the same
  * operations, in the same order, as merge_spine_rows in stats/reduce.py, so the folded row is
  * bit for bit what the torch/numpy merge gives. Counts and sums add; min/max/absmax combine like
@@ -486,7 +562,7 @@ void stepscope_spine_merge(double *a, const double *b) {
     memcpy(a, out, sizeof(out));
 }
 
-int stepscope_kernels_version(void) { return 6; }
+int stepscope_kernels_version(void) { return 7; }
 
 /* Which instruction set the dispatched loops use: 5 = x86-64-v4 clone (AVX-512 + FMA), 4 =
  * x86-64-v3 clone (AVX2 + FMA), 3 = AVX-512F clone, 2 = AVX2 clone (compilers before GCC 12),
