@@ -443,6 +443,10 @@ static void hist_range_f32_any(const float *restrict x, int64_t lo, int64_t hi,
     }                                                                                         \
     void NAME(const T *x, int64_t n, const int32_t *table,                                    \
               const U *thr, int nthr, int64_t nb2, int64_t width, int nthreads, int64_t *out) { \
+        if (n < 4096) { /* small tensors: straight into out (no private rows to zero and add) */ \
+            RANGE(x, 0, n, table, thr, nthr, nb2, out, out);                                  \
+            return;                                                                           \
+        }                                                                                     \
         nthreads = clamp_threads(nthreads, n);                                                \
         int64_t *local = (int64_t *)calloc((size_t)nthreads * 2 * (size_t)width, sizeof(int64_t)); \
         if (local == NULL && nthreads > 1) {                                                  \
