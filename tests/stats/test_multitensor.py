@@ -212,3 +212,34 @@ def test_histogram_buffer_of_the_wrong_width_refuses():
             descriptor=d,
         )
     assert err.value.code == "stat_payload_invalid"
+
+
+def test_threaded_kernels_count_like_one_thread():
+    """Tensors above the kernels' threading threshold (262144 elements) split into contiguous
+    ranges, one per thread, each with its own fast blocks and histogram keys: the same counts,
+    extremes and histograms as one thread, and the same sums to round-off."""
+    if _native.backend_info()["cpu"] != "c":
+        pytest.skip("C kernel unavailable")
+    from stepscope.stats.reduce import _F32, _tables
+
+    lib = _native.load()
+    big = histogram_tensors()[-4]  # 70k elements with NaN, -inf and a constant block
+    x = torch.cat([big] * 6)  # 420k elements
+    desc = HistogramDescriptor()
+    table, thr = _tables(desc, _F32)
+    rows = []
+    for threads in (1, 3):
+        spine = torch.empty(SPINE_WIDTH, dtype=torch.float64)
+        hist = torch.zeros(desc.width, dtype=torch.int64)
+        fused = torch.zeros(desc.width, dtype=torch.int64)
+        fspine = torch.empty(SPINE_WIDTH, dtype=torch.float64)
+        args = (table.ctypes.data, thr.ctypes.data, len(thr), 2 * desc.n_bins, desc.width, threads)
+        lib.stepscope_spine_f32(x.data_ptr(), x.numel(), threads, spine.data_ptr())
+        lib.stepscope_hist_f32(x.data_ptr(), x.numel(), *args, hist.data_ptr())
+        lib.stepscope_spine_hist_f32(x.data_ptr(), x.numel(), *args, fspine.data_ptr(), fused.data_ptr())
+        assert torch.equal(hist, fused) and torch.equal(spine[:10], fspine[:10])
+        rows.append((spine, hist))
+    (s1, h1), (s3, h3) = rows
+    assert torch.equal(h1, h3) and torch.equal(h1, reduce_histograms([x], desc, backend="torch")[0])
+    assert torch.equal(s1[:10], s3[:10])
+    torch.testing.assert_close(s1, s3, rtol=1e-12, atol=0.0)
