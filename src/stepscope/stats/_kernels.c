@@ -22,8 +22,9 @@
  * for, are plain pthreads. No allocation is left unchecked: a failed one falls back to one thread.
  * Accuracy: every sum accumulates in float64 (float32 inputs widen exactly; 16 independent
  * accumulators per sum, a multiply-add fused where the clone has FMA, which only removes a
- * rounding), so each sum's error is at most n * 2**-52 * sum(|x|) (the float64 recursive-summation
- * bound); tests check it against math.fsum on adversarial inputs. Counts, min and max are exact.
+ * rounding), so each sum's error is at most n * 2**-52 times the sum of its terms' magnitudes
+ * (sum(|x|); sum(x^2) for sum_squares: the float64 recursive-summation bound); tests check it
+ * against math.fsum on adversarial inputs. Counts, min and max are exact.
  */
 #include <math.h>
 #include <pthread.h>
