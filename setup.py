@@ -2,7 +2,8 @@
 
 The result is a plain shared library that :mod:`stepscope.stats._native` loads with ctypes (no
 Python C API). Portable flags only (never ``-march=native``); on x86-64 Linux the hot loops carry
-``target_clones`` so the AVX-512F, AVX2 or baseline version is chosen at run time. ``#pragma omp simd``
+``target_clones`` so the x86-64-v4 (AVX-512 + FMA), x86-64-v3 (AVX2 + FMA) or baseline version is
+chosen at run time (AVX-512F/AVX2/baseline with GCC before 12). ``#pragma omp simd``
 needs ``-fopenmp-simd`` only: no OpenMP runtime is linked beside torch's. The extension is
 optional: where no C compiler exists the install still succeeds and stepscope runs its pure-torch
 kernels (``stepscope.stats.backend_info()`` says so).

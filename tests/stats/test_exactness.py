@@ -170,3 +170,87 @@ def test_sums_are_within_the_documented_float64_bound_of_fsum(dtype, case, backe
     if case == "shifted":  # a naive sum(x^2) - sum(x)^2/n would lose every digit here
         assert row["m2"] == pytest.approx(m2, rel=1e-6)
     assert np.isfinite(row["m2"])
+
+
+# ------------------------------------------ the C spine's fast blocks and their exact redo
+
+# The C spine reads blocks of 2048 elements with unmasked float64 accumulators and redoes a
+# block with the masked loop when a sum comes out non-finite (a NaN or an infinity in the block,
+# or an overflowing float64 sum). Blocks with and without specials, the tail after the last
+# whole group of 16, and overflow must all give the numpy reference's counts and extremes
+# exactly and its sums within the documented bound.
+BLOCK = 2048
+
+
+def blocky(dtype: torch.dtype) -> torch.Tensor:
+    g = torch.Generator().manual_seed(23)
+    n = 7 * BLOCK + 13  # seven whole blocks and a tail that is not a multiple of 16
+    x = torch.randn(n, generator=g, dtype=torch.float64) * 3 - 1
+    x[:: 5] = 0.0
+    x[1::37] = -0.0
+    x[BLOCK + 17] = float("nan")  # block 1: one NaN
+    x[3 * BLOCK + 2000] = float("inf")  # block 3: +inf near its end
+    x[3 * BLOCK + 5] = -float("inf")
+    x[5 * BLOCK : 6 * BLOCK] = 2.5  # block 5: constant
+    x[-3] = -float("inf")  # the tail
+    x[-1] = float("nan")
+    x[4 * BLOCK + 9] = -7.0e3  # block 4: the minimum, in a block without specials
+    x[6 * BLOCK + 100] = 9.0e3  # block 6: the maximum
+    return x.to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_fast_blocks_and_redone_blocks_give_exact_counts_and_extremes(dtype):
+    from stepscope.stats import backend_info
+
+    if backend_info()["cpu"] != "c":
+        pytest.skip("C kernel unavailable")
+    x = blocky(dtype)
+    v = x.double().numpy()
+    fin = v[np.isfinite(v)]
+    row = dict(zip(SPINE_FIELDS, reduce_spines([x], backend="c")[0].tolist()))
+    want = {
+        "total": v.size,
+        "finite": fin.size,
+        "zero": int((v == 0).sum()),
+        "negative": int((fin < 0).sum()),
+        "nan": int(np.isnan(v).sum()),
+        "posinf": int((v == np.inf).sum()),
+        "neginf": int((v == -np.inf).sum()),
+        "min": float(fin.min()),
+        "max": float(fin.max()),
+        "absmax": float(np.abs(fin).max()),
+    }
+    assert {k: row[k] for k in want} == want
+    vals = fin.tolist()
+    bound = len(vals) * 2**-52 * math.fsum(abs(t) for t in vals)
+    assert abs(row["sum"] - math.fsum(vals)) <= bound
+    assert abs(row["sum_abs"] - math.fsum(abs(t) for t in vals)) <= bound
+    sq = math.fsum(t * t for t in vals)
+    assert abs(row["sum_squares"] - sq) <= len(vals) * 2**-52 * sq
+    # the same tensor with every special removed runs the fast path only: the same finite stats
+    clean = torch.from_numpy(fin).to(dtype)
+    row2 = dict(zip(SPINE_FIELDS, reduce_spines([clean], backend="c")[0].tolist()))
+    for k in ("finite", "zero", "negative", "min", "max", "absmax"):
+        assert row2[k] == row[k], k
+    assert row2["m2"] == pytest.approx(row["m2"], rel=1e-12)
+
+
+def test_float64_sums_that_overflow_are_redone_and_stay_infinite_like_numpy():
+    from stepscope.stats import backend_info
+
+    if backend_info()["cpu"] != "c":
+        pytest.skip("C kernel unavailable")
+    x = torch.ones(3 * BLOCK, dtype=torch.float64)
+    x[BLOCK + 3] = 1e200  # its square overflows float64: the block is redone, the result stays
+    x[BLOCK + 4] = -1e200
+    row = dict(zip(SPINE_FIELDS, reduce_spines([x], backend="c")[0].tolist()))
+    assert (row["finite"], row["nan"], row["posinf"], row["neginf"]) == (x.numel(), 0, 0, 0)
+    assert (row["min"], row["max"], row["absmax"]) == (-1e200, 1e200, 1e200)
+    assert row["sum_squares"] == math.inf and row["sum_abs"] == 2e200 + (x.numel() - 2)
+    # 1e200 - 1 rounds to 1e200: the exact sum 6142 is within the bound n * 2**-52 * sum(|x|)
+    assert abs(row["sum"] - (x.numel() - 2)) <= x.numel() * 2**-52 * row["sum_abs"]
+    exact = slice(0, 10)  # counts and extremes: the torch path's, bit for bit
+    assert torch.equal(
+        reduce_spines([x], backend="c")[:, exact], reduce_spines([x], backend="torch")[:, exact]
+    )

@@ -298,3 +298,78 @@ def test_every_special_count_is_a_typed_read_only_property():
             setattr(h, name, 1)
     got = (h.zero, h.underflow_pos, h.overflow_neg, h.nan, h.posinf, h.neginf)
     assert got == (2, 1, 1, 1, 1, 1)
+
+
+# ------------------------------------------- the C kernel's two float32 paths, bit for bit
+
+# The C kernel bins float32 tensors of at least 16384 elements (with <= 4 bins per octave) by
+# counting (sign, exponent, mantissa class) keys and folding them into slots once per call, and
+# smaller ones (or finer grids) through the per-element slot table. Both must give the same
+# counts as the exact oracle and the torch path, on every kind of value and on constant runs.
+KEY_PATH_MIN = 16384
+
+
+def mixed_float32(desc: HistogramDescriptor, n_min: int, seed: int) -> torch.Tensor:
+    """Edge neighbours, every special (NaN payloads of both signs, +-0, +-inf, subnormals),
+    wide random magnitudes and constant runs (a whole block of one value, a block of zeros,
+    a run broken by one value), shuffled blockwise so constant runs survive."""
+    g = torch.Generator().manual_seed(seed)
+    edges = edge_neighbours(desc, torch.float32)
+    nan_bits = torch.tensor([0x7FC00000, 0x7F800001, 0x7FFFFFFF, -1, -0x400000], dtype=torch.int32)
+    specials = torch.cat(
+        [
+            nan_bits.view(torch.float32),
+            torch.tensor([0.0, -0.0, float("inf"), -float("inf"), 1e-45, -1e-45, 1e-40, -3e-39]),
+            torch.tensor([2.0**-126, -(2.0**-126), 3.4e38, -3.4e38]),
+        ]
+    )
+    wide = torch.randn(20_000, generator=g) * torch.exp2(
+        torch.randint(-60, 30, (20_000,), generator=g).float()
+    )
+    runs = [
+        torch.full((1024,), 1.0),
+        torch.full((512,), -(2.0**-3)),
+        torch.zeros(1536),
+        torch.cat([torch.full((700,), 3.0), torch.tensor([5.0]), torch.full((300,), 3.0)]),
+        torch.relu(torch.randn(4096, generator=g)),  # half exact zeros
+    ]
+    parts = [edges, specials, wide, *runs]
+    x = torch.cat(parts)
+    while x.numel() < n_min:
+        x = torch.cat([x, x[torch.randperm(x.numel(), generator=g)][: n_min - x.numel()]])
+    return x
+
+
+@pytest.mark.parametrize("bpo", [1, 2, 3, 4, 8])
+def test_c_key_path_equals_table_path_torch_path_and_oracle(bpo):
+    from stepscope.stats import backend_info
+
+    if backend_info()["cpu"] != "c":
+        pytest.skip("C kernel unavailable")
+    desc = HistogramDescriptor(bins_per_octave=bpo, lo_exp=-40, hi_exp=20)
+    x = mixed_float32(desc, 3 * KEY_PATH_MIN, seed=bpo)
+    assert x.dtype == torch.float32 and x.numel() >= 3 * KEY_PATH_MIN
+    whole = reduce_histograms([x], desc, backend="c")[0]  # key path (bpo <= 4)
+    chunks = torch.split(x, KEY_PATH_MIN // 2 - 1)  # every chunk takes the table path
+    by_chunks = reduce_histograms(list(chunks), desc, backend="c").sum(0)
+    assert torch.equal(whole, by_chunks)
+    assert torch.equal(whole, reduce_histograms([x], desc, backend="torch")[0])
+    np.testing.assert_array_equal(whole.numpy(), oracle_row(x.double().tolist(), desc))
+
+
+@pytest.mark.parametrize("value", [0.0, -0.0, 1.0, -3.5, 1e-45, float("nan"), float("inf")])
+def test_c_kernel_counts_constant_tensors_exactly(value):
+    from stepscope.stats import backend_info
+
+    if backend_info()["cpu"] != "c":
+        pytest.skip("C kernel unavailable")
+    # a constant block is counted with one add: its count must still be exact, and a tensor
+    # that is constant except for one element must not be taken for constant
+    n = 5 * 512 + 77
+    x = torch.full((n,), value, dtype=torch.float32)
+    want = reduce_histograms([x], backend="torch")[0]
+    got = reduce_histograms([torch.cat([x, x, x, x, x, x, x])], backend="c")[0]
+    assert torch.equal(got, 7 * want)
+    y = torch.cat([x, x, x, x, x, x, x])
+    y[3 * 512 + 100] = 2.0**-20
+    assert torch.equal(reduce_histograms([y], backend="c"), reduce_histograms([y], backend="torch"))

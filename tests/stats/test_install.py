@@ -5,8 +5,10 @@ Also: the kernel library links no OpenMP runtime, carries no ``-march=native`` c
 default, and the JIT build is an explicit opt-in whose cache key includes the CPU.
 """
 
+import ctypes
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -151,3 +153,76 @@ def test_run_record_names_the_kernel_backend(tmp_path):
     col.close()
     recorded = open_history(tmp_path / "run").run.extra["kernel_backend"]
     assert recorded == _native.backend_info() and recorded["cpu"] in ("c", "torch")
+
+
+def exported_by_the_source() -> set[str]:
+    """Functions ``_kernels.c`` gives external linkage: plain definitions at column 0 and the
+    names its ``*_ENTRY`` macros define (everything else in the file is ``static``)."""
+    text = (ROOT / "src/stepscope/stats/_kernels.c").read_text()
+    plain = re.findall(r"^(?:void|int|double|int64_t)\s+(stepscope_\w+)\(", text, re.M)
+    entries = re.findall(r"^(?:SPINE|HIST)_ENTRY\((stepscope_\w+),", text, re.M)
+    return set(plain) | set(entries)
+
+
+def test_every_export_of_the_kernel_is_bound_and_nothing_else_is():
+    source = exported_by_the_source()
+    assert "stepscope_spine_merge" in source and "stepscope_hist_f32" in source  # parser works
+    assert source == set(_native.EXPORTS)
+    info = _native.backend_info()
+    if info["cpu"] != "c":
+        pytest.skip(info["detail"])
+    lib = _native.load()
+    for name, (argtypes, restype) in _native.EXPORTS.items():
+        fn = getattr(lib, name)
+        assert (fn.argtypes, fn.restype) == (argtypes, restype), name
+    nm = shutil.which("nm")
+    if nm is None:
+        pytest.skip("no nm to read the dynamic symbol table")
+    table = subprocess.run(
+        [nm, "-D", "--defined-only", str(_native._STATE["path"])], capture_output=True, text=True
+    ).stdout
+    dynamic = {line.split()[-1] for line in table.splitlines() if " T " in line}
+    assert dynamic == set(_native.EXPORTS)
+
+
+def build_variant(tmp_path: Path, name: str, extra: list[str]) -> ctypes.CDLL:
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler")
+    out = tmp_path / f"{name}.so"
+    src = ROOT / "src/stepscope/stats/_kernels.c"
+    subprocess.run([cc, *_native._FLAGS, *extra, str(src), "-o", str(out), "-lm"], check=True, timeout=120)
+    return _native._bind(ctypes.CDLL(str(out)))
+
+
+def test_baseline_build_without_dispatch_counts_like_the_dispatched_clones(tmp_path):
+    """The portable build (no target clones: plain x86-64 or whatever the platform's baseline
+    is, no FMA) gives the dispatched library's counts, extremes and histograms bit for bit and
+    its sums to float64 round-off (FMA contraction and nothing else may differ)."""
+    info = _native.backend_info()
+    if info["cpu"] != "c":
+        pytest.skip(info["detail"])
+    from stepscope.stats import SPINE_WIDTH, HistogramDescriptor
+    from stepscope.stats.binning import F32 as _F32, slot_tables as _tables
+
+    base = build_variant(tmp_path, "baseline", ["-DSTEPSCOPE_NO_CLONES"])
+    assert base.stepscope_kernels_isa() == 0
+    lib = _native.load()
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(50_000, generator=g) * torch.exp2(torch.randint(-30, 30, (50_000,), generator=g))
+    x[::101] = 0.0
+    x[7::997] = float("nan")
+    x[20_000:22_048] = 1.5
+    desc = HistogramDescriptor()
+    table, thr = _tables(desc, _F32)
+    rows = []
+    for k in (lib, base):
+        spine = torch.zeros(SPINE_WIDTH, dtype=torch.float64)
+        k.stepscope_spine_f32(x.data_ptr(), x.numel(), 1, spine.data_ptr())
+        hist = torch.zeros(desc.width, dtype=torch.int64)
+        args = (table.ctypes.data, thr.ctypes.data, len(thr), 2 * desc.n_bins, desc.width, 1)
+        k.stepscope_hist_f32(x.data_ptr(), x.numel(), *args, hist.data_ptr())
+        rows.append((spine, hist))
+    (s1, h1), (s2, h2) = rows
+    assert torch.equal(s1[:10], s2[:10]) and torch.equal(h1, h2)
+    torch.testing.assert_close(s1, s2, rtol=1e-12, atol=0.0)

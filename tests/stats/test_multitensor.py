@@ -1,12 +1,22 @@
 """Multi-tensor reductions: one native call per parameter-sized stream and step, rows identical
 to reducing each tensor on its own."""
 
+import pytest
 import torch
 import torch.nn.functional as F
 
+from stepscope import Refusal
 from stepscope.collect import Cadence, HistoryCollector, WatchSettings
 from stepscope.collect import staging as staging_mod
-from stepscope.stats import SPINE_WIDTH, _native, reduce_spines, spines_into
+from stepscope.stats import (
+    SPINE_WIDTH,
+    HistogramDescriptor,
+    _native,
+    reduce_histograms,
+    reduce_spines,
+    spine_and_histogram_into,
+    spines_into,
+)
 
 
 def mixed_tensors() -> list[torch.Tensor]:
@@ -138,3 +148,98 @@ def test_a_module_called_twice_folds_its_row_exactly():
     want = merge_spine_rows(reduce_spines([x])[0].numpy(), reduce_spines([y])[0].numpy())
     assert (st.spines[1].numpy().view(np.int64) == want.view(np.int64)).all()
     assert st.fired[1] == 2
+
+
+# ------------------------------------------- spines and histograms in one read (histogram steps)
+
+
+def histogram_tensors() -> list[torch.Tensor]:
+    """mixed_tensors plus ones that take each C histogram path: a large float32 tensor (keys),
+    one with a constant block and ReLU zeros, and a large float64 one."""
+    g = torch.Generator().manual_seed(6)
+    big = torch.randn(70_001, generator=g) * torch.exp2(torch.randint(-50, 20, (70_001,), generator=g))
+    big[::113] = float("nan")
+    big[5::229] = -float("inf")
+    big[10_000:12_048] = 0.75
+    relu = torch.relu(torch.randn(40_000, generator=g))
+    return [*mixed_tensors(), big, relu, big.double(), big[::3]]
+
+
+DESCRIPTORS = {
+    "default": HistogramDescriptor(),
+    "bpo8": HistogramDescriptor(bins_per_octave=8),  # the slot-table path
+    "subnormal_window": HistogramDescriptor(lo_exp=-140, hi_exp=10),  # float32 binned as float64
+}
+
+
+@pytest.mark.parametrize("dname", list(DESCRIPTORS))
+def test_spines_into_with_histograms_equals_separate_reductions_bit_for_bit(dname, backend):
+    desc = DESCRIPTORS[dname]
+    ts = histogram_tensors()
+    rows = list(range(len(ts)))[::-1]
+    out = torch.full((len(ts), SPINE_WIDTH), -1.0, dtype=torch.float64)
+    hist = torch.full((len(ts), desc.width), 7, dtype=torch.int64)  # overwritten, not added to
+    spines_into(ts, out, rows, backend, hist=hist, descriptor=desc)
+    for t, r in zip(ts, rows):
+        want = reduce_spines([t], backend=backend)[0]
+        torch.testing.assert_close(out[r], want, rtol=0, atol=0, equal_nan=True)
+        assert torch.equal(hist[r], reduce_histograms([t], desc, backend=backend)[0])
+    if backend == "c":  # and the fused kernel counts what the pure-torch path counts
+        for t, r in zip(ts, rows):
+            assert torch.equal(hist[r], reduce_histograms([t], desc, backend="torch")[0])
+
+
+@pytest.mark.parametrize("dname", list(DESCRIPTORS))
+def test_spine_and_histogram_into_reads_once_and_equals_the_two_kernels(dname, backend):
+    desc = DESCRIPTORS[dname]
+    for t in histogram_tensors():
+        spine = torch.empty(SPINE_WIDTH, dtype=torch.float64)
+        hist = torch.full((desc.width,), 3, dtype=torch.int64)
+        spine_and_histogram_into(t, spine, hist, desc, backend)
+        want = reduce_spines([t], backend=backend)[0]
+        torch.testing.assert_close(spine, want, rtol=0, atol=0, equal_nan=True)
+        assert torch.equal(hist, reduce_histograms([t], desc, backend=backend)[0])
+
+
+def test_histogram_buffer_of_the_wrong_width_refuses():
+    d = HistogramDescriptor()
+    with pytest.raises(Refusal) as err:
+        spines_into(
+            [torch.ones(3)],
+            torch.zeros(1, SPINE_WIDTH, dtype=torch.float64),
+            [0],
+            hist=torch.zeros(1, d.width + 1, dtype=torch.int64),
+            descriptor=d,
+        )
+    assert err.value.code == "stat_payload_invalid"
+
+
+def test_threaded_kernels_count_like_one_thread():
+    """Tensors above the kernels' threading threshold (262144 elements) split into contiguous
+    ranges, one per thread, each with its own fast blocks and histogram keys: the same counts,
+    extremes and histograms as one thread, and the same sums to round-off."""
+    if _native.backend_info()["cpu"] != "c":
+        pytest.skip("C kernel unavailable")
+    from stepscope.stats.binning import F32 as _F32, slot_tables as _tables
+
+    lib = _native.load()
+    big = histogram_tensors()[-4]  # 70k elements with NaN, -inf and a constant block
+    x = torch.cat([big] * 6)  # 420k elements
+    desc = HistogramDescriptor()
+    table, thr = _tables(desc, _F32)
+    rows = []
+    for threads in (1, 3):
+        spine = torch.empty(SPINE_WIDTH, dtype=torch.float64)
+        hist = torch.zeros(desc.width, dtype=torch.int64)
+        fused = torch.zeros(desc.width, dtype=torch.int64)
+        fspine = torch.empty(SPINE_WIDTH, dtype=torch.float64)
+        args = (table.ctypes.data, thr.ctypes.data, len(thr), 2 * desc.n_bins, desc.width, threads)
+        lib.stepscope_spine_f32(x.data_ptr(), x.numel(), threads, spine.data_ptr())
+        lib.stepscope_hist_f32(x.data_ptr(), x.numel(), *args, hist.data_ptr())
+        lib.stepscope_spine_hist_f32(x.data_ptr(), x.numel(), *args, fspine.data_ptr(), fused.data_ptr())
+        assert torch.equal(hist, fused) and torch.equal(spine[:10], fspine[:10])
+        rows.append((spine, hist))
+    (s1, h1), (s3, h3) = rows
+    assert torch.equal(h1, h3) and torch.equal(h1, reduce_histograms([x], desc, backend="torch")[0])
+    assert torch.equal(s1[:10], s3[:10])
+    torch.testing.assert_close(s1, s3, rtol=1e-12, atol=0.0)

@@ -29,11 +29,12 @@ import tempfile
 import threading
 import warnings
 from pathlib import Path
+from typing import Any
 
 _SOURCE = Path(__file__).with_name("_kernels.c")
 _EXTENSION = "stepscope.stats._stepscope_kernels"
 #: The ABI the Python side expects (``stepscope_kernels_version()`` in ``_kernels.c``).
-KERNELS_VERSION = 5
+KERNELS_VERSION = 7
 _LOCK = threading.Lock()
 _STATE: dict[str, object] = {}
 
@@ -48,7 +49,14 @@ _FLAGS = [
     "-pthread",
     "-Wl,--no-undefined",
 ]
-_ISA = {0: "portable", 1: "baseline (x86-64)", 2: "avx2", 3: "avx512f"}
+_ISA = {
+    0: "portable",
+    1: "baseline (x86-64)",
+    2: "avx2",
+    3: "avx512f",
+    4: "x86-64-v3 (avx2, fma)",
+    5: "x86-64-v4 (avx512, fma)",
+}
 
 
 def _cache_dir() -> Path:
@@ -128,27 +136,38 @@ def _packaged_library() -> Path:
     return Path(spec.origin)
 
 
+_P, _I64, _I32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+#: Every function ``_kernels.c`` exports, with its ctypes signature (argument types, result type):
+#: :func:`_bind` binds exactly these, and a test checks the library's dynamic symbol table
+#: against this table, so an export is never left unbound.
+EXPORTS: dict[str, tuple[list[Any], Any]] = {
+    "stepscope_kernels_version": ([], _I32),
+    "stepscope_kernels_isa": ([], _I32),
+    "stepscope_spine_f32": ([_P, _I64, _I32, _P], None),
+    "stepscope_spine_f64": ([_P, _I64, _I32, _P], None),
+    "stepscope_spine_many": ([_I64, _P, _P, _P, _I32, _P], None),
+    "stepscope_spine_merge": ([_P, _P], None),
+    "stepscope_hist_f32": ([_P, _I64, _P, _P, _I32, _I64, _I64, _I32, _P], None),
+    "stepscope_hist_f64": ([_P, _I64, _P, _P, _I32, _I64, _I64, _I32, _P], None),
+    "stepscope_spine_hist_f32": ([_P, _I64, _P, _P, _I32, _I64, _I64, _I32, _P, _P], None),
+    "stepscope_spine_hist_many": (
+        [_I64, _P, _P, _P, _I32, _P, _P, _P, _P, _P, _I64, _I64],
+        None,
+    ),
+}
+
+
 def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
-    p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-    lib.stepscope_kernels_version.restype = i32
-    lib.stepscope_kernels_isa.restype = i32
+    lib.stepscope_kernels_version.restype = _I32  # first: an old library may lack the others
     version = lib.stepscope_kernels_version()
     if version != KERNELS_VERSION:
         raise RuntimeError(
             f"stale compiled kernel (version {version}, need {KERNELS_VERSION}): reinstall stepscope"
         )
-    for name in ("stepscope_spine_f32", "stepscope_spine_f64"):
+    for name, (argtypes, restype) in EXPORTS.items():
         fn = getattr(lib, name)
-        fn.argtypes = [p, i64, i32, p]
-        fn.restype = None
-    lib.stepscope_spine_many.argtypes = [i64, p, p, p, i32, p]
-    lib.stepscope_spine_many.restype = None
-    lib.stepscope_spine_merge.argtypes = [p, p]
-    lib.stepscope_spine_merge.restype = None
-    for name in ("stepscope_hist_f32", "stepscope_hist_f64"):
-        fn = getattr(lib, name)
-        fn.argtypes = [p, i64, p, p, i32, i64, i64, i32, p]
-        fn.restype = None
+        fn.argtypes = argtypes
+        fn.restype = restype
     return lib
 
 
@@ -198,7 +217,8 @@ def backend_info() -> dict[str, str]:
     dict
         ``cpu``: ``"c"`` or ``"torch"``; ``source``: ``"packaged"`` (built at install time),
         ``"jit"`` (explicit opt-in) or ``"none"``; ``isa``: the instruction set the dispatched
-        loops use (``"avx512f"``, ``"avx2"``, ``"baseline (x86-64)"``, ``"portable"``; empty without the C
+        loops use (``"x86-64-v4 (avx512, fma)"``, ``"x86-64-v3 (avx2, fma)"``, ``"baseline (x86-64)"``,
+        ``"portable"``; ``"avx512f"``/``"avx2"`` from compilers before GCC 12; empty without the C
         kernel); ``detail``: why.
 
     Examples

@@ -158,7 +158,7 @@ def spine_and_histogram(
     """Spine row (``[SPINE_WIDTH]`` float64) and, with ``desc``, the histogram row of flat ``x``.
 
     ``x`` is a contiguous float32 or float64 tensor (``fmt`` its exponent and mantissa bits);
-    ``table``/``thr`` the device slot table and thresholds of :func:`reduce._device_tables`;
+    ``table``/``thr`` the device slot table and thresholds of :func:`stepscope.stats.binning.device_tables`;
     the spine is written into ``out`` when given.
     """
     n = x.numel()

@@ -32,7 +32,7 @@ import torch
 from stepscope.errors import Refusal
 from stepscope.stats import _native, _triton
 from stepscope.stats._backend import F32, F64, native_library, prepare, use_triton
-from stepscope.stats.binning import device_tables, format_for, reduce_histograms
+from stepscope.stats.binning import device_tables, format_for, reduce_histograms, slot_tables
 from stepscope.stats.descriptor import HistogramDescriptor
 from stepscope.stats.layout import (
     COUNT_FIELDS,
@@ -202,6 +202,18 @@ def spine_and_histogram_into(
     CPU the two C kernels run; elsewhere the pure-torch paths.
     """
     x = prepare(tensor)
+    if x.device.type == "cpu" and backend != "torch" and spine_row.is_contiguous():
+        lib = _native.loaded() if backend == "auto" else native_library(backend, x.device)
+        xf, fmt = format_for(x, descriptor)
+        if lib is not None and fmt == F32 and hist_row.is_contiguous():  # one read, one call
+            slots, cuts = slot_tables(descriptor, fmt)
+            hist_row.zero_()
+            lib.stepscope_spine_hist_f32(
+                *(xf.data_ptr(), xf.numel(), slots.ctypes.data, cuts.ctypes.data, len(cuts)),
+                *(2 * descriptor.n_bins, descriptor.width, torch.get_num_threads()),
+                *(spine_row.data_ptr(), hist_row.data_ptr()),
+            )
+            return
     if use_triton(backend, x.device):
         try:
             xf, fmt = format_for(x, descriptor)
@@ -262,12 +274,16 @@ def spines_into(
     out: torch.Tensor,
     rows: Sequence[int],
     backend: str = "auto",
+    hist: torch.Tensor | None = None,
+    descriptor: HistogramDescriptor | None = None,
 ) -> None:
     """Spines of many tensors into rows of ``out``, in one native call on the CPU.
 
     The multi-tensor form of :func:`spine_into` (like ``torch._foreach_*``): the collector hands
     it every due tensor of a parameter-sized stream (gradient, parameter, update) at once, so the
     per-tensor Python and ctypes overhead is paid once per stream and step, not once per tensor.
+    With ``hist`` the same call also overwrites each tensor's ``hist`` row with its histogram
+    counts on ``descriptor``, reading each tensor once (:func:`spine_and_histogram_into` for many).
 
     Parameters
     ----------
@@ -279,6 +295,9 @@ def spines_into(
         ``out`` row of each tensor.
     backend
         ``"auto"``, ``"c"`` or ``"torch"``.
+    hist, descriptor
+        Optional contiguous ``[n_rows, descriptor.width]`` int64 buffer (the staging histogram
+        buffer) and its grid (default :class:`HistogramDescriptor()`).
 
     Examples
     --------
@@ -287,10 +306,18 @@ def spines_into(
     >>> spines_into([torch.ones(4), torch.arange(3.0)], out, [2, 0])
     >>> out[2, 0].item(), out[0, 10].item()  # total of row 2, sum of row 0
     (4.0, 3.0)
+    >>> d = HistogramDescriptor()
+    >>> h = torch.zeros(3, d.width, dtype=torch.int64)
+    >>> spines_into([torch.ones(4)], out, [1], hist=h, descriptor=d)
+    >>> int(h[1].sum()), int(h[1, d.n_bins + 48 * 4])  # 4 counts, all in the bin of 1.0
+    (4, 4)
     """
     lib = None
     if backend != "torch" and out.device.type == "cpu" and out.is_contiguous():
         lib = _native.loaded() if backend == "auto" else native_library(backend, out.device)
+    if hist is not None:
+        _spines_and_histograms_into(lib, tensors, out, rows, backend, hist, descriptor)
+        return
     if lib is None or out.dtype != torch.float64:
         for t, r in zip(tensors, rows):
             spine_into(t, out.select(0, r), backend)
@@ -322,6 +349,57 @@ def spines_into(
         k.ctypes.data,
         torch.get_num_threads(),
         o.ctypes.data,
+    )
+
+
+def _spines_and_histograms_into(
+    lib: Any,
+    tensors: Sequence[torch.Tensor],
+    out: torch.Tensor,
+    rows: Sequence[int],
+    backend: str,
+    hist: torch.Tensor,
+    descriptor: HistogramDescriptor | None,
+) -> None:
+    """:func:`spines_into` with histograms: one ``stepscope_spine_hist_many`` call for the CPU
+    tensors it can take, :func:`spine_and_histogram_into` for the rest."""
+    desc = descriptor or HistogramDescriptor()
+    native = lib is not None and out.dtype == torch.float64 and hist.is_contiguous()
+    if hist.shape[1:] != (desc.width,) or hist.dtype != torch.int64:
+        raise Refusal(
+            "stat_payload_invalid",
+            f"histogram buffer has shape {tuple(hist.shape)}/{hist.dtype}, need (n, {desc.width})/int64",
+            ["allocate hist with torch.zeros((n_rows, descriptor.width), dtype=torch.int64)"],
+        )
+    keep, ptrs, kinds, outs, houts = [], [], [], [], []
+    f32, f64 = torch.float32, torch.float64
+    for t, r in zip(tensors, rows):
+        if native and t.device.type == "cpu":
+            x = t.detach()
+            if not ((x.dtype is f32 or x.dtype is f64) and x.is_contiguous() and not x.is_neg()):
+                x = prepare(x)
+            x, fmt = format_for(x, desc)  # float64 where the window reaches float32 subnormals
+            keep.append(x)
+            ptrs.append((x.data_ptr(), x.numel()))
+            kinds.append(fmt == F64)
+            outs.append(out.data_ptr() + r * SPINE_WIDTH * 8)
+            houts.append(hist.data_ptr() + r * desc.width * 8)
+        else:
+            spine_and_histogram_into(t, out.select(0, r), hist.select(0, r), desc, backend)
+    if not ptrs:
+        return
+    (t32, h32), (t64, h64) = slot_tables(desc, F32), slot_tables(desc, F64)
+    pn = np.array(ptrs, dtype=np.int64)
+    p, n = np.ascontiguousarray(pn[:, 0]), np.ascontiguousarray(pn[:, 1])
+    k = np.array(kinds, dtype=np.int32)
+    o, ho = np.array(outs, dtype=np.int64), np.array(houts, dtype=np.int64)
+    tables = np.array([t32.ctypes.data, t64.ctypes.data], dtype=np.int64)
+    thrs = np.array([h32.ctypes.data, h64.ctypes.data], dtype=np.int64)
+    nthrs = np.array([len(h32), len(h64)], dtype=np.int32)
+    lib.stepscope_spine_hist_many(
+        *(len(ptrs), p.ctypes.data, n.ctypes.data, k.ctypes.data, torch.get_num_threads()),
+        *(o.ctypes.data, ho.ctypes.data, tables.ctypes.data, thrs.ctypes.data, nthrs.ctypes.data),
+        *(2 * desc.n_bins, desc.width),
     )
 
 
