@@ -203,7 +203,8 @@ def test_baseline_build_without_dispatch_counts_like_the_dispatched_clones(tmp_p
     if info["cpu"] != "c":
         pytest.skip(info["detail"])
     from stepscope.stats import SPINE_WIDTH, HistogramDescriptor
-    from stepscope.stats.binning import F32 as _F32, slot_tables as _tables
+    from stepscope.stats.binning import F32 as _F32
+    from stepscope.stats.binning import slot_tables as _tables
 
     base = build_variant(tmp_path, "baseline", ["-DSTEPSCOPE_NO_CLONES"])
     assert base.stepscope_kernels_isa() == 0

@@ -220,7 +220,8 @@ def test_threaded_kernels_count_like_one_thread():
     extremes and histograms as one thread, and the same sums to round-off."""
     if _native.backend_info()["cpu"] != "c":
         pytest.skip("C kernel unavailable")
-    from stepscope.stats.binning import F32 as _F32, slot_tables as _tables
+    from stepscope.stats.binning import F32 as _F32
+    from stepscope.stats.binning import slot_tables as _tables
 
     lib = _native.load()
     big = histogram_tensors()[-4]  # 70k elements with NaN, -inf and a constant block
