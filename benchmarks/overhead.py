@@ -19,7 +19,10 @@ spines every step, and (Ciresan) every stream with histograms every 10 steps aga
 
 Statistic: **total time** of the timed steps (a multiple of 10, so every window holds a whole
 cadence period, parameter streams and histograms included) relative to the control's; the
-median step ratio is printed beside it only to show what a median hides. ``cadence="auto"``
+median step ratio is printed beside it only to show what a median hides. The CPU-time ratio
+(``time.thread_time`` of the training thread over the same steps) is immune to other processes
+on a shared machine but blind to time spent waiting for the disk (a commit's fsyncs): read the
+total time on a quiet machine, the CPU time where the machine is shared. ``cadence="auto"``
 decides during the warm-up (its default 20 steps), so ``--warmup`` must exceed 20.
 """
 
@@ -147,6 +150,7 @@ class Arm:
         self.model = make()
         self.opt = torch.optim.SGD(self.model.parameters(), lr=1e-3, momentum=0.9)
         self.times: list[float] = []
+        self.cpu: list[float] = []  # CPU seconds of this thread (immune to other processes)
         self.telemetry: list[float] = []
         self.step_fn: Callable[[torch.Tensor, torch.Tensor, int], None] = self.plain
         self.close: Callable[[], None] = lambda: None
@@ -159,9 +163,10 @@ class Arm:
         self.opt.step()
 
     def timed(self, x: torch.Tensor, y: torch.Tensor, step: int) -> None:
-        t0 = time.perf_counter()
+        c0, t0 = time.thread_time(), time.perf_counter()
         self.step_fn(x, y, step)
         self.times.append(time.perf_counter() - t0)
+        self.cpu.append(time.thread_time() - c0)
 
 
 def stepscope_arm(name: str, make, tmp: str, streams=None, cadence=None) -> Arm:
@@ -315,8 +320,9 @@ def run_model(key: str, args, tmp: str) -> None:
     control = arms[0]
     total_c, med_c = sum(control.times), statistics.median(control.times)
     print(f"\n### {key}: control step {med_c * 1e3:.1f} ms (median), {len(control.times)} timed steps")
-    print("| arm | total time ratio | median step ratio | predicted |")
-    print("|---|---:|---:|---:|")
+    cpu_c = sum(control.cpu)
+    print("| arm | total time ratio | median step ratio | CPU-time ratio | predicted |")
+    print("|---|---:|---:|---:|---:|")
     for arm in arms:
         pred = ""
         if arm.collector is not None and arm.collector.cadence_decision is not None:
@@ -324,10 +330,10 @@ def run_model(key: str, args, tmp: str) -> None:
             pred = "" if exp is None else f"{1 + exp:.3f}"
         print(
             f"| {arm.name} | {sum(arm.times) / total_c:.3f} "
-            f"| {statistics.median(arm.times) / med_c:.3f} | {pred} |"
+            f"| {statistics.median(arm.times) / med_c:.3f} | {sum(arm.cpu) / cpu_c:.3f} | {pred} |"
         )
     for note in notes:
-        print(f"| {note} | - | - | |")
+        print(f"| {note} | - | - | - | |")
     for arm in arms:
         d = arm.collector.cadence_decision if arm.collector is not None else None
         if d:

@@ -30,6 +30,7 @@ run by the end of a due step is registered with signature ``not_run`` and record
 from __future__ import annotations
 
 import fnmatch
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
@@ -114,6 +115,8 @@ class ActivationSites:
         if self._depth == 1:
             self._root_grad = torch.is_grad_enabled() and not torch.is_inference_mode_enabled()
             state = self.host._state
+            if state is not None:
+                state.hook_calls += 2  # the model's own pre and post hooks
             if state is not None and not state.structure_checked:
                 try:
                     self.host._check_structure()  # model surgery, before the first forward
@@ -136,17 +139,22 @@ class ActivationSites:
         if torch.compiler.is_compiling():  # inside a compiled region: no graph break, no row
             self.compiled = True
             return
-        if not self.training_forward():
-            return
-        rows = self.rows[id(module)]
         state = self.host._state
         if state is None:  # between steps (closed, or a step that failed to begin)
             return
+        t0, charged = time.perf_counter(), state.telemetry_s
         try:
-            self._observe(rows, state, output)
-        except Exception as e:  # telemetry never raises into the training step
-            for r in rows.values():
-                state.failed[r.index] = type(e).__name__
+            if not self.training_forward():
+                return
+            rows = self.rows[id(module)]
+            try:
+                self._observe(rows, state, output)
+            except Exception as e:  # telemetry never raises into the training step
+                for r in rows.values():
+                    state.failed[r.index] = type(e).__name__
+        finally:  # the hook's own Python, beyond the reductions it charged (auto cadence)
+            state.hook_calls += 1
+            state.hook_s += time.perf_counter() - t0 - (state.telemetry_s - charged)
 
     def _observe(self, rows: dict[str, Row], state: StepState, output: Any) -> None:
         due = state.spine_due

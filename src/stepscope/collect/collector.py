@@ -148,7 +148,9 @@ class HistoryCollector(UserLog):
             self.auto = cadence if isinstance(cadence, AutoCadence) else AutoCadence()
             cadence = dict.fromkeys(streams, self.auto.warmup_cadence())
         self.cadences: dict[str, Cadence] = resolve_cadence(cadence, streams)
-        self._meter = None if self.auto is None else WarmupMeter(self.auto, streams)
+        s = self.settings
+        policy = (s.commit_steps, s.commit_seconds) if s.output_dir else None
+        self._meter = None if self.auto is None else WarmupMeter(self.auto, streams, policy)
         watched = unwrap_compiled(model)  # torch.compile(model): sites keep their own names
         self.modules = select_modules(watched, sites if sites is not None else leaf_modules)
         self.rows: list[Row] = build_rows(self.modules, streams)

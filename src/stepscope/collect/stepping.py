@@ -154,6 +154,16 @@ class OptimizerSteps:
         state = self.host._recording()
         if state is None or self._outside_transaction():
             return
+        t0, charged = time.perf_counter(), state.telemetry_s
+        try:
+            self._pre_step(state, watch, closure)
+        finally:  # the hook's own Python, beyond the reductions it charged (auto cadence)
+            state.hook_calls += 1
+            state.hook_s += time.perf_counter() - t0 - (state.telemetry_s - charged)
+
+    def _pre_step(
+        self, state: StepState, watch: OptimizerWatch, closure: Callable[[], Any] | None
+    ) -> None:
         txn = self.host._txn_open
         # implicit spelling: known only when the scaler was given to the collector
         scaler = self.host._scaler if txn else self.implicit_scaler
@@ -182,13 +192,17 @@ class OptimizerSteps:
             self._discard_stray_step(watch, state)
             return
         state.stepped = True
-        t0 = time.perf_counter()
-        with internal_scope("collector.post_step"):
-            deltas = list(self.updates.deltas(watch.owned("update")))
-        if deltas:  # the sampling is telemetry too (its pre-step half is charged as well)
-            state.charge("update", time.perf_counter() - t0)
-        self.reducer.reduce_many("update", deltas)
+        t_hook, charged = time.perf_counter(), state.telemetry_s
+        if "update" in self.streams and state.spine_due["update"]:
+            t0 = time.perf_counter()
+            with internal_scope("collector.post_step"):
+                deltas = list(self.updates.deltas(watch.owned("update")))
+            if deltas:  # the sampling is telemetry too (its pre-step half is charged as well)
+                state.charge("update", time.perf_counter() - t0)
+            self.reducer.reduce_many("update", deltas)
         self.take_parameters(watch.owned("parameter"))
+        state.hook_calls += 1
+        state.hook_s += time.perf_counter() - t_hook - (state.telemetry_s - charged)
         if not self.host._txn_open:  # implicit spelling: the optimizer step ends the step
             self.take_parameters(self.by_stream.get("parameter", []))  # frozen ones too
             self.host._finish_step(StepProvenance.IMPLICIT)
