@@ -2,7 +2,7 @@
 
 Run:  .venv/bin/python benchmarks/overhead.py [--steps 30] [--warmup 22] [--threads 1]
                                               [--models resnet gpt ciresan mlp4] [--no-peers]
-                                              [--activation-every 2 5]
+                                              [--activation-every 2 5] [--no-noise-arm]
 
 Models, built here from configs (no downloads): a ResNet-18-like CNN (BasicBlocks 2-2-2-2, base
 width 16, 32x32 inputs, batch 8), a GPT-like decoder (4 pre-norm causal layers, d=128, 4 heads,
@@ -10,7 +10,9 @@ seq 64, vocab 512, batch 8), the Ciresan MLP (784-2500-2000-1500-1000-500-10, ba
 784-1500-1000-500-10 MLP (batch 64) for the "four spines every step" goal. SGD momentum 0.9, CPU.
 
 Arms, each on its own same-seed model copy, taking turns step by step (machine drift hits all
-alike): the unobserved control; stepscope at its default cadence; stepscope ``cadence="auto"``
+alike): the unobserved control; a second unobserved copy, whose ratio is the run's noise floor
+(two identical copies differ by this much; on a shared machine 1-3 points); stepscope at its
+default cadence; stepscope ``cadence="auto"``
 (its prediction printed beside its measurement); ``wandb.watch(log="all", log_freq=10)``
 offline; a hand-written ``SummaryWriter.add_histogram`` of every parameter and gradient every 10
 steps; torchlens 2.36 defaults (where installed). On the MLPs: stepscope with the four streams'
@@ -288,6 +290,8 @@ def run_model(key: str, args, tmp: str) -> None:
     g = torch.Generator().manual_seed(0)
     data = [data_fn(g) for _ in range(4)]
     arms: list[Arm] = [Arm("control (unobserved)", make)]
+    if not args.no_noise_arm:  # a second unobserved copy: the noise floor of this run
+        arms.append(Arm("control, second copy (noise floor)", make))
     notes: list[str] = []
     four = ("activation", "gradient", "parameter", "update")
     if key != "mlp4":
@@ -363,6 +367,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     ap.add_argument("--no-peers", action="store_true", help="skip wandb, add_histogram, torchlens")
+    ap.add_argument(
+        "--no-noise-arm", action="store_true", help="skip the second unobserved copy (noise floor)"
+    )
     ap.add_argument(
         "--activation-every",
         type=int,
