@@ -222,6 +222,12 @@ class OptimizerSteps:
         state = self.host._state
         if state is None or "gradient" not in self.streams:
             return
+        if not state.spine_due["gradient"]:  # nothing is read; the step's scaling is still noted
+            if not state.grads_taken and any(
+                r.param is not None and r.param.grad is not None for r in rows
+            ):
+                state.grads_taken, state.scale_grad = True, phase_scale
+            return
         pairs = []
         for row in rows:
             grad = None if row.param is None else row.param.grad
@@ -235,7 +241,7 @@ class OptimizerSteps:
     def take_parameters(self, rows: Sequence[Row]) -> None:
         """Read the values of ``rows`` not read yet this step."""
         state = self.host._state
-        if state is None:
+        if state is None or not state.spine_due.get("parameter", False):
             return
         pairs: list[tuple[Row, torch.Tensor]] = []
         for row in rows:
