@@ -307,6 +307,8 @@ class HistoryCollector(UserLog):
             hist_due={s: self.cadences[s].histogram_due(step) for s in self.streams},
             started=time.perf_counter(),
         )
+        due = state.spine_due
+        state.activations_quiet = not (due.get("activation") or due.get("activation_grad"))
         self._state = state
         self.clock.begin(step)
         self._reducer.reset()
