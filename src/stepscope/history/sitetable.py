@@ -80,7 +80,8 @@ class SiteTable:
         """Close a series at ``step`` (exclusive) with a reason."""
         site = self._site(site_id)
         self.sites[site_id] = replace(site, ended_step=int(step), ended_reason=reason)
-        self._active.pop(site.name, None)
+        if self._active.get(site.name) == site_id:  # an older series never unbinds the name
+            del self._active[site.name]
         self._catalog_dirty = True
 
     def _check_open(self) -> None:
