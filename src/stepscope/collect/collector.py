@@ -342,6 +342,7 @@ class HistoryCollector(UserLog):
         bare ``optimizer.step()`` outside one is not recorded, is warned about, and the next
         ``step()`` refuses ``step_transaction_required``.
         """
+        t_enter = time.perf_counter()
         self._check_open()
         examples, epoch = check_count(examples, "examples"), check_count(epoch, "epoch")
         if self._txn_open:
@@ -356,6 +357,8 @@ class HistoryCollector(UserLog):
         state.open_transaction(examples, epoch, scaler)
         self._txn_open, self._scaler = True, scaler
         self.clock.begin(state.step)  # the training clock times the transaction body
+        # the transaction's own bookkeeping (checks, optimizer watches, model surgery) is telemetry
+        state.charge(None, time.perf_counter() - t_enter)
         state.window_from, state.started = state.telemetry_s, time.perf_counter()
         try:
             yield StepTransaction(self, state)
@@ -364,7 +367,10 @@ class HistoryCollector(UserLog):
             self.close()
             raise
         self._txn_open = False
+        t_close, charged = time.perf_counter(), state.telemetry_s
         self._steps.close_transaction(scaler, state)
+        # its bookkeeping beyond the reductions it charged is telemetry, not training
+        state.charge(None, time.perf_counter() - t_close - (state.telemetry_s - charged))
         try:
             self._finish_step(StepProvenance.EXPLICIT, optimizer_known=bool(self._steps.watches))
         finally:
