@@ -2,7 +2,7 @@
 
 Run:  .venv/bin/python benchmarks/overhead.py [--steps 30] [--warmup 22] [--threads 1]
                                               [--models resnet gpt ciresan mlp4] [--no-peers]
-                                              [--activation-every 2 5]
+                                              [--activation-every 2 5] [--no-noise-arm]
 
 Models, built here from configs (no downloads): a ResNet-18-like CNN (BasicBlocks 2-2-2-2, base
 width 16, 32x32 inputs, batch 8), a GPT-like decoder (4 pre-norm causal layers, d=128, 4 heads,
@@ -10,7 +10,9 @@ seq 64, vocab 512, batch 8), the Ciresan MLP (784-2500-2000-1500-1000-500-10, ba
 784-1500-1000-500-10 MLP (batch 64) for the "four spines every step" goal. SGD momentum 0.9, CPU.
 
 Arms, each on its own same-seed model copy, taking turns step by step (machine drift hits all
-alike): the unobserved control; stepscope at its default cadence; stepscope ``cadence="auto"``
+alike): the unobserved control; a second unobserved copy, whose ratio is the run's noise floor
+(two identical copies differ by this much; on a shared machine 1-3 points); stepscope at its
+default cadence; stepscope ``cadence="auto"``
 (its prediction printed beside its measurement); ``wandb.watch(log="all", log_freq=10)``
 offline; a hand-written ``SummaryWriter.add_histogram`` of every parameter and gradient every 10
 steps; torchlens 2.36 defaults (where installed). On the MLPs: stepscope with the four streams'
@@ -19,7 +21,10 @@ spines every step, and (Ciresan) every stream with histograms every 10 steps aga
 
 Statistic: **total time** of the timed steps (a multiple of 10, so every window holds a whole
 cadence period, parameter streams and histograms included) relative to the control's; the
-median step ratio is printed beside it only to show what a median hides. ``cadence="auto"``
+median step ratio is printed beside it only to show what a median hides. The CPU-time ratio
+(``time.thread_time`` of the training thread over the same steps) is immune to other processes
+on a shared machine but blind to time spent waiting for the disk (a commit's fsyncs): read the
+total time on a quiet machine, the CPU time where the machine is shared. ``cadence="auto"``
 decides during the warm-up (its default 20 steps), so ``--warmup`` must exceed 20.
 """
 
@@ -147,6 +152,7 @@ class Arm:
         self.model = make()
         self.opt = torch.optim.SGD(self.model.parameters(), lr=1e-3, momentum=0.9)
         self.times: list[float] = []
+        self.cpu: list[float] = []  # CPU seconds of this thread (immune to other processes)
         self.telemetry: list[float] = []
         self.step_fn: Callable[[torch.Tensor, torch.Tensor, int], None] = self.plain
         self.close: Callable[[], None] = lambda: None
@@ -159,9 +165,10 @@ class Arm:
         self.opt.step()
 
     def timed(self, x: torch.Tensor, y: torch.Tensor, step: int) -> None:
-        t0 = time.perf_counter()
+        c0, t0 = time.thread_time(), time.perf_counter()
         self.step_fn(x, y, step)
         self.times.append(time.perf_counter() - t0)
+        self.cpu.append(time.thread_time() - c0)
 
 
 def stepscope_arm(name: str, make, tmp: str, streams=None, cadence=None) -> Arm:
@@ -283,6 +290,8 @@ def run_model(key: str, args, tmp: str) -> None:
     g = torch.Generator().manual_seed(0)
     data = [data_fn(g) for _ in range(4)]
     arms: list[Arm] = [Arm("control (unobserved)", make)]
+    if not args.no_noise_arm:  # a second unobserved copy: the noise floor of this run
+        arms.append(Arm("control, second copy (noise floor)", make))
     notes: list[str] = []
     four = ("activation", "gradient", "parameter", "update")
     if key != "mlp4":
@@ -315,8 +324,9 @@ def run_model(key: str, args, tmp: str) -> None:
     control = arms[0]
     total_c, med_c = sum(control.times), statistics.median(control.times)
     print(f"\n### {key}: control step {med_c * 1e3:.1f} ms (median), {len(control.times)} timed steps")
-    print("| arm | total time ratio | median step ratio | predicted |")
-    print("|---|---:|---:|---:|")
+    cpu_c = sum(control.cpu)
+    print("| arm | total time ratio | median step ratio | CPU-time ratio | predicted |")
+    print("|---|---:|---:|---:|---:|")
     for arm in arms:
         pred = ""
         if arm.collector is not None and arm.collector.cadence_decision is not None:
@@ -324,10 +334,10 @@ def run_model(key: str, args, tmp: str) -> None:
             pred = "" if exp is None else f"{1 + exp:.3f}"
         print(
             f"| {arm.name} | {sum(arm.times) / total_c:.3f} "
-            f"| {statistics.median(arm.times) / med_c:.3f} | {pred} |"
+            f"| {statistics.median(arm.times) / med_c:.3f} | {sum(arm.cpu) / cpu_c:.3f} | {pred} |"
         )
     for note in notes:
-        print(f"| {note} | - | - | |")
+        print(f"| {note} | - | - | - | |")
     for arm in arms:
         d = arm.collector.cadence_decision if arm.collector is not None else None
         if d:
@@ -357,6 +367,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     ap.add_argument("--no-peers", action="store_true", help="skip wandb, add_histogram, torchlens")
+    ap.add_argument(
+        "--no-noise-arm", action="store_true", help="skip the second unobserved copy (noise floor)"
+    )
     ap.add_argument(
         "--activation-every",
         type=int,

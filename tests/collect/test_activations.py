@@ -175,3 +175,47 @@ def test_series_of_a_module_that_never_runs_reads_site_absent_every_step(tmp_pat
         assert list(s.presence_names()) == ["site_absent"] * 3
     grads = h.series("spare.0.weight", "gradient", "total")
     assert list(grads.presence_names()) == ["site_absent"] * 3
+
+
+def test_quiet_steps_return_early_yet_a_module_first_run_then_is_recorded_when_due(tmp_path):
+    """Between due steps the activation hooks return at once (every row discovered); a module
+    that first runs on such a step is still discovered and recorded on the next due step."""
+
+    class Branchy(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)
+
+        def forward(self, x: torch.Tensor, use_b: bool) -> torch.Tensor:
+            h = self.a(x)
+            return self.b(h) if use_b else h
+
+    torch.manual_seed(0)
+    net = Branchy()
+    opt = torch.optim.SGD(net.parameters(), lr=0.01)
+    seen: dict[int, float] = {}  # an independent hook: b's output sum, in float64
+    step = 0
+    net.b.register_forward_hook(lambda m, i, o: seen.__setitem__(step, o.double().sum().item()))
+    c = HistoryCollector(
+        net,
+        sites="*",
+        streams=("activation",),
+        cadence=Cadence(10, None),
+        settings=WatchSettings(output_dir=str(tmp_path / "run")),
+    )
+    calls = []
+    for step in range(21):
+        with c.step(opt, examples=2):
+            net(torch.randn(2, 4), use_b=step >= 3).sum().backward()
+            opt.step()
+            opt.zero_grad()
+            calls.append(c._state.hook_calls)
+    c.close()
+    h = open_history(tmp_path / "run")
+    s = h.series("b", "activation", "sum")
+    # step 0: b had not run (a site_absent row, no value); first run at step 3 (a quiet step):
+    # recorded at the next due steps, equal to the independent hook
+    assert s.steps.tolist() == [0, 10, 20]
+    assert not np.isfinite(s.values[0])
+    np.testing.assert_allclose(s.values[1:], [seen[10], seen[20]], rtol=1e-6)
+    assert calls[5] == calls[15] > 0  # quiet steps still count their hook calls (auto cadence)

@@ -28,7 +28,11 @@ def test_choice_matches_hand_arithmetic():
         "gradient": math.ceil(0.005 * 1.3 / budget),  # 6.5 / 1.667 -> 4
         "parameter": math.ceil(0.020 * 1.3 / budget),  # 26 / 1.667 -> 16
     }
-    assert {s: c.spine for s, c in d.cadences.items()} == expect == {"activation": 1, "gradient": 4, "parameter": 16}
+    assert (
+        {s: c.spine for s, c in d.cadences.items()}
+        == expect
+        == {"activation": 1, "gradient": 4, "parameter": 16}
+    )
     assert {s: c.histogram for s, c in d.cadences.items()} == {s: 10 * k for s, k in expect.items()}
     act = (0.0029 / 3 + 0.0001) * 1.3  # costs are means: the steady state pays the mean
     assert d.expected_overhead == pytest.approx((act / 1 + 0.0065 / 4 + 0.026 / 16) / 0.1)
@@ -53,7 +57,9 @@ def test_collector_measures_then_applies_and_records_its_choice(tmp_path):
     model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     auto = AutoCadence(target=0.05, warmup=5)
-    c = HistoryCollector(model, sites="*", cadence=auto, settings=WatchSettings(output_dir=str(tmp_path / "a")))
+    c = HistoryCollector(
+        model, sites="*", cadence=auto, settings=WatchSettings(output_dir=str(tmp_path / "a"))
+    )
     for _ in range(40):
         with c.step(opt, examples=16):
             loss = F.cross_entropy(model(torch.randn(16, 32)), torch.randint(0, 4, (16,)))
@@ -76,7 +82,9 @@ def test_collector_measures_then_applies_and_records_its_choice(tmp_path):
         warm = [t for t in range(5) if t % 4 != 3]
         assert steps == [*warm, *[t for t in range(5, 40) if t % k == 0]], (s, k)
     assert h.run.extra["auto_cadence"] == {"target": 0.05, "warmup": 5, "histogram_factor": 10}
-    assert np.isfinite(decision["training_seconds_median"]) and decision["training_seconds_median"] > 0
+    assert (
+        np.isfinite(decision["training_seconds_median"]) and decision["training_seconds_median"] > 0
+    )
 
 
 def _sleepy_run(tmp_path, between_s: float, body_s: float, write_sleep=None, steps: int = 24):
@@ -130,7 +138,14 @@ def test_warmup_charges_the_write_and_commit_spikes_the_steady_state_pays(tmp_pa
 def test_meter_recovers_costs_and_its_prediction_matches_a_simulated_steady_state():
     from stepscope.collect.warmup import WarmupMeter
 
-    F, S, C, H, HS, T = 0.001, 0.0004, {"a": 0.002, "b": 0.0005}, {"a": 0.004, "b": 0.001}, 0.002, 0.1
+    F, S, C, H, HS, T = (
+        0.001,
+        0.0004,
+        {"a": 0.002, "b": 0.0005},
+        {"a": 0.004, "b": 0.001},
+        0.002,
+        0.1,
+    )
     auto = AutoCadence(target=0.05, warmup=40)
     cad = auto.warmup_cadence()
 
@@ -163,3 +178,52 @@ def test_meter_recovers_costs_and_its_prediction_matches_a_simulated_steady_stat
     measured = total / horizon / T
     assert measured == pytest.approx(choice.expected_overhead, abs=0.015)
     assert choice.expected_overhead <= 0.05
+
+
+def _simulated_warmup(meter, T, F, hook_s=0.0, hook_calls=0):
+    """Record a warm-up whose every step costs F of its own, plus hooks inside the body."""
+    carried = 0.0
+    for step in range(meter.auto.warmup):
+        spine = step % 4 != 3
+        streams = {s: (0.001 if spine else 0.0) for s in meter.streams}
+        # the hooks run inside the timed body: a training clock sees T plus their seconds
+        body = T + hook_s + hook_calls * meter.dispatch_s
+        meter.record(step, body, streams, carried + sum(streams.values()) + F / 2, carried,
+                     hook_s, hook_calls)  # fmt: skip
+        carried = F / 2
+    return meter.decide()
+
+
+def test_meter_moves_the_hooks_seconds_from_training_to_the_fixed_cost():
+    from stepscope.collect.warmup import WarmupMeter
+
+    meter = WarmupMeter(AutoCadence(target=0.05, warmup=40), ["a", "b"])
+    meter.dispatch_s = 2e-6  # torch's call path per hooked call (measured at construction)
+    choice = _simulated_warmup(meter, T=0.1, F=0.001, hook_s=0.0004, hook_calls=50)
+    # own: F + the hooks' Python (0.4 ms) + 50 dispatches (0.1 ms); training: T without them
+    assert choice.fixed_seconds == pytest.approx(0.001 + 0.0004 + 50 * 2e-6)
+    assert choice.training_seconds_median == pytest.approx(0.1)
+
+
+@pytest.mark.parametrize(
+    ("policy", "steps_per_commit"),
+    [((1024, 10.0), 100.0), ((32, 10.0), 32.0), ((1024, None), 1024.0), ((4, 0.05), 1.0)],
+)
+def test_one_measured_commit_is_spread_over_the_steps_between_commits(policy, steps_per_commit):
+    from stepscope.collect.warmup import WarmupMeter
+
+    meter = WarmupMeter(AutoCadence(target=0.05, warmup=40), ["a"], commit_policy=policy)
+    meter.dispatch_s = 0.0
+    meter.commit_s = 0.05
+    # T = 0.1 s, F = 0: commit_seconds=10 means a commit every 100 steps
+    choice = _simulated_warmup(meter, T=0.1, F=0.0)
+    assert choice.fixed_seconds == pytest.approx(0.05 / max(1.0, steps_per_commit))
+
+
+def test_auto_warmup_measures_a_real_commit_and_the_hook_dispatch(tmp_path):
+    d = _sleepy_run(tmp_path, 0.0, 0.005)
+    assert d["commit_seconds"] > 0  # the warm-up's rows were committed and timed
+    assert 0 < d["hook_dispatch_seconds"] < 1e-3
+    h = open_history(tmp_path / "run")
+    # that commit made the warm-up durable at the decision step
+    assert h.commits[0]["step_hi"] == d["decided_at_step"] - 1

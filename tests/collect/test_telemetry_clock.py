@@ -121,3 +121,31 @@ def test_telemetry_window_closes_on_an_exception():
         assert not c._telemetry.open
         model(torch.randn(2, 3, 8, 8))
         assert c._staging(torch.device("cpu")).fired.sum() == 1  # recording again
+
+
+def test_the_transactions_own_bookkeeping_is_telemetry_not_training(tmp_path):
+    """Work the step transaction does around the body (here a slow model-surgery check at its
+    entry) is charged to the step's telemetry seconds and kept out of its training seconds."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    s = ss.WatchSettings(output_dir=str(tmp_path / "r"), durable=False)
+    slow = 0.03
+    with ss.HistoryCollector(model, cadence=1, settings=s) as c:
+        real = c._structure.check
+
+        def slow_check(step):
+            time.sleep(slow if step == 2 else 0.0)
+            return real(step)
+
+        c._structure.check = slow_check
+        for _ in range(4):
+            with c.step(opt, examples=2):
+                model(torch.randn(2, 4)).sum().backward()
+                opt.step()
+                opt.zero_grad()
+    h = ss.open_history(tmp_path / "r")
+    telemetry = _per_step(h, "clock/telemetry_seconds")
+    training = _per_step(h, "clock/training_seconds")
+    assert telemetry[2] >= slow > max(telemetry[1], telemetry[3])
+    assert training[2] < slow  # the sleep is not training

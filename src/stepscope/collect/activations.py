@@ -30,6 +30,7 @@ run by the end of a due step is registered with signature ``not_run`` and record
 from __future__ import annotations
 
 import fnmatch
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
@@ -87,6 +88,7 @@ class ActivationSites:
         self._signatures: dict[tuple[torch.dtype, int], str] = {}
         #: a hook fired while ``torch.compile`` traced the model (set again by every replay)
         self.compiled = False
+        self._discovered: bool | None = None  # every row has a signature (None: recompute)
 
     def attach(self) -> None:
         """Register the hooks (the model's own pre/post hooks track where it was called)."""
@@ -114,6 +116,8 @@ class ActivationSites:
         if self._depth == 1:
             self._root_grad = torch.is_grad_enabled() and not torch.is_inference_mode_enabled()
             state = self.host._state
+            if state is not None:
+                state.hook_calls += 2  # the model's own pre and post hooks
             if state is not None and not state.structure_checked:
                 try:
                     self.host._check_structure()  # model surgery, before the first forward
@@ -136,17 +140,25 @@ class ActivationSites:
         if torch.compiler.is_compiling():  # inside a compiled region: no graph break, no row
             self.compiled = True
             return
-        if not self.training_forward():
-            return
-        rows = self.rows[id(module)]
         state = self.host._state
         if state is None:  # between steps (closed, or a step that failed to begin)
             return
+        if state.activations_quiet and self._all_discovered():  # nine steps in ten by default
+            state.hook_calls += 1
+            return
+        t0, charged = time.perf_counter(), state.telemetry_s
         try:
-            self._observe(rows, state, output)
-        except Exception as e:  # telemetry never raises into the training step
-            for r in rows.values():
-                state.failed[r.index] = type(e).__name__
+            if not self.training_forward():
+                return
+            rows = self.rows[id(module)]
+            try:
+                self._observe(rows, state, output)
+            except Exception as e:  # telemetry never raises into the training step
+                for r in rows.values():
+                    state.failed[r.index] = type(e).__name__
+        finally:  # the hook's own Python, beyond the reductions it charged (auto cadence)
+            state.hook_calls += 1
+            state.hook_s += time.perf_counter() - t0 - (state.telemetry_s - charged)
 
     def _observe(self, rows: dict[str, Row], state: StepState, output: Any) -> None:
         due = state.spine_due
@@ -178,9 +190,18 @@ class ActivationSites:
         for r in rows.values():
             r.numel = numel
 
+    def _all_discovered(self) -> bool:
+        """Whether every activation row has a signature (cached until rows change)."""
+        if self._discovered is None:
+            self._discovered = all(
+                r.signature is not None for rows in self.rows.values() for r in rows.values()
+            )
+        return self._discovered
+
     def bind(self, rows: Iterable[Row], sig: str, step: int) -> None:
         """Register rows under ``sig``: discovery, or a structural change (a new series)."""
         catalog = self.host.catalog
+        self._discovered = None
         for row in rows:
             if row.signature == sig:
                 continue
@@ -209,6 +230,7 @@ class ActivationSites:
 
     def rebind(self, name: str, new: torch.nn.Module | None) -> list[Row]:
         """Move the hooks of module ``name`` to its replacement; returns its activation rows."""
+        self._discovered = None  # surgery: the replacement's rows are rediscovered
         old = self.bound.pop(name)
         handle = self._handles.pop(id(old), None)
         if handle is not None:

@@ -4,9 +4,12 @@ During the first ``warmup`` steps the collector follows a fixed pattern of perio
 ``s % 4 == 0`` spines and histograms of every stream, ``1`` and ``2`` spines only, ``3`` nothing
 due, and times each stream's reductions, the shared per-step work (the host copy, the step block
 and its write, the commit, events) and the training step itself (the transaction body minus the
-telemetry inside it). A :class:`WarmupMeter` turns those into what the steady state pays:
+telemetry and the hooks inside it). A :class:`WarmupMeter` turns those into what the steady state pays:
 
-- ``F``: the fixed seconds every step pays even with nothing due (step block, write, clock),
+- ``F``: the fixed seconds every step pays even with nothing due (step block, write, clock;
+  the hooks' own Python, timed inside them, plus torch's dispatch per hook call, measured once
+  on a private module; one commit, timed at the last warm-up step and spread over the steps
+  between commits: ``commit_steps`` or ``commit_seconds`` of steps, whichever is fewer),
 - ``S``: the extra shared seconds of a step on which spines are due,
 - ``c_s``: stream ``s``'s spine seconds, ``H_s``: the extra seconds of its histograms (plus its
   share of the histogram step's larger copy and write),

@@ -151,8 +151,21 @@ class StepBoundary:
         cadences = None
         if self.meter is not None and self.meter.decision is None:
             train = (started - state.started) - (state.telemetry_s - state.window_from)
+            writer = self.store.writer
+            if writer is not None and self.meter.done(state.step):
+                # what one commit costs (the warm-up steps' rows), spread over the steps
+                # between commits by the decision; it is charged to the next step like a write
+                t0 = time.perf_counter()
+                writer.commit()
+                self.meter.commit_s = time.perf_counter() - t0
             rows = self.meter.observe(
-                state.step, train, state.stream_s, telemetry_now, state.carried_s
+                state.step,
+                train,
+                state.stream_s,
+                telemetry_now,
+                state.carried_s,
+                state.hook_s,
+                state.hook_calls,
             )
             cadences = self.meter.cadences
             scalars = {**scalars, **rows}

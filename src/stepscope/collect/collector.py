@@ -148,7 +148,9 @@ class HistoryCollector(UserLog):
             self.auto = cadence if isinstance(cadence, AutoCadence) else AutoCadence()
             cadence = dict.fromkeys(streams, self.auto.warmup_cadence())
         self.cadences: dict[str, Cadence] = resolve_cadence(cadence, streams)
-        self._meter = None if self.auto is None else WarmupMeter(self.auto, streams)
+        s = self.settings
+        policy = (s.commit_steps, s.commit_seconds) if s.output_dir else None
+        self._meter = None if self.auto is None else WarmupMeter(self.auto, streams, policy)
         watched = unwrap_compiled(model)  # torch.compile(model): sites keep their own names
         self.modules = select_modules(watched, sites if sites is not None else leaf_modules)
         self.rows: list[Row] = build_rows(self.modules, streams)
@@ -305,6 +307,8 @@ class HistoryCollector(UserLog):
             hist_due={s: self.cadences[s].histogram_due(step) for s in self.streams},
             started=time.perf_counter(),
         )
+        due = state.spine_due
+        state.activations_quiet = not (due.get("activation") or due.get("activation_grad"))
         self._state = state
         self.clock.begin(step)
         self._reducer.reset()
@@ -338,6 +342,7 @@ class HistoryCollector(UserLog):
         bare ``optimizer.step()`` outside one is not recorded, is warned about, and the next
         ``step()`` refuses ``step_transaction_required``.
         """
+        t_enter = time.perf_counter()
         self._check_open()
         examples, epoch = check_count(examples, "examples"), check_count(epoch, "epoch")
         if self._txn_open:
@@ -352,6 +357,8 @@ class HistoryCollector(UserLog):
         state.open_transaction(examples, epoch, scaler)
         self._txn_open, self._scaler = True, scaler
         self.clock.begin(state.step)  # the training clock times the transaction body
+        # the transaction's own bookkeeping (checks, optimizer watches, model surgery) is telemetry
+        state.charge(None, time.perf_counter() - t_enter)
         state.window_from, state.started = state.telemetry_s, time.perf_counter()
         try:
             yield StepTransaction(self, state)
@@ -360,7 +367,10 @@ class HistoryCollector(UserLog):
             self.close()
             raise
         self._txn_open = False
+        t_close, charged = time.perf_counter(), state.telemetry_s
         self._steps.close_transaction(scaler, state)
+        # its bookkeeping beyond the reductions it charged is telemetry, not training
+        state.charge(None, time.perf_counter() - t_close - (state.telemetry_s - charged))
         try:
             self._finish_step(StepProvenance.EXPLICIT, optimizer_known=bool(self._steps.watches))
         finally:

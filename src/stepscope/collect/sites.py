@@ -8,12 +8,12 @@ modules own directly (site = ``"<module>.<param>"``; a tied parameter belongs to
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from stepscope.history import SiteRecord
+from stepscope.history.sitetable import SiteTable
 
 ACTIVATION_STREAMS = ("activation", "activation_grad")
 ROOT_SITE = "<root>"  # display name of the model itself when it is selected
@@ -123,33 +123,8 @@ def update_indices(
     return idx.to(device)
 
 
-class SiteCatalog:
-    """Site records with topology-drift handling, for RAM-only runs (the writer keeps its own).
+class SiteCatalog(SiteTable):
+    """Site records with topology-drift handling, for RAM-only runs (the writer is one itself).
 
     A name bound to a different structure ends its series and starts a new one; never re-binds.
     """
-
-    def __init__(self) -> None:
-        self.sites: list[SiteRecord] = []
-        self._active: dict[str, int] = {}
-
-    def register_site(
-        self, name: str, module_type: str, signature: str, step: int | None = None
-    ) -> int:
-        current = self._active.get(name)
-        if current is not None:
-            site = self.sites[current]
-            if (site.module_type, site.signature) == (module_type, signature):
-                return current
-            self.sites[current] = replace(site, ended_step=step, ended_reason="topology_drift")
-        site_id = len(self.sites)
-        self.sites.append(SiteRecord(site_id, name, module_type, signature, None, step))
-        self._active[name] = site_id
-        return site_id
-
-    def end_site(self, site_id: int, step: int, reason: str) -> None:
-        """Close a series at ``step`` (exclusive) with a reason (as the artifact writer does)."""
-        site = self.sites[site_id]
-        self.sites[site_id] = replace(site, ended_step=int(step), ended_reason=reason)
-        if self._active.get(site.name) == site_id:
-            del self._active[site.name]

@@ -128,13 +128,14 @@ class Staging:
                 if k not in seen:
                     self.write(rows[k], tensors[k], histogram)
             rows, tensors = [rows[k] for k in fresh], [tensors[k] for k in fresh]
-        spines_into(tensors, self.spines, rows, self.backend)
-        self.fired[rows] += 1
-        if histogram:  # every histogram_every steps: per tensor is fine
-            for r, t in zip(rows, tensors):
-                counts = reduce_histograms([t], self.descriptor, backend=self.backend)
-                self.hist.select(0, r).copy_(counts.select(0, 0))
+        if histogram:  # spine and histogram of each tensor in one read, one native call
+            spines_into(
+                tensors, self.spines, rows, self.backend, hist=self.hist, descriptor=self.descriptor
+            )
             self.hist_fired[rows] = True
+        else:
+            spines_into(tensors, self.spines, rows, self.backend)
+        self.fired[rows] += 1
 
     def to_host(self, with_histograms: bool) -> tuple[np.ndarray, np.ndarray | None]:
         """Copy the spine buffer (and the histogram buffer on histogram steps) to the host."""

@@ -154,6 +154,16 @@ class OptimizerSteps:
         state = self.host._recording()
         if state is None or self._outside_transaction():
             return
+        t0, charged = time.perf_counter(), state.telemetry_s
+        try:
+            self._pre_step(state, watch, closure)
+        finally:  # the hook's own Python, beyond the reductions it charged (auto cadence)
+            state.hook_calls += 1
+            state.hook_s += time.perf_counter() - t0 - (state.telemetry_s - charged)
+
+    def _pre_step(
+        self, state: StepState, watch: OptimizerWatch, closure: Callable[[], Any] | None
+    ) -> None:
         txn = self.host._txn_open
         # implicit spelling: known only when the scaler was given to the collector
         scaler = self.host._scaler if txn else self.implicit_scaler
@@ -182,13 +192,17 @@ class OptimizerSteps:
             self._discard_stray_step(watch, state)
             return
         state.stepped = True
-        t0 = time.perf_counter()
-        with internal_scope("collector.post_step"):
-            deltas = list(self.updates.deltas(watch.owned("update")))
-        if deltas:  # the sampling is telemetry too (its pre-step half is charged as well)
-            state.charge("update", time.perf_counter() - t0)
-        self.reducer.reduce_many("update", deltas)
+        t_hook, charged = time.perf_counter(), state.telemetry_s
+        if "update" in self.streams and state.spine_due["update"]:
+            t0 = time.perf_counter()
+            with internal_scope("collector.post_step"):
+                deltas = list(self.updates.deltas(watch.owned("update")))
+            if deltas:  # the sampling is telemetry too (its pre-step half is charged as well)
+                state.charge("update", time.perf_counter() - t0)
+            self.reducer.reduce_many("update", deltas)
         self.take_parameters(watch.owned("parameter"))
+        state.hook_calls += 1
+        state.hook_s += time.perf_counter() - t_hook - (state.telemetry_s - charged)
         if not self.host._txn_open:  # implicit spelling: the optimizer step ends the step
             self.take_parameters(self.by_stream.get("parameter", []))  # frozen ones too
             self.host._finish_step(StepProvenance.IMPLICIT)
@@ -208,6 +222,12 @@ class OptimizerSteps:
         state = self.host._state
         if state is None or "gradient" not in self.streams:
             return
+        if not state.spine_due["gradient"]:  # nothing is read; the step's scaling is still noted
+            if not state.grads_taken and any(
+                r.param is not None and r.param.grad is not None for r in rows
+            ):
+                state.grads_taken, state.scale_grad = True, phase_scale
+            return
         pairs = []
         for row in rows:
             grad = None if row.param is None else row.param.grad
@@ -221,7 +241,7 @@ class OptimizerSteps:
     def take_parameters(self, rows: Sequence[Row]) -> None:
         """Read the values of ``rows`` not read yet this step."""
         state = self.host._state
-        if state is None:
+        if state is None or not state.spine_due.get("parameter", False):
             return
         pairs: list[tuple[Row, torch.Tensor]] = []
         for row in rows:

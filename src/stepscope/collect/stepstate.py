@@ -53,6 +53,9 @@ class StepState:
     window_from: float = 0.0  # telemetry_s when the step's training-clock window opened
     carried_s: float = 0.0  # the previous step's write/commit/publish, charged to this step
     stream_s: dict[str, float] = field(default_factory=dict)  # reduction seconds per stream
+    activations_quiet: bool = False  # neither activation stream is due: hooks return at once
+    hook_s: float = 0.0  # seconds inside the collector's hooks not charged as telemetry
+    hook_calls: int = 0  # module and optimizer hook calls (each also pays torch's dispatch)
     unsupported: dict[int, str] = field(default_factory=dict)  # row index -> reason
     row_notes: dict[int, str] = field(default_factory=dict)  # row index -> extra disclosure
     failed: dict[int, str] = field(default_factory=dict)  # row index -> exception type

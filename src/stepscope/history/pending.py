@@ -1,0 +1,171 @@
+"""The rows an :class:`~stepscope.history.ArtifactWriter` holds between commits, and their chunks.
+
+:class:`PendingRows` collects encoded step blocks, observation and histogram rows and scalar
+rows; at a commit :meth:`PendingRows.tables` names the tables that become chunk files, and
+:func:`write_chunk` writes one (temporary file, fsync, rename) and returns its index entry.
+While commits fail on the disk, :meth:`PendingRows.drop_oldest_payloads` bounds what stays in
+RAM: the oldest steps' cells become ``budget_dropped`` rows disclosed ``disk_fault``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from stepscope.errors import Refusal
+from stepscope.history.batch import code_of
+from stepscope.history.files import atomic_write_bytes
+from stepscope.history.layout import SCALAR_DTYPE, encode_steps, narrow_histograms, npy_bytes
+from stepscope.history.schema import Presence, StepBlockRecord
+
+
+@dataclass(frozen=True)
+class CloseReport:
+    """What :meth:`ArtifactWriter.close` left on disk.
+
+    ``uncommitted_steps`` steps were written but could not be committed (the disk kept failing);
+    ``dropped_steps`` steps had their payload dropped (disclosed ``disk_fault`` rows, if later
+    committed); ``faults`` are the ``history_disk_fault`` refusals, oldest first.
+    """
+
+    committed_step: int | None
+    uncommitted_steps: int
+    dropped_steps: int
+    faults: tuple[Refusal, ...]
+
+    @property
+    def ok(self) -> bool:
+        """Everything written was committed and nothing was dropped."""
+        return not self.uncommitted_steps and not self.dropped_steps
+
+
+def check_commit_policy(steps: Any, seconds: Any, pending: Any) -> None:
+    """Refuse a commit policy that is not ``commit_steps >= 1``, ``commit_seconds > 0`` (finite)
+    or ``None``, and ``max_pending_steps >= 1`` or ``None``."""
+    for name, v in (("commit_steps", steps), ("max_pending_steps", pending)):
+        if v is None and name == "max_pending_steps":
+            continue
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise TypeError(f"{name} must be an int, not {type(v).__name__}")
+        if v < 1:
+            raise Refusal("settings_invalid", f"{name} must be >= 1, not {v}.")
+    if seconds is not None:
+        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
+            raise TypeError(
+                f"commit_seconds must be a number or None, not {type(seconds).__name__}"
+            )
+        if not (seconds > 0 and seconds != float("inf")):
+            raise Refusal(
+                "settings_invalid", f"commit_seconds must be finite and > 0, not {seconds}."
+            )
+
+
+def check_unique(encoded: list[tuple[np.ndarray, np.ndarray | None]]) -> None:
+    """Refuse ``stat_payload_invalid`` when a (site, stream, phase, micro_batch) cell repeats."""
+    if len(encoded) < 2:
+        return
+    # one int64 key per cell: site | micro_batch | stream | phase (cheaper than a record sort)
+    keys = np.concatenate(
+        [
+            (e[0]["site"].astype(np.int64) << 32)
+            | ((e[0]["micro_batch"].astype(np.int64) + 1) << 16)
+            | (e[0]["stream"].astype(np.int64) << 8)
+            | e[0]["phase"].astype(np.int64)
+            for e in encoded
+        ]
+    )
+    if len(np.unique(keys)) != len(keys):
+        raise Refusal(
+            "stat_payload_invalid",
+            "a (site, stream, phase, micro_batch) cell appears twice in one step.",
+            ["send each cell once per step"],
+        )
+
+
+@dataclass
+class PendingRows:
+    """Encoded rows written since the last commit, grouped by table and stream."""
+
+    steps: list[StepBlockRecord] = field(default_factory=list)
+    obs: dict[str, list[np.ndarray]] = field(default_factory=dict)
+    hist: dict[str, list[np.ndarray]] = field(default_factory=dict)
+    scalars: list[tuple[int, int, float]] = field(default_factory=list)
+    dropped_seen: set[int] = field(default_factory=set)
+
+    def __bool__(self) -> bool:
+        return bool(self.steps or self.scalars)
+
+    def add(self, stream: str, obs: np.ndarray, hist: np.ndarray | None) -> None:
+        """Keep one encoded batch of ``stream`` (observation rows, histogram rows or None)."""
+        self.obs.setdefault(stream, []).append(obs)
+        if hist is not None:
+            self.hist.setdefault(stream, []).append(hist)
+
+    def step_range(self) -> tuple[int, int]:
+        """The lowest and highest step of every pending step block and scalar row."""
+        steps = [b.optimizer_step for b in self.steps] + [s[0] for s in self.scalars]
+        return min(steps), max(steps)
+
+    def tables(self) -> list[tuple[str, str | None, np.ndarray]]:
+        """``(table, stream, rows)`` of each chunk a commit writes, step blocks first."""
+        out: list[tuple[str, str | None, np.ndarray]] = [("steps", None, encode_steps(self.steps))]
+        for stream, parts in self.obs.items():
+            out.append(("observations", stream, np.concatenate(parts)))
+        for stream, parts in self.hist.items():
+            out.append(("histograms", stream, np.concatenate(parts)))  # narrowed on write
+        if self.scalars:
+            out.append(("scalars", None, np.array(self.scalars, dtype=SCALAR_DTYPE)))
+        return out
+
+    def drop_oldest_payloads(self, max_pending_steps: int, disclosure: int) -> int:
+        """Keep at most ``max_pending_steps`` steps' payloads; older cells become
+        ``budget_dropped`` rows with ``disclosure``. Returns the steps newly dropped."""
+        excess = len(self.steps) - max_pending_steps
+        if excess <= 0:
+            return 0
+        last_dropped = self.steps[excess - 1].optimizer_step
+        dropped_code = code_of(Presence.BUDGET_DROPPED)
+        for parts in self.obs.values():
+            for arr in parts:
+                if not len(arr) or arr["step"][0] > last_dropped:
+                    continue
+                sel = (arr["step"] <= last_dropped) & (arr["presence"] != dropped_code)
+                arr["presence"][sel] = dropped_code
+                arr["spine"][sel] = np.nan
+                arr["disclosure"][sel] = disclosure
+                arr["rdtype"][sel] = 0
+        for stream, parts in self.hist.items():
+            self.hist[stream] = [a[a["step"] > last_dropped] for a in parts]
+        newly = sum(1 for b in self.steps[:excess] if b.optimizer_step not in self.dropped_seen)
+        self.dropped_seen.update(b.optimizer_step for b in self.steps[:excess])
+        return newly
+
+
+def write_chunk(
+    chunks: Path, prefix: str, table: str, stream: str | None, arr: np.ndarray, durable: bool
+) -> dict[str, Any]:
+    """Write one chunk file under ``chunks`` and return its index entry (name, rows, sha256)."""
+    name = f"{prefix}-{table}" + (f"-{stream}" if stream else "") + ".npy"
+    counts_dtype = None
+    if table == "histograms":
+        arr, counts_dtype = narrow_histograms(arr)
+    data = npy_bytes(arr)
+    # temp + fsync + rename; the chunks/ directory is fsynced once per commit by the caller
+    atomic_write_bytes(chunks / name, data, durable=durable, sync_dir=False)
+    entry: dict[str, Any] = {
+        "name": name,
+        "table": table,
+        "stream": stream,
+        "rows": len(arr),
+        "bytes": len(data),
+        "sha256": hashlib.sha256(data).hexdigest(),
+    }
+    if counts_dtype is not None:
+        entry["counts_dtype"] = counts_dtype
+    if table in ("observations", "histograms") and len(arr):
+        entry["site_lo"], entry["site_hi"] = int(arr["site"].min()), int(arr["site"].max())
+    return entry

@@ -1,0 +1,104 @@
+"""The growing part of ``catalog.json``: series (sites), scalar names and disclosure sets.
+
+:class:`SiteTable` is the base of :class:`~stepscope.history.ArtifactWriter`, which writes it to
+``catalog.json`` before any index row that names a new id (``catalog_dirty``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from stepscope.errors import Refusal
+from stepscope.history.schema import SiteRecord
+
+
+class SiteTable:
+    """Series records with topology-drift handling, and the interned scalar names and
+    disclosure sets that rows refer to by index.
+
+    A site name bound to a *different* structure ends that series (``ended_reason=
+    "topology_drift"``) and opens a new one; a name is never re-bound to another series.
+
+    >>> t = SiteTable()
+    >>> a = t.register_site("fc", "torch.nn.Linear", "f32[4,3]", step=0)
+    >>> t.register_site("fc", "torch.nn.Linear", "f32[4,3]", step=5) == a
+    True
+    >>> b = t.register_site("fc", "torch.nn.Linear", "f32[8,3]", step=7)
+    >>> (b, t.sites[a].ended_step, t.sites[a].ended_reason)
+    (1, 7, 'topology_drift')
+    """
+
+    def __init__(self) -> None:
+        self.sites: list[SiteRecord] = []
+        self.scalar_names: list[str] = []
+        self.disclosures: list[tuple[str, ...]] = []
+        self._active: dict[str, int] = {}  # site name -> open series id
+        self._last_step: int | None = None
+        self._catalog_dirty = False
+
+    def register_site(
+        self,
+        name: str,
+        module_type: str,
+        signature: str,
+        label: str | None = None,
+        step: int | None = None,
+    ) -> int:
+        """Return the series id for this structure, starting a new series on topology drift.
+
+        A site whose name is already bound to a *different* structure ends that series
+        (``ended_reason="topology_drift"``, at ``step``, else the next step) and opens a new
+        one; it never re-binds.
+        """
+        self._check_open()
+        current = self._active.get(name)
+        if current is not None:
+            site = self.sites[current]
+            if site.structure == (name, module_type, signature):
+                return current
+            self.end_site(
+                current, step if step is not None else self._next_step(), "topology_drift"
+            )
+        site_id = len(self.sites)
+        self.sites.append(SiteRecord(site_id, name, module_type, signature, label, step))
+        self._active[name] = site_id
+        self._catalog_dirty = True
+        return site_id
+
+    def add_site_record(self, site: SiteRecord) -> int:
+        """Append a copy of ``site`` as a new series as-is (for merges and copies); returns its id."""
+        self._check_open()
+        site_id = len(self.sites)
+        self.sites.append(replace(site, site_id=site_id))
+        if site.ended_step is None:
+            self._active[site.name] = site_id
+        self._catalog_dirty = True
+        return site_id
+
+    def end_site(self, site_id: int, step: int, reason: str) -> None:
+        """Close a series at ``step`` (exclusive) with a reason."""
+        site = self._site(site_id)
+        self.sites[site_id] = replace(site, ended_step=int(step), ended_reason=reason)
+        if self._active.get(site.name) == site_id:  # an older series never unbinds the name
+            del self._active[site.name]
+        self._catalog_dirty = True
+
+    def _check_open(self) -> None:
+        """A subclass refuses changes once it is closed."""
+
+    def _site(self, site_id: int) -> SiteRecord:
+        if not 0 <= site_id < len(self.sites):
+            raise Refusal("history_series_unknown", f"site id {site_id} is not registered.")
+        return self.sites[site_id]
+
+    def _next_step(self) -> int:
+        return 0 if self._last_step is None else self._last_step + 1
+
+    def _intern(self, table: list, value: Any) -> int:
+        try:
+            return table.index(value)
+        except ValueError:
+            table.append(value)
+            self._catalog_dirty = True
+            return len(table) - 1
