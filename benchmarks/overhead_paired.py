@@ -1,7 +1,7 @@
 """Two arms only — the unobserved control and one collector — for a steadier overhead figure.
 
-Run:  .venv/bin/python benchmarks/overhead_paired.py [--models resnet gpt] [--cadence default auto]
-                                                     [--steps 60] [--warmup 22] [--threads 1]
+Run:  .venv/bin/python -m benchmarks.overhead_paired [--models resnet gpt] [--cadence default auto]
+                                                       [--steps 60] [--warmup 22] [--threads 1]
       (``--cadence 20``: every stream's spine every 20 steps, histograms every 200)
 
 ``benchmarks/overhead.py`` interleaves up to seven model copies, whose caches evict each other;
@@ -22,7 +22,7 @@ import time
 
 import torch
 
-from overhead import MODELS, Arm
+from benchmarks.overhead import MODELS, Arm
 from stepscope.collect import Cadence, HistoryCollector, WatchSettings
 
 
