@@ -58,14 +58,7 @@ def block_record(
         update_steps_verified=upd.steps_verified if upd else None,
     )
     return BlockRecord(
-        fisher_trace=moments.fisher_trace,
-        mean_grad_sq_norm=moments.mean_grad_sq_norm,
-        covariance_trace=moments.covariance_trace,
-        gradient_diversity=moments.gradient_diversity,
-        gradient_diversity_legacy_scale=moments.gradient_diversity_legacy_scale,
-        grad_norm_rms=moments.grad_norm_rms,
-        grad_norm_quantiles=moments.grad_norm_quantiles,
-        grad_fro_legacy_scale=moments.grad_fro_legacy_scale,
+        **moments.moment_fields(),
         param_l2=param_l2[key],
         displacement_from_init=from_init.get(key),
         delta_since_snapshot=since.get(key) if has_delta else None,

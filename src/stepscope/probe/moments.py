@@ -30,7 +30,7 @@ Example
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import numpy as np
@@ -108,7 +108,26 @@ def per_example_sq_norms(a: torch.Tensor, b: torch.Tensor, method: str = "auto")
 
 
 @dataclass(frozen=True)
-class GradientMoments:
+class MomentFields:
+    """The gradient-moment fields, declared once: :class:`GradientMoments` defines them and
+    :class:`stepscope.probe.recorder.BlockRecord` carries them flat beside its distances."""
+
+    fisher_trace: float | None
+    mean_grad_sq_norm: float | None
+    covariance_trace: float | None
+    gradient_diversity: float | None
+    gradient_diversity_legacy_scale: float | None
+    grad_norm_rms: float | None
+    grad_norm_quantiles: dict[str, float] | None
+    grad_fro_legacy_scale: float | None
+
+    def moment_fields(self) -> dict[str, Any]:
+        """The eight moment fields by name (what a :class:`BlockRecord` copies)."""
+        return {f.name: getattr(self, f.name) for f in fields(MomentFields)}
+
+
+@dataclass(frozen=True)
+class GradientMoments(MomentFields):
     """Host-side gradient moments of one parameter block (float64 arithmetic on n scalars).
 
     Attributes
@@ -137,14 +156,6 @@ class GradientMoments:
         The counts and denominators behind every ratio above.
     """
 
-    fisher_trace: float | None
-    mean_grad_sq_norm: float | None
-    covariance_trace: float | None
-    gradient_diversity: float | None
-    gradient_diversity_legacy_scale: float | None
-    grad_norm_rms: float | None
-    grad_norm_quantiles: dict[str, float] | None
-    grad_fro_legacy_scale: float | None
     validity: dict[str, Any] = field(default_factory=dict)
 
 

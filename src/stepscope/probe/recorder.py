@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stepscope.probe.legacy import OMITTED_LEGACY, legacy_names
+from stepscope.probe.moments import MomentFields
 
 
 @dataclass(frozen=True)
@@ -77,21 +78,13 @@ class ModelRecord:
 
 
 @dataclass(frozen=True)
-class BlockRecord:
+class BlockRecord(MomentFields):
     """Gradient moments and parameter distances of one parameter tensor (weight or bias).
 
     Gradient moments are defined in :mod:`stepscope.probe.moments`; distances in
     :mod:`stepscope.probe.state`. ``update_ratio = update / ||W_before||``.
     """
 
-    fisher_trace: float | None
-    mean_grad_sq_norm: float | None
-    covariance_trace: float | None
-    gradient_diversity: float | None
-    gradient_diversity_legacy_scale: float | None
-    grad_norm_rms: float | None
-    grad_norm_quantiles: dict[str, float] | None
-    grad_fro_legacy_scale: float | None
     param_l2: float
     displacement_from_init: float | None
     delta_since_snapshot: float | None
