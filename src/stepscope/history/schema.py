@@ -1,7 +1,8 @@
 """The per-step history schema: four normalised record layers with a JSON round trip.
 
 * :class:`RunRecord` — one segment of a run: identity, resume ancestry, fingerprint, versions,
-  histogram descriptor, cadences, budgets, device, rank/world.
+  histogram descriptor, cadences, budgets, device, rank/world (in
+  :mod:`stepscope.history.runrecord`, importable from here).
 * :class:`SiteRecord` — the stable *structural* identity of an observed site (qualified module
   name, module type, output signature). Labels are display only. Topology drift ends a series
   (``ended_step``/``ended_reason``) and starts a new one; a series is never re-bound.
@@ -21,15 +22,14 @@ True
 from __future__ import annotations
 
 import math
-import time
-import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from stepscope._version import __version__
 from stepscope.codec import parse_enum
 from stepscope.errors import Refusal
+from stepscope.history.fields import _need, _opt
+from stepscope.history.runrecord import FORMAT, SCHEMA_VERSION, RunRecord, package_versions
 from stepscope.history.vocab import (
     GRADIENT_STREAMS,
     Phase,
@@ -39,9 +39,9 @@ from stepscope.history.vocab import (
     Stream,
     Tristate,
 )
-from stepscope.stats import Histogram, HistogramDescriptor, RunningStats
+from stepscope.stats import Histogram, RunningStats
 
-__all__ = [
+__all__ = [  # the run record's names stay importable from here (older imports)
     "FORMAT",
     "GRADIENT_STREAMS",
     "SCHEMA_VERSION",
@@ -58,165 +58,6 @@ __all__ = [
     "Tristate",
     "package_versions",
 ]
-
-#: Artifact format name and the schema version this code writes and reads.
-FORMAT = "stepscope.history.v1"
-SCHEMA_VERSION = 1
-
-
-def _need(d: Mapping[str, Any], key: str, kind: type | tuple[type, ...], what: str) -> Any:
-    if not isinstance(d, Mapping) or key not in d:
-        raise Refusal(
-            "history_json_invalid",
-            f"{what} lacks the field {key!r}.",
-            ["rewrite the record with this stepscope version", "check the file was not truncated"],
-        )
-    value = d[key]
-    if not isinstance(value, kind) or (isinstance(value, bool) and bool not in _as_tuple(kind)):
-        raise Refusal(
-            "history_json_invalid",
-            f"{what} field {key!r} has type {type(value).__name__}.",
-            ["check the file was not edited or truncated"],
-        )
-    return value
-
-
-def _finite(value: int | float, key: str, what: str) -> float:
-    try:
-        out = float(value)
-    except OverflowError:
-        out = math.inf
-    if not math.isfinite(out):
-        raise Refusal("history_json_invalid", f"{what} field {key!r} is not a finite number.", [])
-    return out
-
-
-def _as_tuple(kind: type | tuple[type, ...]) -> tuple[type, ...]:
-    return kind if isinstance(kind, tuple) else (kind,)
-
-
-def _opt(d: Mapping[str, Any], key: str, kind: type | tuple[type, ...], what: str) -> Any:
-    if d.get(key) is None:
-        return None
-    return _need(d, key, kind, what)
-
-
-def _mapping(d: Mapping[str, Any], key: str, what: str) -> dict[str, Any]:
-    value = d.get(key, {})
-    if not isinstance(value, Mapping):
-        raise Refusal("history_json_invalid", f"{what} field {key!r} is not an object.", [])
-    return dict(value)
-
-
-@dataclass(frozen=True)
-class RunRecord:
-    """One segment of a run (a fresh start or a resume) and everything needed to read it.
-
-    Parameters
-    ----------
-    run_id, segment_id
-        The run and this segment's identity; a resumed segment has a new ``segment_id``.
-    parent_segment, resumed_at_step
-        Resume ancestry (``None`` for the first segment).
-    model_fingerprint
-        :func:`stepscope.history.model_fingerprint` of the model, or ``None`` if not given.
-    histogram_descriptor
-        ``HistogramDescriptor.to_dict()`` of every histogram in the run.
-    extra
-        JSON-safe extension room (e.g. overhead ``measurements`` recorded by later layers).
-
-    Example
-    -------
-    >>> r = RunRecord.new(run_id="demo")
-    >>> RunRecord.from_dict(r.to_dict()) == r
-    True
-    """
-
-    run_id: str
-    segment_id: str
-    schema_version: int = SCHEMA_VERSION
-    parent_segment: str | None = None
-    resumed_at_step: int | None = None
-    model_fingerprint: str | None = None
-    packages: Mapping[str, str] = field(default_factory=dict)
-    histogram_descriptor: Mapping[str, Any] = field(default_factory=dict)
-    cadences: Mapping[str, int] = field(default_factory=dict)
-    budgets: Mapping[str, float] = field(default_factory=dict)
-    device: str = "cpu"
-    rank: int = 0
-    world_size: int = 1
-    created_unix: float = 0.0
-    extra: Mapping[str, Any] = field(default_factory=dict)
-
-    @classmethod
-    def new(cls, run_id: str | None = None, **fields: Any) -> RunRecord:
-        """A first segment with fresh ids, current package versions and creation time."""
-        fields.setdefault("packages", package_versions())
-        fields.setdefault("created_unix", time.time())
-        if "histogram_descriptor" not in fields:
-            fields["histogram_descriptor"] = _default_descriptor()
-        return cls(run_id=run_id or uuid.uuid4().hex[:12], segment_id=_new_segment_id(), **fields)
-
-    def resumed(self, at_step: int) -> RunRecord:
-        """The record of a new segment that resumes this one at ``at_step``."""
-        d = self.to_dict()
-        d.update(
-            segment_id=_new_segment_id(),
-            parent_segment=self.segment_id,
-            resumed_at_step=int(at_step),
-            packages=package_versions(),
-            created_unix=time.time(),
-        )
-        return RunRecord.from_dict(d)
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-safe dictionary."""
-        return {
-            "schema_version": self.schema_version,
-            "run_id": self.run_id,
-            "segment_id": self.segment_id,
-            "parent_segment": self.parent_segment,
-            "resumed_at_step": self.resumed_at_step,
-            "model_fingerprint": self.model_fingerprint,
-            "packages": dict(self.packages),
-            "histogram_descriptor": dict(self.histogram_descriptor),
-            "cadences": dict(self.cadences),
-            "budgets": dict(self.budgets),
-            "device": self.device,
-            "rank": self.rank,
-            "world_size": self.world_size,
-            "created_unix": self.created_unix,
-            "extra": dict(self.extra),
-        }
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> RunRecord:
-        """Inverse of :meth:`to_dict`; malformed input refuses ``history_json_invalid``."""
-        w = "run record"
-        version = _need(d, "schema_version", int, w)
-        if version != SCHEMA_VERSION:
-            raise Refusal(
-                "history_schema_unsupported",
-                f"run record has schema version {version}; this stepscope reads {SCHEMA_VERSION}.",
-                ["open it with the stepscope version that wrote it"],
-            )
-        return cls(
-            schema_version=version,
-            run_id=_need(d, "run_id", str, w),
-            segment_id=_need(d, "segment_id", str, w),
-            parent_segment=_opt(d, "parent_segment", str, w),
-            resumed_at_step=_opt(d, "resumed_at_step", int, w),
-            model_fingerprint=_opt(d, "model_fingerprint", str, w),
-            packages=_mapping(d, "packages", w),
-            histogram_descriptor=_mapping(d, "histogram_descriptor", w),
-            cadences=_mapping(d, "cadences", w),
-            budgets=_mapping(d, "budgets", w),
-            device=_need(d, "device", str, w),
-            rank=_need(d, "rank", int, w),
-            world_size=_need(d, "world_size", int, w),
-            created_unix=_finite(_need(d, "created_unix", (int, float), w), "created_unix", w),
-            extra=_mapping(d, "extra", w),
-        )
 
 
 @dataclass(frozen=True)
@@ -420,26 +261,3 @@ class ObservationRecord:
                 f"a {self.stream.value} record must say whether it was loss-scaled.",
                 ["pass scale_grad='scaled', 'unscaled' or 'unknown'"],
             )
-
-
-def package_versions() -> dict[str, str]:
-    """Versions of python, torch, numpy and stepscope in this process."""
-    import platform
-
-    import numpy
-    import torch  # its version only; history itself does not need torch
-
-    return {
-        "python": platform.python_version(),
-        "torch": str(torch.__version__),
-        "numpy": numpy.__version__,
-        "stepscope": __version__,
-    }
-
-
-def _new_segment_id() -> str:
-    return uuid.uuid4().hex[:16]
-
-
-def _default_descriptor() -> dict[str, Any]:
-    return HistogramDescriptor().to_dict()
