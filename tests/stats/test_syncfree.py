@@ -18,12 +18,12 @@ from stepscope.collect.staging import Staging
 from stepscope.stats import (
     SPINE_WIDTH,
     HistogramDescriptor,
+    _triton,
     binning,
     merge_spine_rows,
     reduce_histograms,
     reduce_spines,
 )
-from stepscope.stats import reduce as reduce_mod
 
 aten = torch.ops.aten
 SYNCING = {
@@ -66,7 +66,7 @@ def fake_cuda(monkeypatch):
     The Triton kernel cannot launch on fake tensors: its host side (grid from the shape, no
     data read) is audited separately, its combine pass in ``test_triton_combine_is_sync_free``.
     """
-    monkeypatch.setattr(reduce_mod._triton, "available", lambda device: False)
+    monkeypatch.setattr(_triton, "available", lambda device: False)
     binning.device_tables.cache_clear()
     with FakeTensorMode(allow_non_fake_inputs=True) as mode:
         yield mode
@@ -145,5 +145,5 @@ def test_the_audit_catches_a_host_sync(fake_cuda):
 def test_triton_combine_is_sync_free(fake_cuda):
     """Pass 2 of the fused device kernel: block partials -> spine row, device ops only."""
     part = torch.empty(37, 12, dtype=torch.float64, device="cuda")
-    audit = audited(lambda: reduce_mod._triton._combine(part, 37 * 1024 - 5))
+    audit = audited(lambda: _triton._combine(part, 37 * 1024 - 5))
     assert audit.ops and audit.violations == []

@@ -27,9 +27,9 @@ if TYPE_CHECKING:  # what the lazy table below resolves to, spelled out for type
     from stepscope.stats.reduce import merge_spine_rows as merge_spine_rows
     from stepscope.stats.reduce import reduce_histograms as reduce_histograms
     from stepscope.stats.reduce import reduce_spines as reduce_spines
-    from stepscope.stats.reduce import spine_and_histogram_into as spine_and_histogram_into
-    from stepscope.stats.reduce import spine_into as spine_into
     from stepscope.stats.reduce import spines_into as spines_into
+    from stepscope.stats.spinerow import spine_and_histogram_into as spine_and_histogram_into
+    from stepscope.stats.spinerow import spine_into as spine_into
 
 #: public name -> the module that defines it (imported on first access: it imports torch)
 _LAZY: dict[str, str] = {
@@ -40,8 +40,8 @@ _LAZY: dict[str, str] = {
     "merge_spine_rows": "stepscope.stats.reduce",
     "reduce_histograms": "stepscope.stats.reduce",
     "reduce_spines": "stepscope.stats.reduce",
-    "spine_and_histogram_into": "stepscope.stats.reduce",
-    "spine_into": "stepscope.stats.reduce",
+    "spine_and_histogram_into": "stepscope.stats.spinerow",
+    "spine_into": "stepscope.stats.spinerow",
     "spines_into": "stepscope.stats.reduce",
 }
 
