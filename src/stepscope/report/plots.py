@@ -11,6 +11,10 @@ screens; the HTML sets the display size), lines take the Okabe–Ito colour-blin
 *and* a line style each (:func:`line_style`), legends sit below the axes (or inside, for heatmaps
 and bars) at 8 pt or more.
 
+One module over 400 lines on purpose: every drawing shares the private figure, PNG and
+gap-hatching helpers and the style rules above; split by plot kind, each part would import them
+back.
+
 Example
 -------
 >>> import numpy as np
