@@ -13,7 +13,7 @@ import math
 import pytest
 import torch
 
-from stepscope.curvature import offline
+from stepscope.curvature import offline, pins
 from stepscope.history import files
 
 
@@ -26,7 +26,7 @@ def _strict_json(path):
 
 def test_curvature_uses_the_history_file_helpers():
     assert offline.atomic_write_json is files.atomic_write_json
-    assert offline.sha256_file is files.sha256_file
+    assert pins.sha256_file is files.sha256_file  # the panel's pins hash files with it
 
 
 def test_panel_pins_hash_a_linked_checkpoint_by_its_content(tmp_path):

@@ -11,6 +11,8 @@ match the probe analysed. The aggregate records stepscope's version and the sha2
 analysis source file (:func:`analysis_code_sha256`). After each checkpoint it writes
 ``curvature-{epoch:03d}.json`` and the updated aggregate ``result.json`` atomically (temp file,
 fsync, ``os.replace``, directory fsync) and calls the progress callback.
+The pin checks are in :mod:`stepscope.curvature.pins`; their public names stay importable from
+here.
 
 Budget: before each checkpoint, with :math:`t` the elapsed work time and :math:`d_{\\max}` the
 largest snapshot duration so far, the panel stops with status ``budget_censored`` when
@@ -29,9 +31,7 @@ Example
 
 from __future__ import annotations
 
-import functools
 import hashlib
-import inspect
 import io
 import os
 import time
@@ -44,9 +44,32 @@ import torch
 from torch import Tensor, nn
 
 from stepscope.curvature.analyze import analyze_curvature, probe_sha256
+from stepscope.curvature.pins import (
+    _check_recorder_probe,
+    _pinned_sha256,
+    _tampered,
+    _verify_pins,
+    analysis_code_sha256,
+    factory_source,
+    verify_source_file,
+)
 from stepscope.defaults import DEFAULT_SEED
 from stepscope.errors import Refusal
-from stepscope.history.files import atomic_write_json, sha256_file
+from stepscope.history.files import atomic_write_json
+
+__all__ = [  # the pin checks stay importable from here (older imports)
+    "DEFAULT_WORK_LIMIT_S",
+    "PANEL_SCHEMA",
+    "SAFETY_FACTOR",
+    "SAFETY_MARGIN_S",
+    "ProgressCallback",
+    "analysis_code_sha256",
+    "factory_source",
+    "load_probe",
+    "make_panel_pins",
+    "run_curvature_panel",
+    "verify_source_file",
+]
 
 PANEL_SCHEMA = "stepscope.curvature_panel.v1"
 SAFETY_FACTOR = 1.25
@@ -54,12 +77,6 @@ SAFETY_MARGIN_S = 5.0
 DEFAULT_WORK_LIMIT_S = 420.0
 
 ProgressCallback = Callable[[int, Path, dict[str, Any]], None]
-
-
-def _pinned_sha256(path: str | os.PathLike[str], what: str) -> str:
-    """sha256 of a pinned file's bytes (:func:`stepscope.history.files.sha256_file`; a link is
-    resolved first: a pin names content, not where it is linked from)."""
-    return sha256_file(Path(path).resolve(), what)[0]
 
 
 def load_probe(path: str | os.PathLike[str]) -> tuple[Tensor, Tensor]:
@@ -92,117 +109,6 @@ def make_panel_pins(
         },
         "probe_sha256": probe_sha256(x, y),
     }
-
-
-def factory_source(factory: Callable[..., Any]) -> Path | None:
-    """The source file that defines ``factory`` (through ``functools.partial``), or ``None``."""
-    while isinstance(factory, functools.partial):
-        factory = factory.func
-    try:
-        found = inspect.getsourcefile(factory)
-    except TypeError:
-        return None
-    return Path(found).resolve() if found else None
-
-
-def verify_source_file(path: str | Path, pins: Mapping[str, Any]) -> str:
-    """Check that ``path`` is a pinned source file with its pinned bytes; return its sha256.
-
-    Call this before importing or executing the file. Refuses ``curvature_source_unpinned``
-    (not named by the pins) or ``checkpoint_tampered`` (bytes differ).
-    """
-    target = Path(path).resolve()
-    sources = {
-        Path(p).resolve(): (p, want) for p, want in dict(pins.get("source_sha256") or {}).items()
-    }
-    if target not in sources:
-        raise Refusal(
-            "curvature_source_unpinned",
-            f"the model factory is defined in {str(target)!r}, which the pins do not name "
-            f"(pinned: {sorted(str(p) for p in sources)})",
-            ["pin the file that defines the factory (make_panel_pins / curvature-pin --source)"],
-        )
-    name, want = sources[target]
-    got = _pinned_sha256(target, "model source file") if target.is_file() else "<missing file>"
-    if got != want:
-        raise _tampered("model source file", name, want, got)
-    return got
-
-
-def analysis_code_sha256() -> dict[str, str]:
-    """sha256 of each source file of :mod:`stepscope.curvature` plus ``_combined`` over them."""
-    folder = Path(__file__).resolve().parent
-    files = {p.name: _pinned_sha256(p, "analysis source file") for p in sorted(folder.glob("*.py"))}
-    combined = hashlib.sha256("".join(f"{k}:{v}\n" for k, v in files.items()).encode())
-    return {**files, "_combined": combined.hexdigest()}
-
-
-def _check_recorder_probe(identity: Mapping[str, Any] | None, x: Tensor, y: Tensor) -> None:
-    if identity is None:
-        return
-    got, count = probe_sha256(x, y), int(x.shape[0])
-    if (
-        identity.get("sha256") != got
-        or int(identity.get("count", identity.get("size", -1))) != count
-    ):
-        raise _tampered(
-            "probe vs the recorder's probe identity",
-            "probe.json",
-            f"{identity.get('sha256')} (n={identity.get('count')})",
-            f"{got} (n={count})",
-        )
-
-
-def _tampered(what: str, path: Any, want: str, got: str) -> Refusal:
-    return Refusal(
-        "checkpoint_tampered",
-        f"{what} {str(path)!r} has sha256 {got}, but its pin is {want}",
-        ["restore the pinned file", "or re-pin deliberately and start a new output directory"],
-    )
-
-
-def _verify_pins(
-    pins: Mapping[str, Any],
-    checkpoints: Mapping[int, Path],
-    x: Tensor,
-    y: Tensor,
-    factory: Callable[..., Any],
-) -> None:
-    sources = dict(pins.get("source_sha256") or {})
-    if not sources:
-        raise Refusal(
-            "curvature_input_invalid",
-            "the panel pins name no model source file",
-            ["pin the files that define the model factory (make_panel_pins)"],
-        )
-    for path, want in sources.items():
-        got = (
-            _pinned_sha256(path, "model source file") if Path(path).is_file() else "<missing file>"
-        )
-        if got != want:
-            raise _tampered("model source file", path, want, got)
-    where = factory_source(factory)
-    if where is None:
-        raise Refusal(
-            "curvature_source_unpinned",
-            f"the model factory {factory!r} has no Python source file to check against the pins",
-            ["pass a factory defined in a pinned .py file (a function, class or partial of one)"],
-        )
-    verify_source_file(where, pins)
-    ckpt_pins = {int(k): v for k, v in dict(pins.get("checkpoint_sha256") or {}).items()}
-    for epoch, path in checkpoints.items():
-        if epoch not in ckpt_pins:
-            raise Refusal(
-                "curvature_input_invalid",
-                f"checkpoint for epoch {epoch} has no sha256 pin",
-                ["pin every checkpoint before the run"],
-            )
-        got = _pinned_sha256(path, "checkpoint") if path.is_file() else "<missing file>"
-        if got != ckpt_pins[epoch]:
-            raise _tampered("checkpoint", path, ckpt_pins[epoch], got)
-    got = probe_sha256(x, y)
-    if got != pins.get("probe_sha256"):
-        raise _tampered("probe", "probe (x, y bytes)", str(pins.get("probe_sha256")), got)
 
 
 def _load_checkpoint(path: Path, want: str, factory: Callable[[], nn.Module]) -> nn.Module:
