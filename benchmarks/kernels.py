@@ -137,7 +137,8 @@ DATA = {
 def print_against(path: str, sizes: list[int], data: list[str], repeats: int, desc) -> None:
     """This build's float32 spine and histogram entry points beside another build's."""
     from stepscope.stats import _native
-    from stepscope.stats.reduce import _F32, _tables
+    from stepscope.stats.binning import F32 as _F32
+    from stepscope.stats.binning import slot_tables as _tables
 
     new = _native.load()
     if new is None:

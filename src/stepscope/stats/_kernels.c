@@ -518,7 +518,7 @@ void stepscope_spine_hist_f32(const float *x, int64_t n, const int32_t *table, c
 
 /* Spines and histograms of many tensors in one call (a stream's due tensors on a histogram
  * step). kinds[i] is 0 for float32 and 1 for float64; tables[kind], thrs[kind] and nthrs[kind]
- * are that format's slot table and mantissa thresholds (reduce.py's _tables). Each spine row is
+ * are that format's slot table and mantissa thresholds (stats/binning.py's slot_tables). Each spine row is
  * written, each histogram row overwritten. */
 void stepscope_spine_hist_many(int64_t count, const void *const *ptrs, const int64_t *ns,
                                const int32_t *kinds, int nthreads, double *const *spine_outs,
