@@ -309,6 +309,7 @@ class HistoryCollector(UserLog):
         )
         due = state.spine_due
         state.activations_quiet = not (due.get("activation") or due.get("activation_grad"))
+        self._sites.rest(state.activations_quiet)  # quiet: module hooks off (torch's fast path)
         self._state = state
         self.clock.begin(step)
         self._reducer.reset()
