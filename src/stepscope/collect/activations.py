@@ -264,6 +264,8 @@ class ActivationSites:
             for rows in self.rows.values():
                 for r in rows.values():
                     state.unsupported.setdefault(r.index, "torch_compile")
+        if state.activations_quiet:  # no activation row is due: none is registered now
+            return
         for rows in self.rows.values():
             todo = [r for r in rows.values() if r.site_id is None and state.spine_due[r.stream]]
             if todo:
