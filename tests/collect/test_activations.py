@@ -219,3 +219,46 @@ def test_quiet_steps_return_early_yet_a_module_first_run_then_is_recorded_when_d
     assert not np.isfinite(s.values[0])
     np.testing.assert_allclose(s.values[1:], [seen[10], seen[20]], rtol=1e-6)
     assert calls[5] == calls[15] > 0  # quiet steps still count their hook calls (auto cadence)
+
+
+def test_quiet_steps_take_the_module_hooks_off_and_keep_the_order_of_hooks(tmp_path):
+    """On a quiet step a module whose only forward hook is the collector's runs hook-free (torch's
+    fast path); a module with another hook keeps the collector's; a hook registered during a
+    quiet step still runs after the collector's on a due step, as it would have without the rest."""
+    torch.manual_seed(0)
+    net = Net()
+    opt = torch.optim.SGD(net.parameters(), lr=0.01)
+    b_seen: dict[int, float] = {}
+    step = 0
+    net.b.register_forward_hook(lambda m, i, o: b_seen.__setitem__(step, o.double().sum().item()))
+    c = HistoryCollector(
+        net,
+        streams=("activation",),
+        cadence=Cadence(5, None),
+        settings=WatchSettings(output_dir=str(tmp_path / "run")),
+    )
+    a_seen: dict[int, float] = {}
+    hooks_on_a = []
+
+    def doubling(m, i, o):  # changes a's output: the collector must record what a returned
+        a_seen[step] = o.double().sum().item()
+        return o * 2
+
+    for step in range(11):
+        if step == 2:  # a quiet step: registered while the collector's hook is off
+            net.a.register_forward_hook(doubling)
+        hooks_on_a.append(len(net.a._forward_hooks))
+        with c.step(opt):
+            net(torch.randn(2, 3)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+    c.close()
+    # step 0 discovers (hooks on); off on a at quiet step 1, on again (in front) at due step 5;
+    # from then on a has another hook too, so the collector's stays
+    assert hooks_on_a == [1, 0, 1, 1, 1, 2, 2, 2, 2, 2, 2]
+    assert len(net.a._forward_hooks) == 1 and len(net.b._forward_hooks) == 1  # ours removed
+    h = open_history(tmp_path / "run")
+    a, b = h.series("a", "activation", "sum"), h.series("b", "activation", "sum")
+    assert a.steps.tolist() == b.steps.tolist() == [0, 5, 10]
+    np.testing.assert_allclose(a.values[1:], [a_seen[5], a_seen[10]], rtol=1e-6)
+    np.testing.assert_allclose(b.values, [b_seen[0], b_seen[5], b_seen[10]], rtol=1e-6)

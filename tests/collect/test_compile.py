@@ -45,3 +45,28 @@ def test_compiled_models_train_without_graph_breaks_from_the_collector(order):
     grad = by_stream["gradient"]
     assert all(member_of(Presence, p) is Presence.OBSERVED for p in grad.presence)
     assert grad.spines[0][11] == grads[-1]  # sum_squares of 0.weight's gradient
+
+
+def test_a_model_compiled_on_a_quiet_step_still_reads_unsupported_when_due():
+    """Quiet steps take the module hooks off; a model compiled then (traced without them) is
+    still noticed by the model's own hooks, so due steps read ``torch_compile``, never absent."""
+    torch._dynamo.reset()
+    model = make()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    c = HistoryCollector(model, cadence=Cadence(3, None))
+    compiled = None
+    presence = {}
+    for step in range(7):
+        if step == 2:  # a quiet step
+            compiled = torch.compile(model, backend="eager")
+        with c.step(opt):
+            loss = (compiled or model)(torch.randn(5, 4)).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        for b in c.last_batches:
+            if b.stream.value == "activation":
+                presence[step] = [member_of(Presence, p) for p in b.presence]
+    c.close()
+    assert presence[0] == [Presence.OBSERVED] * 3
+    assert presence[3] == presence[6] == [Presence.UNSUPPORTED] * 3

@@ -112,3 +112,32 @@ def test_sparse_gradient_is_reduced_over_its_values_with_a_disclosure():
     presence, _, notes = rec[("emb.weight", "gradient", 1)]
     assert presence is Presence.OBSERVED
     assert "sparse_values" in notes
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_rows_between_quiet_steps_equal_those_of_a_collector_that_never_rests(name):
+    """Quiet steps take the module hooks off and skip the surgery check; the rows of the due
+    steps around them are bitwise those of an every-step collector (whose hooks never rest)."""
+    case = CASES[name]
+
+    def every(cadence):
+        def factory(model, opt):
+            return HistoryCollector(
+                model,
+                sites=everything,
+                streams=ALL_STREAMS,
+                cadence=cadence,
+                settings=WatchSettings(update_sample_size=16),
+            )
+
+        return factory
+
+    dense = recorded(train(case, every(Cadence(1, 3)), steps=STEPS)["collector"])
+    sparse = recorded(train(case, every(Cadence(3, 3)), steps=STEPS)["collector"])
+    assert sparse and {k[2] for k in sparse} == {0, 3}
+    for key, (presence, spine, notes) in sparse.items():
+        want = dense[key]
+        assert (presence, notes) == want[0::2], key
+        assert torch.equal(
+            torch.from_numpy(spine).nan_to_num(7.0), torch.from_numpy(want[1]).nan_to_num(7.0)
+        ), key

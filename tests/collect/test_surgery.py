@@ -58,6 +58,39 @@ def test_a_replaced_module_ends_its_series_and_the_new_one_is_observed(tmp_path)
     assert h.series(act, "activation", "max").values[0] == want.max
 
 
+def test_surgery_on_a_quiet_step_ends_the_series_at_the_next_step_that_records(tmp_path):
+    """Nothing is recorded on a step with no stream due, so a module replaced then is found
+    before the next due step: its series ends there and the replacement is observed there."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    c = HistoryCollector(
+        model,
+        streams=("activation", "parameter"),
+        cadence=Cadence(3, None),
+        settings=WatchSettings(output_dir=str(tmp_path / "q")),
+    )
+    seen = []
+    for step in range(4):
+        if step == 1:  # a quiet step (steps 0 and 3 are due)
+            model[2] = torch.nn.Linear(4, 2)
+            opt.add_param_group({"params": list(model[2].parameters())})
+            model[2].register_forward_hook(lambda m, i, o: seen.append(o.detach().clone()))
+        train_step(c, model, opt, torch.randn(5, 3))
+    c.close()
+    h = open_history(tmp_path / "q")
+    ended = {(s.name, s.ended_step, s.ended_reason) for s in h.sites if s.ended_step is not None}
+    assert ended == {("2", 3, "module_replaced"), ("2.weight", 3, "module_replaced"),
+                     ("2.bias", 3, "module_replaced")}  # fmt: skip
+    new = next(s for s in h.sites if s.name == "2.weight" and s.ended_step is None)
+    assert new.started_step == 3
+    assert h.series(new, "parameter", "sum_squares").values.tolist() == [
+        float((model[2].weight.detach().double() ** 2).sum())
+    ]
+    act = next(s for s in h.sites if s.name == "2" and s.ended_step is None)
+    assert h.series(act, "activation", "max").values.tolist() == [Numbers.of(seen[-1:]).max]
+
+
 def test_a_replaced_parameter_ends_its_series_at_the_next_step(tmp_path):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(3, 2))

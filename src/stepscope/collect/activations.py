@@ -18,6 +18,16 @@ counts 0 for the collector's hooks); the activation rows of such a step are ``un
 with reason ``torch_compile``. Gradients, parameters and updates are read by the optimizer's
 hooks outside compiled code and are recorded as usual.
 
+Quiet steps
+-----------
+On a step where neither activation stream is due (nine in ten at the default cadence) and every
+row has been discovered, a module whose only forward hook is the collector's has it taken off
+(:meth:`ActivationSites.rest`): torch then calls the module on its hook-free fast path, which
+costs nothing per call. The hook is registered again before the next due step, in front of any
+hook registered since (so the order among hooks is the original one). Modules with other
+forward hooks keep theirs (they pay torch's hooked call path anyway), and once a compiled
+region or a compiled model was seen the hooks stay on (no recompilation for a changed hook set).
+
 Which tensor, which series
 --------------------------
 The tensor is found by the rule of :mod:`stepscope.collect.capture`; its structural signature
@@ -44,6 +54,7 @@ from stepscope.collect.sites import (
     ROOT_SITE,
     Row,
     output_signature,
+    unwrap_compiled,
 )
 from stepscope.collect.stepstate import StepState
 
@@ -82,6 +93,10 @@ class ActivationSites:
             for site in self.bound
         }
         self._handles: dict[int, Any] = {}
+        #: modules whose hook is off for a quiet step (see :meth:`rest`)
+        self._resting: list[torch.nn.Module] = []
+        #: a compiled model or region was seen: the hooks stay on from then on
+        self._compiled_seen = model is not unwrap_compiled(model)
         self._root: list[Any] = []
         self._depth, self._root_grad = 0, True
         #: output signatures by (dtype, rank): formatted once, not per hook call
@@ -107,10 +122,36 @@ class ActivationSites:
         """Remove every hook (idempotent)."""
         for h in [*self._root, *self._handles.values()]:
             h.remove()
-        self._root, self._handles = [], {}
+        self._root, self._handles, self._resting = [], {}, []
+
+    def rest(self, quiet: bool) -> None:
+        """A step begins: take the module hooks off for a ``quiet`` step, or put them back.
+
+        A hook is taken off only where it is the module's sole forward hook, once every row is
+        discovered and no compiled region was seen; it goes back in front of any forward hook
+        registered meanwhile (where it stood before: those came after the collector's).
+        """
+        if quiet and not self._compiled_seen and self._all_discovered():
+            if self._resting:
+                return
+            for module in self.bound.values():
+                handle = self._handles.get(id(module))
+                hooks = module._forward_hooks
+                if handle is not None and len(hooks) == 1 and handle.id in hooks:
+                    handle.remove()
+                    del self._handles[id(module)]
+                    self._resting.append(module)
+            return
+        resting, self._resting = self._resting, []
+        for module in resting:
+            if id(module) in self.rows and id(module) not in self._handles:
+                self._handles[id(module)] = module.register_forward_hook(
+                    self._forward_hook, prepend=bool(module._forward_hooks)
+                )
 
     def _enter(self, _module: torch.nn.Module, _inputs: Any) -> None:
-        if torch.compiler.is_compiling():
+        if torch.compiler.is_compiling():  # the model's own hooks are on on every step
+            self.compiled = self._compiled_seen = True
             return
         self._depth += 1
         if self._depth == 1:
@@ -138,7 +179,7 @@ class ActivationSites:
 
     def _forward_hook(self, module: torch.nn.Module, _inputs: Any, output: Any) -> None:
         if torch.compiler.is_compiling():  # inside a compiled region: no graph break, no row
-            self.compiled = True
+            self.compiled = self._compiled_seen = True
             return
         state = self.host._state
         if state is None:  # between steps (closed, or a step that failed to begin)
@@ -223,6 +264,8 @@ class ActivationSites:
             for rows in self.rows.values():
                 for r in rows.values():
                     state.unsupported.setdefault(r.index, "torch_compile")
+        if state.activations_quiet:  # no activation row is due: none is registered now
+            return
         for rows in self.rows.values():
             todo = [r for r in rows.values() if r.site_id is None and state.spine_due[r.stream]]
             if todo:
@@ -232,6 +275,7 @@ class ActivationSites:
         """Move the hooks of module ``name`` to its replacement; returns its activation rows."""
         self._discovered = None  # surgery: the replacement's rows are rediscovered
         old = self.bound.pop(name)
+        self._resting = [m for m in self._resting if m is not old]
         handle = self._handles.pop(id(old), None)
         if handle is not None:
             handle.remove()

@@ -309,6 +309,10 @@ class HistoryCollector(UserLog):
         )
         due = state.spine_due
         state.activations_quiet = not (due.get("activation") or due.get("activation_grad"))
+        # model surgery is looked for before steps that record rows: a step with nothing due
+        # records none, so a change is found (and its series ended) at the next step with some
+        state.structure_checked = not any(due.values())  # histogram steps are spine steps
+        self._sites.rest(state.activations_quiet)  # quiet: module hooks off (torch's fast path)
         self._state = state
         self.clock.begin(step)
         self._reducer.reset()

@@ -178,7 +178,10 @@ def assemble_batches(
                     hist_rows.append(k)
                     hists.append(hi[idx[k]])
         notes: list[tuple[str, ...]] = []
-        for j, r in enumerate(rows):
+        # the common case: no row of the step failed, was unsupported or carries a note, and
+        # only update rows disclose anything (their sample size): every note is empty
+        plain = stream != "update" and not (state.failed or state.unsupported or state.row_notes)
+        for j, r in enumerate(() if plain else rows):
             reason = state.unsupported.get(r.index)
             error = state.failed.get(r.index)
             if error is not None:  # a partial row is not a fact: drop what was written

@@ -1,8 +1,9 @@
 """Model surgery: find selected modules and parameters that were replaced or removed.
 
-The collector binds each row to an object (a module, a parameter). Before a step's first
-forward it asks :func:`find_changes` whether the model still holds those objects under the
-same qualified names; a replaced object ends its series (``ended_reason`` ``module_replaced``,
+The collector binds each row to an object (a module, a parameter). Before the first forward
+of a step on which some stream is due it asks :func:`find_changes` whether the model still
+holds those objects under the same qualified names (a step with nothing due records no row, so
+a change made then is found at the next step that records); a replaced object ends its series (``ended_reason`` ``module_replaced``,
 ``parameter_replaced``, ``module_removed`` or ``parameter_removed``) and, when a replacement
 exists, a new series starts on it.
 

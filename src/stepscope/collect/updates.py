@@ -39,9 +39,10 @@ def sample(row: Row, index: torch.Tensor | None) -> torch.Tensor:
     if local is None:
         raise ValueError(f"update row {row.site!r}: {_}")
     flat = local.reshape(-1)
-    picked = flat if index is None else flat.index_select(0, index)
-    dtype = torch.float64 if picked.dtype == torch.float64 else torch.float32
-    return picked.to(dtype, copy=True)
+    dtype = torch.float64 if flat.dtype == torch.float64 else torch.float32
+    if index is None:
+        return flat.to(dtype, copy=True)
+    return flat.index_select(0, index).to(dtype)  # index_select already copies
 
 
 class UpdateSampler:
@@ -74,8 +75,8 @@ class UpdateSampler:
         with torch.no_grad():
             for row in rows:
                 before = self._before.pop(row.index, None)
-                if before is not None:
-                    yield row, sample(row, self._index(row)) - before
+                if before is not None:  # the fresh after-sample becomes the difference
+                    yield row, sample(row, self._index(row)).sub_(before)
 
     def clear(self) -> None:
         """Forget pending samples (the step was abandoned)."""
