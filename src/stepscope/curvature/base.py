@@ -27,6 +27,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
+from typing import TypedDict
 
 import torch
 import torch.nn.functional as F
@@ -259,10 +260,34 @@ class CurvatureOperator:
             sample = torch.randn(self.dim, generator=generator, dtype=torch.float64)
         return sample.to(device=self.device, dtype=self.dtype)
 
+    def ledger(self) -> Ledger:
+        """What this operator's work cost and what it ran on: the six fields every curvature
+        result records (``products_used``, ``gradients_used``, ``seconds``, ``num_examples``,
+        ``num_parameters``, ``dtype``)."""
+        return {
+            "products_used": self.products_used,
+            "gradients_used": self.gradients_used,
+            "seconds": self.seconds,
+            "num_examples": int(self.x.shape[0]),
+            "num_parameters": self.dim,
+            "dtype": str(self.dtype).removeprefix("torch."),
+        }
+
     def _now(self) -> float:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         return time.perf_counter()
+
+
+class Ledger(TypedDict):
+    """The cost fields of a curvature result (:meth:`CurvatureOperator.ledger`)."""
+
+    products_used: int
+    gradients_used: int
+    seconds: float
+    num_examples: int
+    num_parameters: int
+    dtype: str
 
 
 def _validate_batch(

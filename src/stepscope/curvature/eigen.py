@@ -214,12 +214,7 @@ def top_eigenvalues(
             tol=float(tol),
             max_iter=max_iter,
             seed=seed,
-            products_used=op.products_used,
-            gradients_used=op.gradients_used,
-            seconds=op.seconds,
-            num_examples=int(op.x.shape[0]),
-            num_parameters=op.dim,
-            dtype=str(op.dtype).removeprefix("torch."),
+            **op.ledger(),
         )
     if require_converged and not result.all_converged:
         raise Refusal(

@@ -172,12 +172,7 @@ def trace(
             samples=samples,
             probe_distribution="rademacher",
             seed=seed,
-            products_used=op.products_used,
-            gradients_used=op.gradients_used,
-            seconds=op.seconds,
-            num_examples=int(op.x.shape[0]),
-            num_parameters=op.dim,
-            dtype=str(op.dtype).removeprefix("torch."),
+            **op.ledger(),
         )
 
 

@@ -223,12 +223,7 @@ def directional(
             direction=how.value,
             direction_norm=math.sqrt(norm_sq),
             seed=seed if how is Direction.RANDOM else None,
-            products_used=op.products_used,
-            gradients_used=op.gradients_used,
-            seconds=op.seconds,
-            num_examples=int(op.x.shape[0]),
-            num_parameters=op.dim,
-            dtype=str(op.dtype).removeprefix("torch."),
+            **op.ledger(),
         )
 
 
