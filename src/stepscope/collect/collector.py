@@ -61,6 +61,7 @@ from stepscope.collect.sites import (
     Row,
     build_rows,
     leaf_modules,
+    parameter_owners,
     register_param_sites,
     unwrap_compiled,
 )
@@ -100,7 +101,8 @@ class HistoryCollector(UserLog):
         The module to watch. It is never modified; hooks are removed by :meth:`close`.
     sites
         Selector of modules (type name, full-name glob, predicate or list; see
-        :mod:`stepscope.selection`). Default: every leaf module.
+        :mod:`stepscope.selection`). Default: every leaf module, and for the parameter-sized
+        streams every parameter wherever it is held (a module with children may hold one).
     streams
         Any of ``activation, gradient, parameter, update, activation_grad``.
     cadence
@@ -157,7 +159,8 @@ class HistoryCollector(UserLog):
         self._meter = None if self.auto is None else WarmupMeter(self.auto, streams, policy)
         watched = unwrap_compiled(model)  # torch.compile(model): sites keep their own names
         self.modules = select_modules(watched, sites if sites is not None else leaf_modules)
-        self.rows: list[Row] = build_rows(self.modules, streams)
+        owners = parameter_owners(watched) if sites is None else None
+        self.rows: list[Row] = build_rows(self.modules, streams, owners)
         if not self.rows:
             raise Refusal(
                 "selection_empty",

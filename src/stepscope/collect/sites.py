@@ -55,13 +55,24 @@ def param_signature(p: torch.Tensor) -> str:
     return f"{str(p.dtype).replace('torch.', '')}[{','.join(map(str, p.shape))}]"
 
 
-def build_rows(modules: list[tuple[str, torch.nn.Module]], streams: list[str]) -> list[Row]:
-    """All row keys, activation streams first, in module order."""
+def build_rows(
+    modules: list[tuple[str, torch.nn.Module]],
+    streams: list[str],
+    param_owners: list[tuple[str, torch.nn.Module]] | None = None,
+) -> list[Row]:
+    """All row keys, activation streams first, in module order.
+
+    Parameter rows come from the parameters each of ``param_owners`` (default: ``modules``)
+    holds directly; the default selection passes every module that holds one, so a parameter
+    of a module with children (``nn.MultiheadAttention.in_proj_weight``, a ViT's ``cls_token``
+    on the root model) is observed although only leaves are activation sites.
+    """
     rows: list[Row] = []
     seen_params: set[int] = set()
     owned: list[tuple[str, torch.nn.Module, torch.nn.Parameter, str]] = []
     modules = [(name or ROOT_SITE, module) for name, module in modules]
-    for name, module in modules:
+    owners = modules if param_owners is None else [(n or ROOT_SITE, m) for n, m in param_owners]
+    for name, module in owners:
         for pname, p in module.named_parameters(recurse=False):
             if id(p) not in seen_params:
                 seen_params.add(id(p))
@@ -104,6 +115,17 @@ def unwrap_compiled(model: torch.nn.Module) -> torch.nn.Module:
 def leaf_modules(name: str, module: torch.nn.Module) -> bool:
     """The default site selector: modules without children (a bare module is its own leaf)."""
     return next(module.children(), None) is None
+
+
+def parameter_owners(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
+    """Every module that holds a parameter directly, in ``named_modules`` order: the default
+    selection's parameter sites (leaves and, e.g., ``nn.MultiheadAttention`` or a root model
+    holding a position embedding)."""
+    return [
+        (name, m)
+        for name, m in model.named_modules()
+        if next(m.parameters(recurse=False), None) is not None
+    ]
 
 
 def update_indices(

@@ -96,8 +96,9 @@ def from_profiler(prof: Any, *, force_fallback: bool = False) -> ProfileResult:
     >>> with torch.profiler.profile() as prof:  # the caller's own profiler
     ...     with ss.session(profiler=prof):
     ...         _ = torch.ones(2) + 1
-    >>> ss.profile.from_profiler(prof).hot_path(by="cpu_time", top=1)[0].key
-    'aten::add'
+    >>> rows = ss.profile.from_profiler(prof).hot_path(by="cpu_time", top=20)
+    >>> "aten::add" in [row.key for row in rows]  # which op ranks first depends on timing
+    True
     """
     if getattr(prof, "profiler", None) is None:
         raise Refusal(
