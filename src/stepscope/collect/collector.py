@@ -61,7 +61,7 @@ from stepscope.collect.sites import (
     Row,
     build_rows,
     leaf_modules,
-    parameter_owners,
+    parameter_holders,
     register_param_sites,
     unwrap_compiled,
 )
@@ -159,7 +159,7 @@ class HistoryCollector(UserLog):
         self._meter = None if self.auto is None else WarmupMeter(self.auto, streams, policy)
         watched = unwrap_compiled(model)  # torch.compile(model): sites keep their own names
         self.modules = select_modules(watched, sites if sites is not None else leaf_modules)
-        owners = parameter_owners(watched) if sites is None else None
+        owners = parameter_holders(watched) if sites is None else None
         self.rows: list[Row] = build_rows(self.modules, streams, owners)
         if not self.rows:
             raise Refusal(

@@ -117,7 +117,7 @@ def leaf_modules(name: str, module: torch.nn.Module) -> bool:
     return next(module.children(), None) is None
 
 
-def parameter_owners(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
+def parameter_holders(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
     """Every module that holds a parameter directly, in ``named_modules`` order: the default
     selection's parameter sites (leaves and, e.g., ``nn.MultiheadAttention`` or a root model
     holding a position embedding)."""

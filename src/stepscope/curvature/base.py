@@ -27,7 +27,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
-from typing import TypedDict
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -260,10 +260,9 @@ class CurvatureOperator:
             sample = torch.randn(self.dim, generator=generator, dtype=torch.float64)
         return sample.to(device=self.device, dtype=self.dtype)
 
-    def ledger(self) -> Ledger:
-        """What this operator's work cost and what it ran on: the six fields every curvature
-        result records (``products_used``, ``gradients_used``, ``seconds``, ``num_examples``,
-        ``num_parameters``, ``dtype``)."""
+    def ledger(self) -> dict[str, Any]:
+        """What this operator's work cost and what it ran on: the :class:`CostLedger` fields of
+        a result built from it (``Result(..., **op.ledger())``)."""
         return {
             "products_used": self.products_used,
             "gradients_used": self.gradients_used,
@@ -279,8 +278,23 @@ class CurvatureOperator:
         return time.perf_counter()
 
 
-class Ledger(TypedDict):
-    """The cost fields of a curvature result (:meth:`CurvatureOperator.ledger`)."""
+@dataclass(frozen=True)
+class CostLedger:
+    """What a curvature result's computation cost and what it ran on, declared once.
+
+    The base of every curvature result (:class:`~stepscope.curvature.TraceEstimate`,
+    :class:`~stepscope.curvature.TopEigenvalues`, :class:`~stepscope.curvature.DirectionalCurvature`);
+    :meth:`CurvatureOperator.ledger` fills it.
+
+    Attributes
+    ----------
+    products_used, gradients_used
+        Curvature-vector products and gradient evaluations spent.
+    seconds
+        Wall clock of that work (device-synchronised).
+    num_examples, num_parameters, dtype
+        The batch size, the parameter count and the dtype the products ran in.
+    """
 
     products_used: int
     gradients_used: int

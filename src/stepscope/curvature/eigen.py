@@ -49,6 +49,7 @@ import torch
 from torch import Tensor
 
 from stepscope.codec import parse_enum
+from stepscope.curvature.base import CostLedger
 from stepscope.curvature.products import (
     LOSS_CONVENTION,
     CurvatureKind,
@@ -74,7 +75,7 @@ WHICH = {EigenMethod.LANCZOS: "largest_algebraic", EigenMethod.POWER: "largest_m
 
 
 @dataclass(frozen=True)
-class TopEigenvalues:
+class TopEigenvalues(CostLedger):
     """Leading eigenvalues with the evidence for each.
 
     Attributes
@@ -102,12 +103,6 @@ class TopEigenvalues:
     tol: float
     max_iter: int
     seed: int
-    products_used: int
-    gradients_used: int
-    seconds: float
-    num_examples: int
-    num_parameters: int
-    dtype: str
     criterion: str = CRITERION
     loss_convention: str = LOSS_CONVENTION
     estimated: bool = True

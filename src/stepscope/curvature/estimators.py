@@ -39,6 +39,7 @@ import torch
 from torch import Tensor
 
 from stepscope.codec import parse_enum
+from stepscope.curvature.base import CostLedger
 from stepscope.curvature.products import (
     LOSS_CONVENTION,
     CurvatureKind,
@@ -66,7 +67,7 @@ STANDARD_ERROR_MEANING = {
 
 
 @dataclass(frozen=True)
-class TraceEstimate:
+class TraceEstimate(CostLedger):
     """An unbiased randomised estimate of :math:`\\operatorname{tr}(M)`, never called exact.
 
     Attributes
@@ -88,12 +89,6 @@ class TraceEstimate:
     samples: int
     probe_distribution: str
     seed: int
-    products_used: int
-    gradients_used: int
-    seconds: float
-    num_examples: int
-    num_parameters: int
-    dtype: str
     loss_convention: str = LOSS_CONVENTION
     estimated: bool = True
 

@@ -39,6 +39,7 @@ import torch
 from torch import Tensor
 
 from stepscope.codec import parse_enum
+from stepscope.curvature.base import CostLedger
 from stepscope.curvature.products import (
     LOSS_CONVENTION,
     PSD,
@@ -68,7 +69,7 @@ QUANTITY: dict[CurvatureKind, str] = {
 
 
 @dataclass(frozen=True)
-class DirectionalCurvature:
+class DirectionalCurvature(CostLedger):
     """:math:`v^\\top M v / v^\\top v` along one direction, with what it cost.
 
     Attributes
@@ -102,12 +103,6 @@ class DirectionalCurvature:
     direction: str
     direction_norm: float
     seed: int | None
-    products_used: int
-    gradients_used: int
-    seconds: float
-    num_examples: int
-    num_parameters: int
-    dtype: str
     loss_convention: str = LOSS_CONVENTION
     estimated: bool = False
 
