@@ -101,11 +101,100 @@ def test_a_batch_the_native_call_refuses_falls_back_row_by_row_without_double_co
         calls.append(args)
         raise RuntimeError("native call refused the batch")
 
+    monkeypatch.setattr("stepscope.collect.staging.Staging.write_many_native", refuse)
     monkeypatch.setattr("stepscope.collect.staging.Staging.write_many", refuse)
     reducer.reduce_many("parameter", [(rows[0], good), (rows[1], other)])
-    assert len(calls) == 1 and state.failed == {} and state.unsupported == {}
+    assert len(calls) == 2 and state.failed == {} and state.unsupported == {}
     for i, t in enumerate((good, other)):
         got = _spine(reducer, i)
         for k, v in _oracle(t).items():
             assert abs(got[k] - v) <= 1e-6 * max(1.0, abs(v)), (i, k)
     assert reducer.stagings[CPU].fired.tolist() == [1, 1]  # each row reduced once
+
+
+# ------------------------------------------- the one-call native path of the parameter streams
+
+
+def _model_tensors() -> list[torch.Tensor]:
+    """Parameters and gradients of a CNN with BatchNorm, plus a float64 layer's."""
+    torch.manual_seed(3)
+    cnn = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3), torch.nn.BatchNorm2d(8), torch.nn.ReLU(), torch.nn.Flatten(),
+        torch.nn.Linear(8 * 6 * 6, 10),
+    )  # fmt: skip
+    wide = torch.nn.Linear(9, 4).double()
+    cnn(torch.randn(4, 3, 8, 8)).square().mean().backward()
+    wide(torch.randn(5, 9, dtype=torch.float64)).sum().backward()
+    params = [*cnn.parameters(), *wide.parameters()]
+    return [*params, *(p.grad for p in params)]
+
+
+def _stage(pairs, monkeypatch=None, native=True):
+    state = _state()
+    reducer = Reducer(len(pairs), HistogramDescriptor(), "auto", lambda: state)
+    if not native:
+        monkeypatch.setattr(
+            "stepscope.collect.staging.Staging.write_many_native", lambda *a, **k: False
+        )
+    reducer.reduce_many("parameter", pairs)
+    spines, _ = reducer.to_host(False)[CPU]
+    return spines, reducer.stagings[CPU].fired.copy(), state
+
+
+def test_the_one_call_path_writes_bit_for_bit_what_the_row_by_row_path_writes(monkeypatch):
+    from stepscope.collect import staging as staging_mod
+
+    tensors = _model_tensors()
+    pairs = list(zip(_rows(len(tensors)), tensors))
+    taken = []
+    real = staging_mod.Staging.write_many_native
+    monkeypatch.setattr(
+        staging_mod.Staging,
+        "write_many_native",
+        lambda self, rows, ts: taken.append(real(self, rows, ts)) or taken[-1],
+    )
+    fast, fired_fast, _ = _stage(pairs)
+    assert taken == [True]  # the parameters and gradients of a real model take the one call
+    monkeypatch.undo()
+    slow, fired_slow, _ = _stage(pairs, monkeypatch, native=False)
+    assert fast.tobytes() == slow.tobytes()  # every field of every row, bit for bit
+    assert fired_fast.tolist() == fired_slow.tolist() == [1] * len(tensors)
+    for k, t in enumerate(tensors):  # and both equal an independent float64 oracle
+        got = dict(zip(SPINE_FIELDS, fast[k].tolist()))
+        for name, want in _oracle(t).items():
+            assert abs(got[name] - want) <= 1e-9 * max(1.0, abs(want)), (k, name)
+
+
+def test_tensors_the_one_call_cannot_take_go_row_by_row_with_the_same_numbers(monkeypatch):
+    torch.manual_seed(4)
+    base = torch.randn(6, 5)
+    cases = {
+        "transposed": base.t(),  # not contiguous
+        "half": torch.randn(9).half(),
+        "negated view": torch.randn(4, dtype=torch.complex64).conj().imag,  # lazily negated
+        "sparse": torch.randn(5).to_sparse(),
+    }
+    for name, odd in cases.items():
+        pairs = list(zip(_rows(2), [torch.randn(7), odd]))
+        state = _state()
+        reducer = Reducer(2, HistogramDescriptor(), "auto", lambda state=state: state)
+        reducer.reduce_many("parameter", pairs)
+        spines, _ = reducer.to_host(False)[CPU]
+        assert reducer.stagings[CPU].fired.tolist() == [1, 1], name
+        sparse = odd.layout is torch.sparse_coo  # its stored values are reduced (disclosed)
+        want = _oracle(odd.coalesce().values() if sparse else odd)
+        got = dict(zip(SPINE_FIELDS, spines[1].tolist()))
+        for field, value in want.items():
+            assert abs(got[field] - value) <= 1e-3 * max(1.0, abs(value)), (name, field)
+
+
+def test_a_row_already_written_this_step_folds_instead_of_being_overwritten():
+    state = _state()
+    reducer = Reducer(1, HistogramDescriptor(), "auto", lambda: state)
+    row = _rows(1)[0]
+    a, b = torch.arange(4.0), torch.arange(10.0, 13.0)
+    reducer.reduce(row, a)  # e.g. a closure's gradient read earlier in the step
+    reducer.reduce_many("parameter", [(row, b)])
+    got = _spine(reducer, 0)
+    assert reducer.stagings[CPU].fired.tolist() == [2]
+    assert got["total"] == 7 and got["sum"] == float(a.sum() + b.sum()) and got["max"] == 12.0

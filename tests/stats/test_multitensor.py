@@ -57,9 +57,18 @@ def test_one_native_call_per_parameter_stream_and_step(monkeypatch):
         calls.append(len(tensors))
         return real(tensors, out, rows, backend)
 
+    real_kernels = staging_mod.native_spine_kernels
+
+    def counting_kernels(device, backend="auto"):  # the collector's own one-call path
+        kernels = dict(real_kernels(device, backend))
+        many = kernels["many"]
+        kernels["many"] = lambda count, *rest: calls.append(count) or many(count, *rest)
+        return kernels
+
     per_tensor: list[int] = []
     real_one = staging_mod.spine_into
     monkeypatch.setattr(staging_mod, "spines_into", counting)
+    monkeypatch.setattr(staging_mod, "native_spine_kernels", counting_kernels)
     monkeypatch.setattr(
         staging_mod, "spine_into", lambda *a, **k: per_tensor.append(1) or real_one(*a, **k)
     )

@@ -19,11 +19,12 @@ step's stream (:meth:`~stepscope.collect.stepstate.StepState.charge`) and profil
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
 
+from stepscope.collect import capture
 from stepscope.collect.capture import reducible
 from stepscope.collect.sites import Row
 from stepscope.collect.staging import Staging, by_device
@@ -33,6 +34,8 @@ from stepscope.profile.scope import internal_scope
 from stepscope.stats import HistogramDescriptor
 
 __all__ = ["Reducer"]
+
+_CPU = torch.device("cpu")
 
 
 class Reducer:
@@ -115,9 +118,23 @@ class Reducer:
             self._write_many(state, stream, pairs)
         state.charge(stream, time.perf_counter() - t0)
 
+    def _write_many_native(self, pairs: Sequence[tuple[Row, torch.Tensor]]) -> bool:
+        """Every pair in one C call when all are plain CPU float tensors on fresh rows
+        (:meth:`Staging.write_many_native`); ``False`` (nothing written) otherwise."""
+        if not pairs or not pairs[0][1].is_cpu or capture.capture_probe():
+            return False  # (during a CUDA graph capture every row is recorded unsupported)
+        rows, tensors = [r.index for r, _ in pairs], [t for _, t in pairs]
+        return self.staging(_CPU).write_many_native(rows, tensors)
+
     def _write_many(
-        self, state: StepState, stream: str, pairs: Iterable[tuple[Row, torch.Tensor]]
+        self, state: StepState, stream: str, pairs: Sequence[tuple[Row, torch.Tensor]]
     ) -> None:
+        if not state.hist_due[stream]:  # the common case: one native call, no per-row Python
+            try:
+                if self._write_many_native(pairs):
+                    return
+            except Exception:  # nothing counts as written: the general path records every row
+                pass
         by_index: dict[int, Row] = {}
         ready: list[tuple[int, torch.Tensor]] = []
         for row, tensor in pairs:

@@ -57,7 +57,7 @@ class Staging:
         #: where a repeated call's spine is reduced before it is folded into its row
         self.scratch = torch.empty(SPINE_WIDTH, dtype=torch.float64, device=device)
         #: C spine entry points by dtype (resolved at the first write; empty: none serves)
-        self._kernels: dict[torch.dtype, Any] | None = None
+        self._kernels: dict[torch.dtype | str, Any] | None = None
         self._base = 0  # address of the spine buffer (rows are _ROW bytes apart)
         self.fired = np.zeros(n_rows, dtype=np.int32)  # host-side: how often each row was written
         self.hist_fired = np.zeros(n_rows, dtype=bool)
@@ -112,6 +112,56 @@ class Staging:
         if fn is None or not tensor.is_cpu or not tensor.is_contiguous() or tensor.is_neg():
             return False
         fn(tensor.data_ptr(), tensor.numel(), torch.get_num_threads(), self._base + row * _ROW)
+        return True
+
+    def write_many_native(self, rows: list[int], tensors: list[torch.Tensor]) -> bool:
+        """The parameter-sized streams' common case in one native call, without per-row Python.
+
+        Writes what :meth:`write_many` writes without histograms (the same C call on the same
+        data) when every tensor is a plain contiguous float32/float64 CPU tensor or parameter
+        (not lazily negated), every row is fresh this step and no row repeats; otherwise
+        writes nothing and returns ``False`` (the caller takes the general path).
+        """
+        kernels = self._kernels
+        if kernels is None:
+            kernels = self._kernels = native_spine_kernels(self.device, self.backend)
+            self._base = self.spines.data_ptr() if kernels else 0
+        many = kernels.get("many")
+        if many is None:
+            return False
+        idx = np.fromiter(rows, dtype=np.int64, count=len(rows))
+        if self.fired[idx].any() or len(np.unique(idx)) != len(idx):
+            return False
+        ptrs, ns, kinds = [], [], []
+        f32, f64, strided = torch.float32, torch.float64, torch.strided
+        for t in tensors:
+            kind = type(t)
+            dtype = t.dtype
+            if (
+                (kind is not torch.Tensor and kind is not torch.nn.Parameter)
+                or (dtype is not f32 and dtype is not f64)
+                or not t.is_cpu
+                or t.layout is not strided
+                or not t.is_contiguous()
+                or t.is_neg()
+            ):
+                return False
+            ptrs.append(t.data_ptr())
+            ns.append(t.numel())
+            kinds.append(dtype is f64)
+        p = np.array(ptrs, dtype=np.int64)  # user-space pointers are < 2**63
+        n = np.array(ns, dtype=np.int64)
+        k = np.array(kinds, dtype=np.int32)
+        o = idx * _ROW + self._base
+        many(
+            len(p),
+            p.ctypes.data,
+            n.ctypes.data,
+            k.ctypes.data,
+            torch.get_num_threads(),
+            o.ctypes.data,
+        )
+        self.fired[idx] += 1
         return True
 
     def write_many(self, rows: list[int], tensors: list[torch.Tensor], histogram: bool) -> None:

@@ -152,17 +152,24 @@ def spine_into(tensor: torch.Tensor, out_row: torch.Tensor, backend: str = "auto
     _device_spine(x, out_row, backend)
 
 
-def native_spine_kernels(device: torch.device, backend: str = "auto") -> dict[torch.dtype, Any]:
+def native_spine_kernels(
+    device: torch.device, backend: str = "auto"
+) -> dict[torch.dtype | str, Any]:
     """The C spine entry points by input dtype, for callers that reach them without
     :func:`spine_into`'s per-call checks (the collector's hot path); empty off the CPU or
     without the C kernel.
 
     ``kernels[t.dtype](t.data_ptr(), t.numel(), threads, row_address)`` on a contiguous, not
-    lazily negated CPU tensor is exactly what :func:`spine_into` runs for it.
+    lazily negated CPU tensor is exactly what :func:`spine_into` runs for it, and
+    ``kernels["many"]`` is the multi-tensor call :func:`spines_into` makes for many of them.
     """
     if device.type != "cpu" or backend == "torch":
         return {}
     lib = _native.loaded() if backend == "auto" else native_library(backend, device)
     if lib is None:
         return {}
-    return {torch.float32: lib.stepscope_spine_f32, torch.float64: lib.stepscope_spine_f64}
+    return {
+        torch.float32: lib.stepscope_spine_f32,
+        torch.float64: lib.stepscope_spine_f64,
+        "many": lib.stepscope_spine_many,  # spines_into's call for many such tensors
+    }
