@@ -9,7 +9,9 @@ update sampler gathers the eligible rows natively (:class:`stepscope.stats.gathe
 in the other it samples every row one by one (``UpdateSampler.native = False``, the path every
 ineligible row takes). Timed with ``time.perf_counter`` around the three calls the collector
 makes per due step: ``UpdateSampler.snapshot`` (pre-step), ``UpdateSampler.deltas`` (post-step)
-and ``Reducer.reduce_many("update", ...)``; medians over the timed steps, in microseconds.
+and ``Reducer.reduce_many("update", ...)``; medians over the timed steps, in microseconds. The
+last column is the time inside the two ``stepscope_gather_many`` calls: reading the sampled
+parameters' memory, which no amount of Python trimming removes.
 """
 
 from __future__ import annotations
@@ -26,13 +28,25 @@ import torch
 
 from benchmarks.overhead import MODELS, Arm
 from stepscope.collect import HistoryCollector, WatchSettings
+from stepscope.stats.gather import SampleGather
 
 PHASES = ("snapshot", "deltas", "reduce_many")
+#: seconds inside the C gather calls of the current step (the memory traffic of the sampling)
+_in_c = [0.0]
+
+
+def _timed_gather(gather: Callable[[SampleGather, bool], None]) -> Callable[..., None]:
+    def call(self: SampleGather, subtract: bool) -> None:
+        t0 = time.perf_counter()
+        gather(self, subtract)
+        _in_c[0] += time.perf_counter() - t0
+
+    return call
 
 
 def instrument(collector: HistoryCollector, times: dict[str, list[float]]) -> None:
     """Wrap the three update-stream calls of ``collector`` to record their seconds."""
-    steps: Any = collector._steps  # noqa: SLF001 - a benchmark reads the internals it times
+    steps: Any = collector._steps  # a benchmark reads the internals it times
     sampler, reducer = steps.updates, steps.reducer
 
     def timed(name: str, fn: Callable[..., Any], consume: bool = False) -> Callable[..., Any]:
@@ -73,13 +87,14 @@ def main(argv: list[str] | None = None) -> int:
     g = torch.Generator().manual_seed(0)
     data = [data_fn(g) for _ in range(4)]
     tmp = tempfile.mkdtemp()
+    SampleGather.gather = _timed_gather(SampleGather.gather)  # type: ignore[method-assign]
     arms: dict[str, tuple[Arm, HistoryCollector, dict[str, list[float]]]] = {}
     for name, native in (("native gather", True), ("per row", False)):
         arm = Arm(name, make)
         settings = WatchSettings(output_dir=tempfile.mkdtemp(dir=tmp), durable=False)
         c = HistoryCollector(arm.model, streams=["update"], cadence=1, settings=settings)
-        c._steps.updates.native = native  # noqa: SLF001
-        times: dict[str, list[float]] = {p: [] for p in PHASES}
+        c._steps.updates.native = native
+        times: dict[str, list[float]] = {p: [] for p in (*PHASES, "C gather")}
         instrument(c, times)
         arms[name] = (arm, c, times)
     for i in range(args.warmup + args.steps):
@@ -89,21 +104,27 @@ def main(argv: list[str] | None = None) -> int:
             if i == args.warmup:
                 for v in times.values():
                     v.clear()
+            _in_c[0] = 0.0
             with c.step(arm.opt, examples=len(y)):
                 arm.plain(x, y, i)
+            times["C gather"].append(_in_c[0])
     rows = sum(1 for r in next(iter(arms.values()))[1].rows if r.stream == "update")
     print("command: python -m benchmarks.update_sampling " + " ".join(sys.argv[1:]))
-    print(f"model {args.model}: {rows} update rows, {args.steps} timed due steps per arm, "
-          f"{args.threads} thread(s); median microseconds per due step")
-    print("| arm | " + " | ".join(PHASES) + " | total |")
-    print("|---|" + "---:|" * (len(PHASES) + 1))
+    print(
+        f"model {args.model}: {rows} update rows, {args.steps} timed due steps per arm, "
+        f"{args.threads} thread(s); median microseconds per due step"
+    )
+    print("| arm | " + " | ".join(PHASES) + " | total | of which in the C gather |")
+    print("|---|" + "---:|" * (len(PHASES) + 2))
     totals = {}
     for name, (_, c, times) in arms.items():
         c.close()
         med = [statistics.median(times[p]) * 1e6 for p in PHASES]
         total = statistics.median([sum(t) for t in zip(*(times[p] for p in PHASES))]) * 1e6
         totals[name] = total
-        print(f"| {name} | " + " | ".join(f"{m:.0f}" for m in med) + f" | {total:.0f} |")
+        in_c = statistics.median(times["C gather"]) * 1e6
+        cells = " | ".join(f"{m:.0f}" for m in med)
+        print(f"| {name} | {cells} | {total:.0f} | {in_c:.0f} |")
     print(f"per row / native gather: {totals['per row'] / totals['native gather']:.2f}x")
     return 0
 
