@@ -11,8 +11,8 @@ float64: a float32 copy would round a small ``after - before`` away.
 Only plain, contiguous CPU float32/float64 tensors qualify (:func:`gatherable`); every index is
 checked against its tensor's size when the plan is built, and :meth:`SampleGather.bind` re-reads
 the storage addresses before each call (an optimizer writes in place, but ``load_state_dict`` or
-``.to()`` may swap a tensor's storage) and refuses a tensor whose dtype, device, layout or size no
-longer matches, so the kernel never reads outside a tensor.
+``.to()`` may swap a tensor's storage) and refuses a tensor at a new address whose dtype, device,
+layout or size no longer matches, so the kernel never reads outside a tensor's memory.
 
 Example
 -------
@@ -116,31 +116,38 @@ class SampleGather:
             [0 if i is None else i.data_ptr() for i in self._indices], dtype=np.int64
         )
         self._dst = np.array([s.data_ptr() for s in self.samples], dtype=np.int64)
-        self._src = np.zeros(self.count, dtype=np.int64)
+        self._ptrs = [t.data_ptr() for t in tensors]
+        self._storages = [t.untyped_storage() for t in tensors]  # keeps each address valid
+        self._src = np.array(self._ptrs, dtype=np.int64)
 
     def bind(self, tensors: Sequence[torch.Tensor]) -> bool:
         """Read the tensors' storage addresses for the next :meth:`gather`.
 
-        Returns ``False`` (and binds nothing) when one no longer has the plan's dtype and size or
-        is no longer :func:`gatherable`: build a new plan then.
+        An address is re-read on every call; a tensor found at a new address is checked again
+        (dtype, device, layout, contiguity, size). Returns ``False`` (and binds nothing) when one
+        no longer fits the plan: build a new plan then. The plan holds the storage it last read
+        from each tensor, so that address stays valid: a tensor still at it is the one checked
+        (or a view of the same memory, which stays within it).
         """
         if len(tensors) != self.count:
             return False
-        ptrs = []
-        for t, (dtype, numel) in zip(tensors, self._shape):
-            if (
-                t.dtype is not dtype
-                or (type(t) is not torch.nn.Parameter and type(t) is not torch.Tensor)
-                or not t.is_cpu
-                or not t.is_contiguous()
-                or t.numel() != numel
-                or t.layout is not torch.strided
-                or t.is_neg()
-            ):
-                return False
-            ptrs.append(t.data_ptr())
-        self._src[:] = ptrs
+        moved: list[tuple[int, torch.Tensor, int]] = []
+        for k, t in enumerate(tensors):
+            ptr = t.data_ptr()
+            if ptr != self._ptrs[k]:
+                if not self._fits(k, t):
+                    return False
+                moved.append((k, t, ptr))
+        for k, t, ptr in moved:
+            self._ptrs[k] = ptr
+            self._storages[k] = t.untyped_storage()
+        if moved:
+            self._src[:] = self._ptrs
         return True
+
+    def _fits(self, k: int, t: torch.Tensor) -> bool:
+        dtype, numel = self._shape[k]
+        return t.dtype is dtype and t.numel() == numel and gatherable(t)
 
     def gather(self, subtract: bool) -> None:
         """Fill :attr:`samples` from the bound tensors (``subtract``: ``now - sample``, in place)."""
