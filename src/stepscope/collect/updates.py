@@ -72,7 +72,8 @@ class _Plan:
         self.params: list[torch.Tensor] = [r.param for r in self.native if r.param is not None]
         self.indices = [r.update_index for r in self.native]
         self.gather = SampleGather(self.params, self.indices, lib)
-        self.deltas = {r.index: s for r, s in zip(self.native, self.gather.samples)}
+        self.pairs = list(zip(self.native, self.gather.samples))  # (row, its delta), row order
+        self.deltas = {r.index: s for r, s in self.pairs}
         self.pending = False  # the buffers hold pre-step samples not yet differenced
 
     def bind(self) -> bool:
@@ -124,17 +125,14 @@ class UpdateSampler:
         if lib is None:
             return None
         plan = self._plans.get(id(rows))
-        if plan is not None and plan.rows is rows and plan.bind():
-            return plan
-        plan = _Plan(rows, lib)
-        if not plan.bind():  # unreachable: the plan was built from these very parameters
-            return None
-        self._plans.pop(id(rows), None)
-        idle = [key for key, p in self._plans.items() if not p.pending]  # oldest first
-        for key in idle[: max(0, len(self._plans) - MAX_PLANS + 1)]:
-            del self._plans[key]
-        self._plans[id(rows)] = plan
-        return plan
+        if plan is None or plan.rows is not rows or not plan.bind():
+            plan = _Plan(rows, lib)  # bound to the parameters it was built from
+            self._plans.pop(id(rows), None)
+            idle = [key for key, p in self._plans.items() if not p.pending]  # oldest first
+            for key in idle[: max(0, len(self._plans) - MAX_PLANS + 1)]:
+                del self._plans[key]
+            self._plans[id(rows)] = plan
+        return plan if plan.native else None  # e.g. a CUDA or bf16 model: nothing to gather
 
     def snapshot(self, rows: Sequence[Row]) -> None:
         """Sample every row before the optimizer changes it."""
@@ -162,6 +160,9 @@ class UpdateSampler:
                 plan.pending = False
                 if plan.rows is rows and plan.bind():
                     plan.gather.gather(subtract=True)
+                    if not plan.fallback:  # every row gathered (the common case)
+                        yield from plan.pairs
+                        return
                     native = plan.deltas
                 else:  # a parameter changed under the step: its pre-step sample goes per row
                     for row, pre_step in zip(plan.native, plan.gather.samples):
