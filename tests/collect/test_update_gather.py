@@ -302,6 +302,7 @@ def test_model_surgery_and_a_swapped_storage_still_give_the_right_rows(monkeypat
     for i in range(2, 4):
         step(c, model, opt, reading, *batch(), i)
     assert len(built) == 2  # re-planned for the new head
+    assert len(c._steps.updates._plans) == 1  # the old plan (and the old head it held) is gone
     old = model[0].weight.data  # load_state_dict-like: new storage under the same parameter
     model[0].weight.data = old.clone()
     old.fill_(123.0)  # a stale address would read this
@@ -349,3 +350,30 @@ def test_a_parameter_made_non_contiguous_inside_the_step_falls_back_per_row():
     (plan,) = sampler._plans.values()  # re-planned: the weights now go per row
     assert {r.site for r in plan.fallback} == {"0.weight", "2.weight"} and plan.native
     assert assert_rows_match(c, reading, range(3)) == 3 * len(reading.rows())
+
+
+def test_two_optimizers_each_get_their_own_plan_and_right_rows():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(12, 16), nn.Tanh(), nn.Linear(16, 3))
+    body = torch.optim.SGD(model[0].parameters(), lr=0.1, momentum=0.9)
+    head = torch.optim.Adam(model[2].parameters(), lr=1e-2)
+    c = factory(True)(model, body)
+    reading = Reading(c)
+    g = torch.Generator().manual_seed(4)
+    for i in range(3):
+        x, y = torch.randn(8, 12, generator=g), torch.randint(0, 3, (8,), generator=g)
+        with c.step([body, head]):
+            body.zero_grad()
+            head.zero_grad()
+            _ce(model(x), y).backward()
+            reading.before_step()
+            body.step()
+            head.step()
+            reading.after_step(i)
+    c.close()
+    plans = list(c._steps.updates._plans.values())
+    assert sorted(r.site for p in plans for r in p.native) == sorted(
+        ["0.weight", "0.bias", "2.weight", "2.bias"]
+    )
+    assert len(plans) == 2
+    assert assert_rows_match(c, reading, range(3)) == 3 * 4

@@ -28,8 +28,8 @@ from stepscope.collect.sites import Row, update_indices
 from stepscope.stats import _native
 from stepscope.stats.gather import SampleGather, gatherable
 
-#: At most this many gather plans are kept (one per optimizer's row list; surgery makes new ones).
-MAX_PLANS = 8
+#: At most this many gather plans are kept (one per optimizer's row list).
+MAX_PLANS = 4
 
 
 def assign_update_indices(rows: Sequence[Row], sample_size: int, seed: int) -> None:
@@ -127,12 +127,31 @@ class UpdateSampler:
         plan = self._plans.get(id(rows))
         if plan is None or plan.rows is not rows or not plan.bind():
             plan = _Plan(rows, lib)  # bound to the parameters it was built from
-            self._plans.pop(id(rows), None)
-            idle = [key for key, p in self._plans.items() if not p.pending]  # oldest first
-            for key in idle[: max(0, len(self._plans) - MAX_PLANS + 1)]:
-                del self._plans[key]
+            self._forget_superseded(rows)
             self._plans[id(rows)] = plan
         return plan if plan.native else None  # e.g. a CUDA or bf16 model: nothing to gather
+
+    def _forget_superseded(self, rows: Sequence[Row]) -> None:
+        """Drop the plans a new one for ``rows`` replaces (they hold parameters and storage).
+
+        A plan of this list, or of a list sharing a row with it (the same optimizer's rows
+        before model surgery or ``add_param_group``), is superseded; of the others (other
+        optimizers), the oldest idle ones go beyond :data:`MAX_PLANS`.
+        """
+        members = {id(r) for r in rows}
+        for key, old in list(self._plans.items()):
+            if key == id(rows) or any(id(r) in members for r in old.rows):
+                self._drop(key)
+        idle = [key for key, p in self._plans.items() if not p.pending]  # oldest first
+        for key in idle[: max(0, len(self._plans) - MAX_PLANS + 1)]:
+            del self._plans[key]
+
+    def _drop(self, key: int) -> None:
+        """Forget a plan; pre-step samples it still holds become per-row ones."""
+        plan = self._plans.pop(key)
+        if plan.pending:
+            for row, pre_step in plan.pairs:
+                self._before[row.index] = pre_step.clone()
 
     def snapshot(self, rows: Sequence[Row]) -> None:
         """Sample every row before the optimizer changes it."""
@@ -165,9 +184,8 @@ class UpdateSampler:
                         return
                     native = plan.deltas
                 else:  # a parameter changed under the step: its pre-step sample goes per row
-                    for row, pre_step in zip(plan.native, plan.gather.samples):
-                        self._before[row.index] = pre_step.clone()
-                    del self._plans[id(rows)]
+                    plan.pending = True
+                    self._drop(id(rows))
             for row in rows:
                 delta = native.get(row.index)
                 if delta is not None:
