@@ -125,9 +125,10 @@ class SampleGather:
 
         An address is re-read on every call; a tensor found at a new address is checked again
         (dtype, device, layout, contiguity, size). Returns ``False`` (and binds nothing) when one
-        no longer fits the plan: build a new plan then. The plan holds the storage it last read
-        from each tensor, so that address stays valid: a tensor still at it is the one checked
-        (or a view of the same memory, which stays within it).
+        no longer fits the plan: build a new plan then. A tensor still at the address last read
+        is not checked again: the plan holds the storage found there, so no other allocation can
+        take that address (a differently shaped view of that same memory would be read as the
+        checked tensor was: wrong values, never memory outside it).
         """
         if len(tensors) != self.count:
             return False
