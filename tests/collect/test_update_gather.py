@@ -377,3 +377,14 @@ def test_two_optimizers_each_get_their_own_plan_and_right_rows():
     )
     assert len(plans) == 2
     assert assert_rows_match(c, reading, range(3)) == 3 * 4
+
+
+def test_the_pure_torch_backend_samples_every_row_one_by_one():
+    def make(model, opt):
+        settings = WatchSettings(update_sample_size=SAMPLE, kernel_backend="torch")
+        return HistoryCollector(model, streams=("update",), cadence=1, settings=settings)
+
+    run = train(MATRIX["gpt_tied_sgd"], make, steps=2, evaluations=False)
+    c = run["collector"]
+    assert not c._steps.updates._plans
+    assert len(update_rows(c)) == 2 * sum(1 for r in c.rows if r.stream == "update") > 0
