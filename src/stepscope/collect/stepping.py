@@ -82,7 +82,7 @@ class OptimizerSteps:
         self.explicit_only = explicit_only  # bare optimizer steps are not steps
         self.stray_step: int | None = None  # a bare optimizer step after explicit ones
         self.watches: dict[int, OptimizerWatch] = {}
-        self.updates = UpdateSampler()
+        self.updates = UpdateSampler(reducer.backend)
         self.implicit_scaler: Any = None
         self._sites: ActivationSites | None = None
         self._handles: list[Any] = []

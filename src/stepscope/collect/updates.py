@@ -6,16 +6,30 @@ the step the same indices are sampled again and the difference is reduced. The i
 logical: a sharded (DTensor) parameter samples the ones its local shard owns
 (:func:`~stepscope.collect.sharded.local_sample_index`), so the merged sample does not depend on
 the world size.
+
+The common case takes one native call per step and direction (:class:`UpdateSampler`): the
+rows whose parameter is a plain, contiguous CPU float32/float64 tensor are sampled together by a
+:class:`~stepscope.stats.gather.SampleGather` into preallocated buffers (re-planned when the rows,
+their parameters or their indices change), and the difference is taken in place. Every other row
+(bf16/fp16 parameters, CUDA, ``DTensor``, non-contiguous, no native library, ``kernel_backend=
+"torch"``) is sampled one by one by :func:`sample`, as before; both give the same numbers bit for
+bit.
 """
 
 from __future__ import annotations
 
+import ctypes
 from collections.abc import Iterator, Sequence
 
 import torch
 
 from stepscope.collect.sharded import is_sharded, local_part, local_sample_index
 from stepscope.collect.sites import Row, update_indices
+from stepscope.stats import _native
+from stepscope.stats.gather import SampleGather, gatherable
+
+#: At most this many gather plans are kept (one per optimizer's row list).
+MAX_PLANS = 4
 
 
 def assign_update_indices(rows: Sequence[Row], sample_size: int, seed: int) -> None:
@@ -45,10 +59,49 @@ def sample(row: Row, index: torch.Tensor | None) -> torch.Tensor:
     return flat.index_select(0, index).to(dtype)  # index_select already copies
 
 
-class UpdateSampler:
-    """Holds the pre-step samples until the post-step hook takes the difference."""
+class _Plan:
+    """The native half of one row list: which rows it gathers, for which parameters."""
 
-    def __init__(self) -> None:
+    def __init__(self, rows: Sequence[Row], lib: ctypes.CDLL) -> None:
+        self.rows = rows  # held: the plan is keyed on id(rows)
+        self.native = [
+            r for r in rows if r.param is not None and gatherable(r.param) and _flat(r.update_index)
+        ]
+        native = {r.index for r in self.native}
+        self.fallback = [r for r in rows if r.index not in native]
+        self.params: list[torch.Tensor] = [r.param for r in self.native if r.param is not None]
+        self.indices = [r.update_index for r in self.native]
+        self.gather = SampleGather(self.params, self.indices, lib)
+        self.pairs = list(zip(self.native, self.gather.samples))  # (row, its delta), row order
+        self.deltas = {r.index: s for r, s in self.pairs}
+        self.pending = False  # the buffers hold pre-step samples not yet differenced
+
+    def bind(self) -> bool:
+        """Whether every row still holds the plan's parameter and indices (then bound)."""
+        for r, p, idx in zip(self.native, self.params, self.indices):
+            if r.param is not p or r.update_index is not idx:
+                return False
+        return self.gather.bind(self.params)
+
+
+def _flat(index: torch.Tensor | None) -> bool:
+    return index is None or (index.is_cpu and index.dim() == 1 and not index.is_floating_point())
+
+
+class UpdateSampler:
+    """Holds the pre-step samples until the post-step hook takes the difference.
+
+    Parameters
+    ----------
+    backend
+        The collector's kernel backend; ``"torch"`` (and ``"triton"``) sample every row one by
+        one.
+    """
+
+    def __init__(self, backend: str = "auto") -> None:
+        #: whether eligible rows are gathered in one native call (tests and benchmarks switch it)
+        self.native = backend in ("auto", "c")
+        self._plans: dict[int, _Plan] = {}  # id(rows) -> plan
         self._before: dict[int, torch.Tensor] = {}
         # row -> (the parameter and logical sample it was computed for, its local indices)
         self._local: dict[int, tuple[int, int, torch.Tensor | None]] = {}
@@ -64,16 +117,80 @@ class UpdateSampler:
             self._local[row.index] = cached
         return cached[2]
 
+    def _plan(self, rows: Sequence[Row]) -> _Plan | None:
+        """The bound gather plan of ``rows`` (``None``: sample every row one by one)."""
+        if not self.native or not rows:
+            return None
+        lib = _native.loaded()
+        if lib is None:
+            return None
+        plan = self._plans.get(id(rows))
+        if plan is None or plan.rows is not rows or not plan.bind():
+            plan = _Plan(rows, lib)  # bound to the parameters it was built from
+            self._forget_superseded(rows)
+            self._plans[id(rows)] = plan
+        return plan if plan.native else None  # e.g. a CUDA or bf16 model: nothing to gather
+
+    def _forget_superseded(self, rows: Sequence[Row]) -> None:
+        """Drop the plans a new one for ``rows`` replaces (they hold parameters and storage).
+
+        A plan of this list, or of a list sharing a row with it (the same optimizer's rows
+        before model surgery or ``add_param_group``), is superseded; of the others (other
+        optimizers), the oldest idle ones go beyond :data:`MAX_PLANS`.
+        """
+        members = {id(r) for r in rows}
+        for key, old in list(self._plans.items()):
+            if key == id(rows) or any(id(r) in members for r in old.rows):
+                self._drop(key)
+        idle = [key for key, p in self._plans.items() if not p.pending]  # oldest first
+        for key in idle[: max(0, len(self._plans) - MAX_PLANS + 1)]:
+            del self._plans[key]
+
+    def _drop(self, key: int) -> None:
+        """Forget a plan; pre-step samples it still holds become per-row ones."""
+        plan = self._plans.pop(key)
+        if plan.pending:
+            for row, pre_step in plan.pairs:
+                self._before[row.index] = pre_step.clone()
+
     def snapshot(self, rows: Sequence[Row]) -> None:
         """Sample every row before the optimizer changes it."""
         with torch.no_grad():
-            for row in rows:
+            plan = self._plan(rows)
+            if plan is not None:
+                plan.gather.gather(subtract=False)
+                plan.pending = True
+                if self._before:  # an older per-row sample of a row the plan now takes
+                    for row in plan.native:
+                        self._before.pop(row.index, None)
+            for row in rows if plan is None else plan.fallback:
                 self._before[row.index] = sample(row, self._index(row))
 
     def deltas(self, rows: Sequence[Row]) -> Iterator[tuple[Row, torch.Tensor]]:
-        """``(row, after - before)`` for every row snapshotted since the last call."""
+        """``(row, after - before)`` for every row snapshotted since the last call.
+
+        A natively gathered difference is a view into the plan's buffer, valid until the next
+        :meth:`snapshot` of these rows: reduce it before then (the collector reduces at once).
+        """
         with torch.no_grad():
+            native: dict[int, torch.Tensor] = {}
+            plan = self._plans.get(id(rows))
+            if plan is not None and plan.pending:
+                plan.pending = False
+                if plan.rows is rows and plan.bind():
+                    plan.gather.gather(subtract=True)
+                    if not plan.fallback:  # every row gathered (the common case)
+                        yield from plan.pairs
+                        return
+                    native = plan.deltas
+                else:  # a parameter changed under the step: its pre-step sample goes per row
+                    plan.pending = True
+                    self._drop(id(rows))
             for row in rows:
+                delta = native.get(row.index)
+                if delta is not None:
+                    yield row, delta
+                    continue
                 before = self._before.pop(row.index, None)
                 if before is not None:  # the fresh after-sample becomes the difference
                     yield row, sample(row, self._index(row)).sub_(before)
@@ -81,3 +198,5 @@ class UpdateSampler:
     def clear(self) -> None:
         """Forget pending samples (the step was abandoned)."""
         self._before.clear()
+        for plan in self._plans.values():
+            plan.pending = False

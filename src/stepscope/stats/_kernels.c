@@ -277,6 +277,42 @@ void stepscope_spine_many(int64_t count, const void *const *ptrs, const int64_t 
     }
 }
 
+/* Sampled elements of many tensors in one call (the update stream: each parameter at its fixed
+ * sample indices, before and after the optimizer step). For tensor i, sample element j is
+ * srcs[i][idxs[i][j]] for j < ns[i] (idxs[i] NULL: srcs[i][j], the first ns[i] elements); kinds[i]
+ * is 0 for float32 (srcs[i] and dsts[i] float) and 1 for float64 (both double: a float32 copy
+ * would round after - before away). subtract == 0 writes the sample into dsts[i]; subtract == 1
+ * writes sample - dsts[i] in place (after - before, rounded once in the tensor's dtype, as
+ * torch's sub_). The caller checks once that every index lies in [0, numel of srcs[i]).
+ * A 4096-element sample of a large parameter is about one element per cache line, so the call
+ * reads most of the parameter's memory: its cost is memory traffic. The sorted indices skip
+ * lines irregularly, so a software prefetch GATHER_AHEAD samples ahead hides some latency. */
+#define GATHER_AHEAD 32
+#define GATHER_RANGE(NAME, T)                                                                 \
+    static void NAME(const T *restrict src, const int64_t *restrict idx, int64_t n,          \
+                     T *restrict dst, int subtract) {                                         \
+        if (idx == NULL && !subtract) { memcpy(dst, src, (size_t)n * sizeof(T)); return; }    \
+        if (idx == NULL) { for (int64_t j = 0; j < n; j++) dst[j] = src[j] - dst[j]; return; } \
+        for (int64_t j = 0; j < n; j++) {                                                     \
+            if (j + GATHER_AHEAD < n) __builtin_prefetch(&src[idx[j + GATHER_AHEAD]]);        \
+            dst[j] = subtract ? src[idx[j]] - dst[j] : src[idx[j]];                           \
+        }                                                                                     \
+    }
+GATHER_RANGE(gather_f32, float)
+GATHER_RANGE(gather_f64, double)
+
+void stepscope_gather_many(int64_t count, const void *const *srcs, const int32_t *kinds,
+                           const int64_t *const *idxs, const int64_t *ns, void *const *dsts,
+                           int subtract) {
+    for (int64_t i = 0; i < count; i++) {
+        if (ns[i] <= 0) continue;
+        if (kinds[i])
+            gather_f64((const double *)srcs[i], idxs[i], ns[i], (double *)dsts[i], subtract);
+        else
+            gather_f32((const float *)srcs[i], idxs[i], ns[i], (float *)dsts[i], subtract);
+    }
+}
+
 /* Histogram. table[se] (se = sign and exponent bits) holds the slot for that exponent, with bit 30
  * set when the mantissa thresholds refine it (in-window exponents). Special slots: nb2 + {0 zero,
  * 1 uf+, 2 uf-, 3 of+, 4 of-, 5 nan, 6 +inf, 7 -inf}; subnormals map to underflow (the window
@@ -567,7 +603,7 @@ void stepscope_spine_merge(double *a, const double *b) {
     memcpy(a, out, sizeof(out));
 }
 
-int stepscope_kernels_version(void) { return 7; }
+int stepscope_kernels_version(void) { return 8; }
 
 /* Which instruction set the dispatched loops use: 5 = x86-64-v4 clone (AVX-512 + FMA), 4 =
  * x86-64-v3 clone (AVX2 + FMA), 3 = AVX-512F clone, 2 = AVX2 clone (compilers before GCC 12),

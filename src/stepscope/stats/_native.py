@@ -34,7 +34,7 @@ from typing import Any
 _SOURCE = Path(__file__).with_name("_kernels.c")
 _EXTENSION = "stepscope.stats._stepscope_kernels"
 #: The ABI the Python side expects (``stepscope_kernels_version()`` in ``_kernels.c``).
-KERNELS_VERSION = 7
+KERNELS_VERSION = 8
 _LOCK = threading.Lock()
 _STATE: dict[str, object] = {}
 
@@ -147,6 +147,7 @@ EXPORTS: dict[str, tuple[list[Any], Any]] = {
     "stepscope_spine_f64": ([_P, _I64, _I32, _P], None),
     "stepscope_spine_many": ([_I64, _P, _P, _P, _I32, _P], None),
     "stepscope_spine_merge": ([_P, _P], None),
+    "stepscope_gather_many": ([_I64, _P, _P, _P, _P, _P, _I32], None),
     "stepscope_hist_f32": ([_P, _I64, _P, _P, _I32, _I64, _I64, _I32, _P], None),
     "stepscope_hist_f64": ([_P, _I64, _P, _P, _I32, _I64, _I64, _I32, _P], None),
     "stepscope_spine_hist_f32": ([_P, _I64, _P, _P, _I32, _I64, _I64, _I32, _P, _P], None),
