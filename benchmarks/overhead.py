@@ -254,14 +254,17 @@ def torchlens_arm(make, tmp: str, x: torch.Tensor) -> Arm | str:
 # ------------------------------------------------------------------------------------ running
 
 
-def floor_seconds(model: nn.Module, x, y, sample: int) -> tuple[float, int]:
-    """One torch.sum pass over exactly the tensors a fully logged step observes (5 streams)."""
+def floor_seconds(
+    model: nn.Module, x, y, sample: int, activation_grads: bool = True
+) -> tuple[float, int]:
+    """One torch.sum pass over exactly the tensors a fully logged step observes (5 streams;
+    4 without ``activation_grads``: activations, parameters, gradients, update samples)."""
     captured: list[torch.Tensor] = []
     leaves = [m for n, m in model.named_modules() if n and next(m.children(), None) is None]
 
     def keep(m, i, o):
         captured.append(o.detach())
-        if o.requires_grad:
+        if activation_grads and o.requires_grad:
             o.register_hook(lambda g: captured.append(g.detach()))
 
     handles = [m.register_forward_hook(keep) for m in leaves]
@@ -309,8 +312,10 @@ def run_model(key: str, args, tmp: str) -> None:
                 torchlens_arm(make, tmp, data[0][0]),
             ):
                 (arms.append if isinstance(made, Arm) else notes.append)(made)
+    four_arm = None
     if key in ("mlp4", "ciresan"):
-        arms.append(stepscope_arm("stepscope 4 spines every step", make, tmp, four, Cadence(1, None)))
+        four_arm = stepscope_arm("stepscope 4 spines every step", make, tmp, four, Cadence(1, None))
+        arms.append(four_arm)
     full = None
     if key == "ciresan":
         full = stepscope_arm("stepscope 5 streams, spine 1, hist 10", make, tmp, ALL_STREAMS, Cadence(1, 10))
@@ -347,6 +352,15 @@ def run_model(key: str, args, tmp: str) -> None:
                 f"{d['training_seconds_median'] * 1e3:.1f} ms, fixed {d['fixed_seconds'] * 1e3:.2f} ms, "
                 f"streams { {s: round(v * 1e3, 2) for s, v in d['stream_seconds_median'].items()} } ms"
             )
+    if four_arm is not None:  # what any tool that reads these tensors once must pay
+        floor4, n4 = floor_seconds(control.model, *data[0], 4096, activation_grads=False)
+        extra = (sum(four_arm.times) - total_c) / len(four_arm.times)
+        print(
+            f"\nfour spines' floor: one torch.sum pass over the {n4:,} elements they read = "
+            f"{floor4 * 1e3:.2f} ms = {floor4 / med_c:.3f} of a control step (so a 4-spine arm "
+            f"costs at least {1 + floor4 / med_c:.3f}x); stepscope's arm adds {extra * 1e3:.2f} ms "
+            f"= {extra / floor4:.2f}x that floor"
+        )
     if full is not None:
         floor, n_el = floor_seconds(control.model, *data[0], 4096)
         tel = full.telemetry[args.warmup :]
