@@ -32,6 +32,11 @@ PHASE: dict[str, Phase] = {
     "update": Phase.POST_STEP,
 }
 
+#: The step boundary's fast paths (cached per-stream plans, batches built without re-checking
+#: what the boundary constructed itself, no host work on steps where nothing is due). ``False``
+#: takes the plain path everywhere; a test records the same run both ways and compares.
+FAST_BOUNDARY = True
+
 
 @dataclass
 class StepState:
