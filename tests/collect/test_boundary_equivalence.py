@@ -51,6 +51,9 @@ MODELS = {
     "gpt": (TinyGPT, _gpt_batch, "h.1", ("h.0.mlp.0", "h.1.ln_1"), "h.0.attn.qkv.weight"),
     "cnn": (ResNetish, _cnn_batch, "layer1", ("layer1.bn1", "fc"), "layer2.conv1.weight"),
 }
+#: model surgery: this Linear is replaced by a fresh one before step SURGERY_AT (new series)
+REPLACED = {"gpt": ("h.1.mlp", "0"), "cnn": ("", "fc")}
+SURGERY_AT = 12
 
 
 def _inject(monkeypatch: pytest.MonkeyPatch, model_name: str) -> None:
@@ -63,6 +66,7 @@ def _inject(monkeypatch: pytest.MonkeyPatch, model_name: str) -> None:
         state = self.recording()
         if state is not None and state.step in INJECT_AT and state.spine_due[row.stream]:
             if row.site == failing and row.stream == "activation":
+                real_reduce(self, row, tensor)  # written, then raised: the row is dropped
                 state.failed[row.index] = "RuntimeError"
                 return
             if row.site == refused and row.stream == "activation":
@@ -73,13 +77,11 @@ def _inject(monkeypatch: pytest.MonkeyPatch, model_name: str) -> None:
     def reduce_many(self, stream, pairs):
         state = self.recording()
         if state is not None and state.step in INJECT_AT and stream == "gradient":
-            kept = []
-            for row, tensor in pairs:
+            real_many(self, stream, pairs)  # written, then raised: the row is dropped
+            for row, _ in pairs:
                 if row.site == grad_site:
                     state.failed[row.index] = "ValueError"
-                else:
-                    kept.append((row, tensor))
-            pairs = kept
+            return
         real_many(self, stream, pairs)
 
     monkeypatch.setattr(Reducer, "reduce", reduce)
@@ -96,6 +98,12 @@ def _record(model_name: str, cadence: Cadence | None, path: str) -> HistoryColle
         model, cadence=cadence, settings=WatchSettings(output_dir=path, update_sample_size=64)
     )
     for step in range(STEPS):
+        if step == SURGERY_AT:
+            parent_name, child = REPLACED[model_name]
+            parent = model.get_submodule(parent_name)
+            old = getattr(parent, child)
+            torch.manual_seed(step)
+            setattr(parent, child, torch.nn.Linear(old.in_features, old.out_features))
         with c.step(opt, examples=3 + step % 2) as txn:
             x, y = batch(g, step)
             out = model(x)
@@ -166,6 +174,8 @@ def test_fast_boundary_stores_exactly_what_the_plain_boundary_stores(
     assert "unsupported:injected" in notes
     assert any(n.startswith("update_sampled:") for n in notes)
     assert any(n.startswith("branch_not_run:") for n in notes)
+    ended = {s["ended_reason"] for s in fast["sites"]}
+    assert "module_replaced" in ended  # the surgery started new series mid-run
     if model_name == "gpt":  # its attention dropout never runs
         assert stepstate_mod.ABSENT in _presences(fast)
 

@@ -26,11 +26,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from stepscope.collect import stepstate
 from stepscope.collect.activations import ActivationSites
 from stepscope.collect.reduce import Reducer
 from stepscope.collect.settings import Cadence, WatchSettings
 from stepscope.collect.sites import Row
-from stepscope.collect.stepstate import StepState, assemble_batches, step_truth
+from stepscope.collect.stepstate import StepState, StreamPlan, assemble_batches, step_truth
 from stepscope.collect.store import Store
 from stepscope.collect.warmup import WarmupMeter
 from stepscope.errors import Refusal
@@ -100,6 +101,7 @@ class StepBoundary:
         self.streams, self.by_stream, self.sites, self.reducer = streams, by_stream, sites, reducer
         self.pending, self.clock, self.store, self.rows = pending, clock, store, rows
         self.meter, self.settings = meter, settings
+        self._plans: dict[str, StreamPlan] = {}  # each stream's rows and arrays, between steps
 
     def write(
         self,
@@ -120,16 +122,19 @@ class StepBoundary:
         drained = self.pending.drain(state.step)
         scalars = dict(drained.scalars)
         inactive = {a.name for a in drained.activity if not a.ran}
-        batches = assemble_batches(
-            state,
-            self.streams,
-            self.by_stream,
-            host,
-            self.reducer.stagings,
-            scaler,
-            self.settings.update_sample_size,
-        )
-        batches = withhold_inactive(batches, self.store.catalog.sites, inactive)
+        batches: list[ObservationBatch] = []
+        if any_due or not stepstate.FAST_BOUNDARY:  # nothing due: no batch (none is assembled)
+            batches = assemble_batches(
+                state,
+                self.streams,
+                self.by_stream,
+                host,
+                self.reducer.stagings,
+                scaler,
+                self.settings.update_sample_size,
+                self._plans if stepstate.FAST_BOUNDARY else None,
+            )
+            batches = withhold_inactive(batches, self.store.catalog.sites, inactive)
         if examples_seen is not None:  # None: unknown since a resume (never restarted at 0)
             examples_seen += state.examples or 0
         block = StepBlockRecord(
