@@ -36,8 +36,15 @@ from stepscope.collect.store import Store
 from stepscope.collect.warmup import WarmupMeter
 from stepscope.errors import Refusal
 from stepscope.events.convert import events_from_step
-from stepscope.history import CloseReport, ObservationBatch, StepBlockRecord, StepProvenance
+from stepscope.history import (
+    CloseReport,
+    ObservationBatch,
+    StepBlockRecord,
+    StepProvenance,
+    StepTruth,
+)
 from stepscope.runlog import (
+    Drained,
     PendingStep,
     StepClock,
     clock_scalars,
@@ -47,6 +54,9 @@ from stepscope.runlog import (
 )
 
 __all__ = ["StepBoundary", "WrittenStep"]
+
+#: what a step that logged nothing drains (never mutated: the boundary copies its scalars)
+NOTHING_LOGGED = Drained()
 
 
 @dataclass(frozen=True)
@@ -102,6 +112,7 @@ class StepBoundary:
         self.pending, self.clock, self.store, self.rows = pending, clock, store, rows
         self.meter, self.settings = meter, settings
         self._plans: dict[str, StreamPlan] = {}  # each stream's rows and arrays, between steps
+        self._truths: dict[tuple[Any, ...], StepTruth] = {}  # step facts seen, by their inputs
 
     def write(
         self,
@@ -119,11 +130,13 @@ class StepBoundary:
         hist_step = any(state.hist_due.values())
         any_due = any(state.spine_due.values())  # nothing due: no copy at all this step
         host = self.reducer.to_host(hist_step) if any_due else {}
-        drained = self.pending.drain(state.step)
+        fast = stepstate.FAST_BOUNDARY
+        # nothing logged this step (the common case): nothing to drain
+        drained = self.pending.drain(state.step) if self.pending or not fast else NOTHING_LOGGED
         scalars = dict(drained.scalars)
         inactive = {a.name for a in drained.activity if not a.ran}
         batches: list[ObservationBatch] = []
-        if any_due or not stepstate.FAST_BOUNDARY:  # nothing due: no batch (none is assembled)
+        if any_due or not fast:  # nothing due: no batch (none is assembled)
             batches = assemble_batches(
                 state,
                 self.streams,
@@ -132,7 +145,7 @@ class StepBoundary:
                 self.reducer.stagings,
                 scaler,
                 self.settings.update_sample_size,
-                self._plans if stepstate.FAST_BOUNDARY else None,
+                self._plans if fast else None,
             )
             batches = withhold_inactive(batches, self.store.catalog.sites, inactive)
         if examples_seen is not None:  # None: unknown since a resume (never restarted at 0)
@@ -142,7 +155,9 @@ class StepBoundary:
             examples_seen=examples_seen if state.examples is not None else None,
             epoch=state.epoch,
             provenance=provenance,
-            truth=step_truth(state, scaler, provenance, optimizer_known),
+            truth=step_truth(
+                state, scaler, provenance, optimizer_known, self._truths if fast else None
+            ),
             wall_time=time.time(),
         )
         # clocks before the write: a host-clock row travels in the block's scalars (and live

@@ -49,6 +49,7 @@ from typing import Any
 
 import torch
 
+from stepscope.collect import stepstate
 from stepscope.collect.activations import ActivationSites
 from stepscope.collect.autocadence import AutoCadence
 from stepscope.collect.boundary import StepBoundary
@@ -188,6 +189,7 @@ class HistoryCollector(UserLog):
         self._state: StepState | None = None
         self._txn_open = False
         self._scaler: Any = None
+        self._staged = True  # rows may be staged since the buffers' last reset
         self.last_block: StepBlockRecord | None = None
         self.telemetry_seconds = 0.0
         store = open_store(watched, self.settings, streams, self.cadences, self.auto)
@@ -318,11 +320,16 @@ class HistoryCollector(UserLog):
         state.activations_quiet = not (due.get("activation") or due.get("activation_grad"))
         # model surgery is looked for before steps that record rows: a step with nothing due
         # records none, so a change is found (and its series ended) at the next step with some
-        state.structure_checked = not any(due.values())  # histogram steps are spine steps
+        any_due = any(due.values())  # histogram steps are spine steps
+        state.structure_checked = not any_due
         self._sites.rest(state.activations_quiet)  # quiet: module hooks off (torch's fast path)
         self._state = state
         self.clock.begin(step)
-        self._reducer.reset()
+        # rows are staged only while a step with something due is open: after a quiet step the
+        # buffers' flags are still clear (no numpy call on nine steps in ten by default)
+        if self._staged or not stepstate.FAST_BOUNDARY:
+            self._reducer.reset()
+        self._staged = any_due
         return state
 
     def _current(self) -> StepState:

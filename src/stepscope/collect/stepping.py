@@ -90,6 +90,9 @@ class OptimizerSteps:
     # ------------------------------------------------------------------ attaching
     def attach(self, optimizer: Any) -> OptimizerWatch:
         """Watch ``optimizer`` (or the optimizer a wrapper exposes); idempotent."""
+        watch = self.watches.get(id(optimizer))
+        if watch is not None and watch.optimizer is optimizer:  # every step's transaction
+            return watch
         opt = unwrap_optimizer(optimizer)
         watch = self.watches.get(id(opt))
         if watch is None:

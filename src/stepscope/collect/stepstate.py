@@ -121,15 +121,36 @@ class StepTransaction:
 
 
 def step_truth(
-    state: StepState, scaler: Any, provenance: StepProvenance, optimizer_known: bool
+    state: StepState,
+    scaler: Any,
+    provenance: StepProvenance,
+    optimizer_known: bool,
+    seen: dict[tuple[Any, ...], StepTruth] | None = None,
 ) -> StepTruth:
-    """The optimizer facts of a finished step (``unknown`` wherever they were not seen)."""
+    """The optimizer facts of a finished step (``unknown`` wherever they were not seen).
+
+    ``seen`` keeps the facts of earlier steps by their inputs: most steps state the same facts,
+    and a :class:`~stepscope.history.StepTruth` is immutable, so it is built once and shared.
+    """
     if state.skipped and not state.stepped:
         applied = Tristate.NO  # the scaler ended the iteration without an optimizer step
     elif optimizer_known and provenance is StepProvenance.EXPLICIT:
         applied = Tristate.of(state.stepped)
     else:
         applied = Tristate.YES if state.stepped else Tristate.UNKNOWN
+    if seen is None:
+        return _truth(state, applied)
+    scale = state.scale_in_force
+    if scale is not None and not isinstance(scale, float):
+        return _truth(state, applied)  # a device scale: read once, never a key
+    key = (applied, scale, state.scale_grad, state.clipped, state.micro_batches)
+    truth = seen.get(key)
+    if truth is None:
+        truth = seen[key] = _truth(state, applied)
+    return truth
+
+
+def _truth(state: StepState, applied: Tristate) -> StepTruth:
     return StepTruth(
         applied=applied,
         scale=as_scale(state.scale_in_force),
