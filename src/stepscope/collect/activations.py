@@ -104,6 +104,7 @@ class ActivationSites:
         #: a hook fired while ``torch.compile`` traced the model (set again by every replay)
         self.compiled = False
         self._discovered: bool | None = None  # every row has a signature (None: recompute)
+        self._registered: bool | None = None  # every row has a series (None: recompute)
 
     def attach(self) -> None:
         """Register the hooks (the model's own pre/post hooks track where it was called)."""
@@ -231,6 +232,14 @@ class ActivationSites:
         for r in rows.values():
             r.numel = numel
 
+    def _all_registered(self) -> bool:
+        """Whether every activation row has a series (cached until rows change)."""
+        if self._registered is None:
+            self._registered = all(
+                r.site_id is not None for rows in self.rows.values() for r in rows.values()
+            )
+        return self._registered
+
     def _all_discovered(self) -> bool:
         """Whether every activation row has a signature (cached until rows change)."""
         if self._discovered is None:
@@ -242,7 +251,7 @@ class ActivationSites:
     def bind(self, rows: Iterable[Row], sig: str, step: int) -> None:
         """Register rows under ``sig``: discovery, or a structural change (a new series)."""
         catalog = self.host.catalog
-        self._discovered = None
+        self._discovered = self._registered = None
         for row in rows:
             if row.signature == sig:
                 continue
@@ -264,7 +273,7 @@ class ActivationSites:
             for rows in self.rows.values():
                 for r in rows.values():
                     state.unsupported.setdefault(r.index, "torch_compile")
-        if state.activations_quiet:  # no activation row is due: none is registered now
+        if state.activations_quiet or self._all_registered():  # none is registered now
             return
         for rows in self.rows.values():
             todo = [r for r in rows.values() if r.site_id is None and state.spine_due[r.stream]]
@@ -273,7 +282,7 @@ class ActivationSites:
 
     def rebind(self, name: str, new: torch.nn.Module | None) -> list[Row]:
         """Move the hooks of module ``name`` to its replacement; returns its activation rows."""
-        self._discovered = None  # surgery: the replacement's rows are rediscovered
+        self._discovered = self._registered = None  # surgery: the rows are rediscovered
         old = self.bound.pop(name)
         self._resting = [m for m in self._resting if m is not old]
         handle = self._handles.pop(id(old), None)

@@ -38,10 +38,17 @@ from stepscope.history.schema import (
 from stepscope.stats import Histogram, HistogramDescriptor, RunningStats
 from stepscope.stats.layout import N_COUNTS, REDUCTION_DTYPES, SPINE_WIDTH
 
+#: id(member) -> storage code. Members are singletons; str enums compare equal across
+#: vocabularies (Tristate.UNKNOWN == ScaleGrad.UNKNOWN), so codes are never keyed by value.
+_CODES: dict[int, int] = {}
+
 
 def code_of(member: enum.Enum) -> int:
     """The stable 1-based storage code of an enum member."""
-    return list(type(member)).index(member) + 1
+    code = _CODES.get(id(member))
+    if code is None:
+        code = _CODES[id(member)] = list(type(member)).index(member) + 1
+    return code
 
 
 E = TypeVar("E", bound=enum.Enum)
@@ -255,8 +262,7 @@ class ObservationBatch:
             "disclosures": (),
             "row_disclosures": row_disclosures,
         }
-        for name, value in values.items():
-            object.__setattr__(batch, name, value)
+        batch.__dict__.update(values)  # a frozen dataclass: no __setattr__ per field
         return batch
 
     @classmethod
