@@ -94,7 +94,7 @@ class ActivationSites:
         }
         self._handles: dict[int, Any] = {}
         #: modules whose hook is off for a quiet step (see :meth:`rest`)
-        self._resting: list[torch.nn.Module] = []
+        self._resting: list[tuple[torch.nn.Module, Any]] = []  # hooks taken off, handles kept
         #: a compiled model or region was seen: the hooks stay on from then on
         self._compiled_seen = model is not unwrap_compiled(model)
         self._root: list[Any] = []
@@ -139,16 +139,21 @@ class ActivationSites:
                 handle = self._handles.get(id(module))
                 hooks = module._forward_hooks
                 if handle is not None and len(hooks) == 1 and handle.id in hooks:
-                    handle.remove()
+                    del hooks[handle.id]  # what handle.remove() does for a plain forward hook
                     del self._handles[id(module)]
-                    self._resting.append(module)
+                    self._resting.append((module, handle))
             return
         resting, self._resting = self._resting, []
-        for module in resting:
+        for module, handle in resting:
             if id(module) in self.rows and id(module) not in self._handles:
-                self._handles[id(module)] = module.register_forward_hook(
-                    self._forward_hook, prepend=bool(module._forward_hooks)
-                )
+                # back under its own handle (what register_forward_hook(prepend=...) does,
+                # without a new handle per module and step)
+                hooks = module._forward_hooks
+                first = bool(hooks)
+                hooks[handle.id] = self._forward_hook
+                if first:
+                    hooks.move_to_end(handle.id, last=False)  # type: ignore[attr-defined]
+                self._handles[id(module)] = handle
 
     def _enter(self, _module: torch.nn.Module, _inputs: Any) -> None:
         if torch.compiler.is_compiling():  # the model's own hooks are on on every step
@@ -284,7 +289,7 @@ class ActivationSites:
         """Move the hooks of module ``name`` to its replacement; returns its activation rows."""
         self._discovered = self._registered = None  # surgery: the rows are rediscovered
         old = self.bound.pop(name)
-        self._resting = [m for m in self._resting if m is not old]
+        self._resting = [(m, h) for m, h in self._resting if m is not old]
         handle = self._handles.pop(id(old), None)
         if handle is not None:
             handle.remove()
