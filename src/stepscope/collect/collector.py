@@ -57,7 +57,13 @@ from stepscope.collect.livemerge import LiveMerge, safe_merge
 from stepscope.collect.optimizers import OptimizerWatch
 from stepscope.collect.plan import Plan, build_plan
 from stepscope.collect.reduce import Reducer
-from stepscope.collect.settings import Cadence, WatchSettings, check_streams, resolve_cadence
+from stepscope.collect.settings import (
+    Cadence,
+    DueTable,
+    WatchSettings,
+    check_streams,
+    resolve_cadence,
+)
 from stepscope.collect.sites import (
     Row,
     build_rows,
@@ -155,6 +161,7 @@ class HistoryCollector(UserLog):
             self.auto = cadence if isinstance(cadence, AutoCadence) else AutoCadence()
             cadence = dict.fromkeys(streams, self.auto.warmup_cadence())
         self.cadences: dict[str, Cadence] = resolve_cadence(cadence, streams)
+        self._due = DueTable(self.cadences, self.streams)  # which streams are due at a step
         s = self.settings
         policy = (s.commit_steps, s.commit_seconds) if s.output_dir else None
         self._meter = None if self.auto is None else WarmupMeter(self.auto, streams, policy)
@@ -310,11 +317,11 @@ class HistoryCollector(UserLog):
         step = self._next_step
         if not self.ring.disk_backed:
             self.ring.check_room()  # refuse *before* the step that would not fit
+        if not self._due.matches(self.cadences):  # "auto" decided, or cadences were replaced
+            self._due = DueTable(self.cadences, self.streams)
+        spine_due, hist_due = self._due.at(step)
         state = StepState(
-            step=step,
-            spine_due={s: self.cadences[s].spine_due(step) for s in self.streams},
-            hist_due={s: self.cadences[s].histogram_due(step) for s in self.streams},
-            started=time.perf_counter(),
+            step=step, spine_due=spine_due, hist_due=hist_due, started=time.perf_counter()
         )
         due = state.spine_due
         state.activations_quiet = not (due.get("activation") or due.get("activation_grad"))
