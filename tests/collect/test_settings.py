@@ -37,7 +37,9 @@ def test_the_due_table_knows_which_cadences_it_was_built_for():
     cadences = {s: DEFAULT_CADENCE[s] for s in STREAMS}
     table = DueTable(cadences, STREAMS)
     assert table.matches(dict(cadences))
-    assert not table.matches({**cadences, "gradient": Cadence(10, 100)})  # equal, not the same
+    assert table.matches({**cadences, "gradient": Cadence(10, 100)})  # equal: same answers
+    assert not table.matches({**cadences, "gradient": Cadence(10, 50)})
+    assert not table.matches({s: cadences[s] for s in STREAMS[:2]})
     assert (
         table.period == 100
         and DueTable({s: Cadence(997, 991) for s in STREAMS}, STREAMS).period == 0

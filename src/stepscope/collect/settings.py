@@ -125,6 +125,8 @@ class DueTable:
 
     def __init__(self, cadences: Mapping[str, Cadence], streams: Iterable[str]) -> None:
         self.cadences = tuple((s, cadences[s]) for s in streams)
+        self.streams = tuple(s for s, _ in self.cadences)
+        self.values = tuple(c for _, c in self.cadences)
         schedules = [v for _, c in self.cadences for v in (c.spine, c.histogram)]
         # a Cadence holds predicates, None or ints >= 0 (checked when it was made)
         periods = [v for v in schedules if isinstance(v, int) and v > 0]
@@ -134,9 +136,8 @@ class DueTable:
         self._seen: dict[int, tuple[dict[str, bool], dict[str, bool]]] = {}
 
     def matches(self, cadences: Mapping[str, Cadence]) -> bool:
-        """Whether this table was built for ``cadences`` (the same objects, in order)."""
-        mine = self.cadences
-        return len(mine) == len(cadences) and all(cadences.get(s) is c for s, c in mine)
+        """Whether this table answers for ``cadences`` (the same, or equal, cadences)."""
+        return tuple(map(cadences.get, self.streams)) == self.values
 
     def _ask(self, step: int) -> tuple[dict[str, bool], dict[str, bool]]:
         spine = {s: c.spine_due(step) for s, c in self.cadences}
