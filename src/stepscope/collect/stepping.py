@@ -203,7 +203,8 @@ class OptimizerSteps:
             if deltas:  # the sampling is telemetry too (its pre-step half is charged as well)
                 state.charge("update", time.perf_counter() - t0)
             self.reducer.reduce_many("update", deltas)
-        self.take_parameters(watch.owned("parameter"))
+        if state.spine_due.get("parameter", False):  # else nothing to read (nor to look up)
+            self.take_parameters(watch.owned("parameter"))
         state.hook_calls += 1
         state.hook_s += time.perf_counter() - t_hook - (state.telemetry_s - charged)
         if not self.host._txn_open:  # implicit spelling: the optimizer step ends the step
