@@ -88,7 +88,7 @@ def _inject(monkeypatch: pytest.MonkeyPatch, model_name: str) -> None:
     monkeypatch.setattr(Reducer, "reduce_many", reduce_many)
 
 
-def _record(model_name: str, cadence: Cadence | None, path: str) -> HistoryCollector:
+def _record(model_name: str, cadence: Cadence | None, path: str | None) -> HistoryCollector:
     build, batch, branch, _, _ = MODELS[model_name]
     torch.manual_seed(0)
     model = build()
@@ -192,3 +192,31 @@ def test_the_plain_boundary_is_a_different_code_path(tmp_path, monkeypatch):
     monkeypatch.setattr(boundary_mod, "assemble_batches", spy)
     _record("gpt", Cadence(5, 0), str(tmp_path / "run"))
     assert len(calls) == STEPS
+
+
+def _ring(c: HistoryCollector) -> list:
+    """Every batch the RAM ring holds, field by field (arrays as dtype, shape and bytes)."""
+
+    def plain(v):
+        if isinstance(v, np.ndarray):
+            return (v.dtype.str, v.shape, v.tobytes())
+        return v
+
+    out = []
+    for rb in c.ring.blocks():
+        out.append(rb.block.to_dict() | {"wall_time": None})
+        for b in rb.batches:
+            out.append({k: plain(v) for k, v in b.__dict__.items()})
+    return out
+
+
+@pytest.mark.parametrize("cadence", [None, Cadence(1, 2)], ids=["default", "every_step"])
+def test_fast_boundary_keeps_the_same_ram_ring(cadence, monkeypatch):
+    """Without an output directory the steps live in the RAM ring: the same batches there."""
+    _inject(monkeypatch, "gpt")
+    fast = _ring(_record("gpt", cadence, None))
+    with monkeypatch.context() as m:
+        m.setattr(stepstate_mod, "FAST_BOUNDARY", False)
+        m.setattr(boundary_mod, "assemble_batches", reference_assemble_batches)
+        plain = _ring(_record("gpt", cadence, None))
+    assert len(fast) > STEPS and fast == plain
