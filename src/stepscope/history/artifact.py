@@ -252,8 +252,8 @@ class ArtifactWriter(SiteTable):
                 ["write each optimizer step once, in increasing order"],
             )
         all_batches = list(batches)
-        if observations:
-            recs = list(observations)
+        recs = list(observations)
+        if recs:  # records are user input: checked like any batch
             for r in recs:
                 if r.step != step:
                     raise Refusal(
@@ -299,10 +299,11 @@ class ArtifactWriter(SiteTable):
             self._intern(self.disclosures, b.disclosures) if b.disclosures else -1
         )
         rows = b.row_disclosures
-        if rows is not None and not b.disclosures and all(len(set(d)) == len(d) for d in set(rows)):
+        distinct = set() if rows is None else set(rows)
+        if rows is not None and not b.disclosures and all(len(set(d)) == len(d) for d in distinct):
             # a row's disclosures are its own (no batch-wide ones, no repeats): row_disclosure(i)
             # is rows[i], so the sets are interned in the same order without the per-row calls
-            ids = {d: self._intern(self.disclosures, d) if d else -1 for d in set(rows)}
+            ids = {d: self._intern(self.disclosures, d) if d else -1 for d in distinct}
             discl = np.array([ids[d] for d in rows], np.int32)
         elif rows is not None:  # few distinct sets: intern each once
             ids = {
