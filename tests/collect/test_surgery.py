@@ -137,3 +137,54 @@ def test_find_changes_sees_nothing_on_an_unchanged_model():
     c = HistoryCollector(model, streams=("gradient",), cadence=1)
     assert find_changes(model, c._sites.bound, c.rows) == []
     c.close()
+
+
+def _nested():
+    torch.manual_seed(0)
+    inner = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.ReLU())
+    return torch.nn.Sequential(inner, torch.nn.Sequential(torch.nn.Linear(3, 2)))
+
+
+def _edges_hold(edges):
+    return all(holder.get(key) is obj for holder, key, obj in edges)
+
+
+def test_identity_edges_hold_exactly_until_find_changes_would_find_something():
+    """Brute force over surgeries: whenever the precomputed links still hold, the full walk
+    from the root finds no change; a real change always breaks a link."""
+    from stepscope.collect.sites import build_rows, leaf_modules
+    from stepscope.collect.surgery import identity_edges
+    from stepscope.selection import select_modules
+
+    def rows_of(model):
+        selected = select_modules(model, leaf_modules)
+        rows = build_rows(selected, ("parameter",), None)
+        return dict(selected), [r for r in rows if r.param is not None]
+
+    surgeries = {
+        "none": lambda m: None,
+        "leaf replaced": lambda m: m[0].__setitem__(0, torch.nn.Linear(3, 3)),
+        "container replaced, same children": lambda m: m.__setitem__(
+            1, torch.nn.Sequential(m[1][0])
+        ),
+        "container replaced, new child": lambda m: m.__setitem__(
+            1, torch.nn.Sequential(torch.nn.Linear(3, 2))
+        ),
+        "leaf removed": lambda m: delattr(m[0], "1"),
+        "parameter replaced": lambda m: setattr(
+            m[0][0], "weight", torch.nn.Parameter(torch.zeros(3, 3))
+        ),
+        "parameter removed": lambda m: setattr(m[1][0], "bias", None),
+    }
+    for name, surgery in surgeries.items():
+        model = _nested()
+        modules, params = rows_of(model)
+        edges = identity_edges(model, modules, params)
+        surgery(model)
+        changes = find_changes(model, modules, params)
+        if _edges_hold(edges):
+            assert changes == [], name
+        else:
+            assert changes or name == "container replaced, same children", name
+        expect_change = name not in ("none", "container replaced, same children")
+        assert bool(changes) == expect_change, name

@@ -288,3 +288,42 @@ def test_a_second_live_writer_on_the_same_artifact_refuses(run_dir, hx):
     w.close()
     again = ArtifactWriter(run_dir, resume=True)  # the lock goes with close()
     again.close()
+
+
+@pytest.mark.parametrize(
+    "batch_wide, rows",
+    [
+        ((), (("b",), (), ("a", "b"), ("b",), ("c",), ("a", "b"))),  # the collector's shape
+        ((), (("a", "a"), ("a",), (), ("b", "a", "b"))),  # repeats inside a row: deduplicated
+        (("w",), (("a",), (), ("w", "a"), ("b",))),  # batch-wide disclosures come first
+    ],
+    ids=["own", "repeats", "batch_wide"],
+)
+def test_row_disclosures_are_interned_as_each_row_states_them(tmp_path, batch_wide, rows):
+    """Each row's stored disclosure set is row_disclosure(i), interned in the order the
+    per-row walk interns them (a set of the rows' full disclosures)."""
+    from stepscope.stats import SPINE_WIDTH
+
+    n = len(rows)
+    with ArtifactWriter(tmp_path / "r") as w:
+        ids = [w.register_site(f"s{i}", "Linear", "f32[*]") for i in range(n)]
+        b = ObservationBatch.observed(
+            "activation",
+            "forward",
+            ids,
+            np.zeros((n, SPINE_WIDTH)),
+            disclosures=batch_wide,
+            row_disclosures=rows,
+        )
+        expected_table = list(w.disclosures)  # the per-row walk, replayed on a copy
+        if batch_wide:  # the batch-wide set is interned first
+            expected_table.append(batch_wide)
+        for d in set(map(b.row_disclosure, range(n))):
+            if d and d not in expected_table:
+                expected_table.append(d)
+        obs, _ = w._encode(0, b)
+        assert list(w.disclosures) == expected_table
+        for i in range(n):
+            full = b.row_disclosure(i)
+            got = obs["disclosure"][i]
+            assert (got == -1) if not full else w.disclosures[got] == full

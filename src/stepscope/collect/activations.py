@@ -94,7 +94,7 @@ class ActivationSites:
         }
         self._handles: dict[int, Any] = {}
         #: modules whose hook is off for a quiet step (see :meth:`rest`)
-        self._resting: list[torch.nn.Module] = []
+        self._resting: list[tuple[torch.nn.Module, Any]] = []  # hooks taken off, handles kept
         #: a compiled model or region was seen: the hooks stay on from then on
         self._compiled_seen = model is not unwrap_compiled(model)
         self._root: list[Any] = []
@@ -104,6 +104,7 @@ class ActivationSites:
         #: a hook fired while ``torch.compile`` traced the model (set again by every replay)
         self.compiled = False
         self._discovered: bool | None = None  # every row has a signature (None: recompute)
+        self._registered: bool | None = None  # every row has a series (None: recompute)
 
     def attach(self) -> None:
         """Register the hooks (the model's own pre/post hooks track where it was called)."""
@@ -138,16 +139,21 @@ class ActivationSites:
                 handle = self._handles.get(id(module))
                 hooks = module._forward_hooks
                 if handle is not None and len(hooks) == 1 and handle.id in hooks:
-                    handle.remove()
+                    del hooks[handle.id]  # what handle.remove() does for a plain forward hook
                     del self._handles[id(module)]
-                    self._resting.append(module)
+                    self._resting.append((module, handle))
             return
         resting, self._resting = self._resting, []
-        for module in resting:
+        for module, handle in resting:
             if id(module) in self.rows and id(module) not in self._handles:
-                self._handles[id(module)] = module.register_forward_hook(
-                    self._forward_hook, prepend=bool(module._forward_hooks)
-                )
+                # back under its own handle (what register_forward_hook(prepend=...) does,
+                # without a new handle per module and step)
+                hooks = module._forward_hooks
+                first = bool(hooks)
+                hooks[handle.id] = self._forward_hook
+                if first:
+                    hooks.move_to_end(handle.id, last=False)  # type: ignore[attr-defined]
+                self._handles[id(module)] = handle
 
     def _enter(self, _module: torch.nn.Module, _inputs: Any) -> None:
         if torch.compiler.is_compiling():  # the model's own hooks are on on every step
@@ -231,6 +237,14 @@ class ActivationSites:
         for r in rows.values():
             r.numel = numel
 
+    def _all_registered(self) -> bool:
+        """Whether every activation row has a series (cached until rows change)."""
+        if self._registered is None:
+            self._registered = all(
+                r.site_id is not None for rows in self.rows.values() for r in rows.values()
+            )
+        return self._registered
+
     def _all_discovered(self) -> bool:
         """Whether every activation row has a signature (cached until rows change)."""
         if self._discovered is None:
@@ -242,7 +256,7 @@ class ActivationSites:
     def bind(self, rows: Iterable[Row], sig: str, step: int) -> None:
         """Register rows under ``sig``: discovery, or a structural change (a new series)."""
         catalog = self.host.catalog
-        self._discovered = None
+        self._discovered = self._registered = None
         for row in rows:
             if row.signature == sig:
                 continue
@@ -264,7 +278,7 @@ class ActivationSites:
             for rows in self.rows.values():
                 for r in rows.values():
                     state.unsupported.setdefault(r.index, "torch_compile")
-        if state.activations_quiet:  # no activation row is due: none is registered now
+        if state.activations_quiet or self._all_registered():  # none is registered now
             return
         for rows in self.rows.values():
             todo = [r for r in rows.values() if r.site_id is None and state.spine_due[r.stream]]
@@ -273,9 +287,9 @@ class ActivationSites:
 
     def rebind(self, name: str, new: torch.nn.Module | None) -> list[Row]:
         """Move the hooks of module ``name`` to its replacement; returns its activation rows."""
-        self._discovered = None  # surgery: the replacement's rows are rediscovered
+        self._discovered = self._registered = None  # surgery: the rows are rediscovered
         old = self.bound.pop(name)
-        self._resting = [m for m in self._resting if m is not old]
+        self._resting = [(m, h) for m, h in self._resting if m is not old]
         handle = self._handles.pop(id(old), None)
         if handle is not None:
             handle.remove()

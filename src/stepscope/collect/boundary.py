@@ -26,17 +26,25 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from stepscope.collect import stepstate
 from stepscope.collect.activations import ActivationSites
 from stepscope.collect.reduce import Reducer
 from stepscope.collect.settings import Cadence, WatchSettings
 from stepscope.collect.sites import Row
-from stepscope.collect.stepstate import StepState, assemble_batches, step_truth
+from stepscope.collect.stepstate import StepState, StreamPlan, assemble_batches, step_truth
 from stepscope.collect.store import Store
 from stepscope.collect.warmup import WarmupMeter
 from stepscope.errors import Refusal
 from stepscope.events.convert import events_from_step
-from stepscope.history import CloseReport, ObservationBatch, StepBlockRecord, StepProvenance
+from stepscope.history import (
+    CloseReport,
+    ObservationBatch,
+    StepBlockRecord,
+    StepProvenance,
+    StepTruth,
+)
 from stepscope.runlog import (
+    Drained,
     PendingStep,
     StepClock,
     clock_scalars,
@@ -46,6 +54,9 @@ from stepscope.runlog import (
 )
 
 __all__ = ["StepBoundary", "WrittenStep"]
+
+#: what a step that logged nothing drains (never mutated: the boundary copies its scalars)
+NOTHING_LOGGED = Drained()
 
 
 @dataclass(frozen=True)
@@ -100,6 +111,8 @@ class StepBoundary:
         self.streams, self.by_stream, self.sites, self.reducer = streams, by_stream, sites, reducer
         self.pending, self.clock, self.store, self.rows = pending, clock, store, rows
         self.meter, self.settings = meter, settings
+        self._plans: dict[str, StreamPlan] = {}  # each stream's rows and arrays, between steps
+        self._truths: dict[tuple[Any, ...], StepTruth] = {}  # step facts seen, by their inputs
 
     def write(
         self,
@@ -117,19 +130,24 @@ class StepBoundary:
         hist_step = any(state.hist_due.values())
         any_due = any(state.spine_due.values())  # nothing due: no copy at all this step
         host = self.reducer.to_host(hist_step) if any_due else {}
-        drained = self.pending.drain(state.step)
+        fast = stepstate.FAST_BOUNDARY
+        # nothing logged this step (the common case): nothing to drain
+        drained = self.pending.drain(state.step) if self.pending or not fast else NOTHING_LOGGED
         scalars = dict(drained.scalars)
         inactive = {a.name for a in drained.activity if not a.ran}
-        batches = assemble_batches(
-            state,
-            self.streams,
-            self.by_stream,
-            host,
-            self.reducer.stagings,
-            scaler,
-            self.settings.update_sample_size,
-        )
-        batches = withhold_inactive(batches, self.store.catalog.sites, inactive)
+        batches: list[ObservationBatch] = []
+        if any_due or not fast:  # nothing due: no batch (none is assembled)
+            batches = assemble_batches(
+                state,
+                self.streams,
+                self.by_stream,
+                host,
+                self.reducer.stagings,
+                scaler,
+                self.settings.update_sample_size,
+                self._plans if fast else None,
+            )
+            batches = withhold_inactive(batches, self.store.catalog.sites, inactive)
         if examples_seen is not None:  # None: unknown since a resume (never restarted at 0)
             examples_seen += state.examples or 0
         block = StepBlockRecord(
@@ -137,7 +155,9 @@ class StepBoundary:
             examples_seen=examples_seen if state.examples is not None else None,
             epoch=state.epoch,
             provenance=provenance,
-            truth=step_truth(state, scaler, provenance, optimizer_known),
+            truth=step_truth(
+                state, scaler, provenance, optimizer_known, self._truths if fast else None
+            ),
             wall_time=time.time(),
         )
         # clocks before the write: a host-clock row travels in the block's scalars (and live

@@ -108,6 +108,51 @@ DEFAULT_CADENCE: dict[str, Cadence] = {
 }
 
 
+class DueTable:
+    """Which streams' spines and histograms are due at a step, for a fixed set of cadences.
+
+    With int cadences the pattern repeats every ``lcm`` of the periods, so each residue is
+    computed once (at most :attr:`MAX_PERIOD` of them); a predicate cadence is asked at every
+    step. :meth:`at` returns fresh dicts, equal to asking each :class:`Cadence`.
+
+    >>> cadences = {"activation": Cadence(10, 100), "gradient": Cadence(5, 0)}
+    >>> table = DueTable(cadences, ("activation", "gradient"))
+    >>> table.at(105), table.period
+    (({'activation': False, 'gradient': True}, {'activation': False, 'gradient': False}), 100)
+    """
+
+    MAX_PERIOD = 4096
+
+    def __init__(self, cadences: Mapping[str, Cadence], streams: Iterable[str]) -> None:
+        self.cadences = tuple((s, cadences[s]) for s in streams)
+        self.streams = tuple(s for s, _ in self.cadences)
+        self.values = tuple(c for _, c in self.cadences)
+        schedules = [v for _, c in self.cadences for v in (c.spine, c.histogram)]
+        # a Cadence holds predicates, None or ints >= 0 (checked when it was made)
+        periods = [v for v in schedules if isinstance(v, int) and v > 0]
+        fixed = periods and not any(callable(v) for v in schedules)
+        period = math.lcm(*periods) if fixed else 0
+        self.period = period if 0 < period <= self.MAX_PERIOD else 0
+        self._seen: dict[int, tuple[dict[str, bool], dict[str, bool]]] = {}
+
+    def matches(self, cadences: Mapping[str, Cadence]) -> bool:
+        """Whether this table answers for ``cadences`` (the same, or equal, cadences)."""
+        return tuple(map(cadences.get, self.streams)) == self.values
+
+    def _ask(self, step: int) -> tuple[dict[str, bool], dict[str, bool]]:
+        spine = {s: c.spine_due(step) for s, c in self.cadences}
+        return spine, {s: c.histogram_due(step) for s, c in self.cadences}
+
+    def at(self, step: int) -> tuple[dict[str, bool], dict[str, bool]]:
+        """``(spine_due, hist_due)`` by stream at ``step``."""
+        if not self.period:
+            return self._ask(step)
+        seen = self._seen.get(step % self.period)
+        if seen is None:
+            seen = self._seen[step % self.period] = self._ask(step)
+        return dict(seen[0]), dict(seen[1])
+
+
 def resolve_cadence(
     cadence: int | Cadence | Mapping[str, int | Cadence] | None, streams: Iterable[str]
 ) -> dict[str, Cadence]:

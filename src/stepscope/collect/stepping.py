@@ -90,6 +90,9 @@ class OptimizerSteps:
     # ------------------------------------------------------------------ attaching
     def attach(self, optimizer: Any) -> OptimizerWatch:
         """Watch ``optimizer`` (or the optimizer a wrapper exposes); idempotent."""
+        watch = self.watches.get(id(optimizer))
+        if watch is not None and watch.optimizer is optimizer:  # every step's transaction
+            return watch
         opt = unwrap_optimizer(optimizer)
         watch = self.watches.get(id(opt))
         if watch is None:
@@ -200,7 +203,8 @@ class OptimizerSteps:
             if deltas:  # the sampling is telemetry too (its pre-step half is charged as well)
                 state.charge("update", time.perf_counter() - t0)
             self.reducer.reduce_many("update", deltas)
-        self.take_parameters(watch.owned("parameter"))
+        if state.spine_due.get("parameter", False):  # else nothing to read (nor to look up)
+            self.take_parameters(watch.owned("parameter"))
         state.hook_calls += 1
         state.hook_s += time.perf_counter() - t_hook - (state.telemetry_s - charged)
         if not self.host._txn_open:  # implicit spelling: the optimizer step ends the step

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from stepscope.collect import stepstate
 from stepscope.collect.resume import artifact_run_id, resumed_examples_seen
 from stepscope.collect.settings import Cadence, WatchSettings
 from stepscope.collect.sites import SiteCatalog
@@ -52,8 +53,10 @@ class Store:
         """Write one finished step: its block and observations (artifact, or RAM ring and
         ``rows``), user scalars logged for other steps, and clock rows of earlier steps resolved
         late (CUDA events)."""
-        if self.writer is not None:
-            self.writer.write_step(block, list(batches), scalars=dict(scalars))
+        if self.writer is not None:  # the boundary's own batches: see ArtifactWriter.write_step
+            self.writer.write_step(
+                block, list(batches), scalars=dict(scalars), trusted=stepstate.FAST_BOUNDARY
+            )
         else:
             self.ring.push(block, list(batches))
             rows.write_step(block, scalars=dict(scalars))

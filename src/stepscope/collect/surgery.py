@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from stepscope.collect import stepstate
 from stepscope.collect.sites import ROOT_SITE, Row, param_signature, update_indices
 
 
@@ -69,6 +70,42 @@ def find_changes(
     return out
 
 
+def identity_edges(
+    model: torch.nn.Module, modules: Mapping[str, torch.nn.Module], param_rows: Sequence[Row]
+) -> list[tuple[dict[str, Any], str, Any]]:
+    """``(holder, key, object)`` triples that hold exactly when :func:`find_changes` finds none.
+
+    One triple per link of the module tree between ``model`` and each bound module (a
+    ``_modules`` dict, the child's name, the child found there now) and per parameter row (its
+    module's ``_parameters``, the attribute, the parameter). Each link is looked at once, where
+    :func:`find_changes` walks every qualified name from the root; when a triple no longer
+    holds, :func:`find_changes` says what changed. Empty when something is already missing.
+    """
+    edges: list[tuple[dict[str, Any], str, Any]] = []
+    seen: set[str] = set()
+    for name in modules:
+        if name in ("", ROOT_SITE):
+            continue
+        parent: torch.nn.Module = model
+        path = ""
+        for part in name.split("."):
+            path = f"{path}.{part}" if path else part
+            child = parent._modules.get(part)
+            if child is None:
+                return [({}, "", model)]  # already gone: never holds, find_changes reports it
+            if path not in seen:
+                seen.add(path)
+                edges.append((parent._modules, part, child))
+            parent = child
+    sites: set[str] = set()
+    for r in param_rows:
+        if r.site in sites or r.param is None or r.attr is None:
+            continue
+        sites.add(r.site)
+        edges.append((r.module._parameters, r.attr, r.param))
+    return edges
+
+
 class StructureWatch:
     """Applies :func:`find_changes` to a collector's rows: ends series, rebinds, retires.
 
@@ -97,17 +134,24 @@ class StructureWatch:
         self.model, self.rows, self.sites, self.catalog = model, rows, sites, catalog
         self.by_stream, self.sample_size, self.seed = by_stream, sample_size, seed
         self._params: list[Row] | None = None
+        self._edges: list[tuple[dict[str, Any], str, Any]] | None = None
 
     def check(self, step: int) -> list[Change]:
         """Find and apply the changes since the last check; series end at ``step``."""
         if self._params is None:  # one row per parameter site is enough to notice a change
             first = {r.site: r for r in self.rows if r.param is not None}
             self._params = list(first.values())
+            self._edges = None
+        if self._edges is None:
+            self._edges = identity_edges(self.model, self.sites.bound, self._params)
+        if stepstate.FAST_BOUNDARY and all(holder.get(k) is obj for holder, k, obj in self._edges):
+            return []  # every object still where it was bound: find_changes would find none
         changes = find_changes(self.model, self.sites.bound, self._params)
         for change in changes:
             self._apply(change, step)
         if changes:
             self._params = None
+        self._edges = None
         return changes
 
     def _apply(self, change: Change, step: int) -> None:

@@ -38,10 +38,17 @@ from stepscope.history.schema import (
 from stepscope.stats import Histogram, HistogramDescriptor, RunningStats
 from stepscope.stats.layout import N_COUNTS, REDUCTION_DTYPES, SPINE_WIDTH
 
+#: id(member) -> storage code. Members are singletons; str enums compare equal across
+#: vocabularies (Tristate.UNKNOWN == ScaleGrad.UNKNOWN), so codes are never keyed by value.
+_CODES: dict[int, int] = {}
+
 
 def code_of(member: enum.Enum) -> int:
     """The stable 1-based storage code of an enum member."""
-    return list(type(member)).index(member) + 1
+    code = _CODES.get(id(member))
+    if code is None:
+        code = _CODES[id(member)] = list(type(member)).index(member) + 1
+    return code
 
 
 E = TypeVar("E", bound=enum.Enum)
@@ -208,6 +215,55 @@ class ObservationBatch:
     def n_histograms(self) -> int:
         """Number of histogram rows."""
         return 0 if self.hist_rows is None else int(self.hist_rows.shape[0])
+
+    @classmethod
+    def trusted(
+        cls,
+        stream: Stream,
+        phase: Phase,
+        site_ids: np.ndarray,
+        presence: np.ndarray,
+        spines: np.ndarray,
+        *,
+        hist_rows: np.ndarray | None = None,
+        histograms: np.ndarray | None = None,
+        scale_grad: ScaleGrad | None = None,
+        row_disclosures: tuple[tuple[str, ...], ...] | None = None,
+    ) -> ObservationBatch:
+        """A batch whose caller built every array itself: taken as given, nothing checked.
+
+        For a producer whose construction already guarantees what ``__post_init__`` checks
+        (the collector's step boundary): enum members, C-contiguous ``int32`` site ids without
+        repeats, ``uint8`` presence codes of the vocabulary, a ``float64`` ``(n, SPINE_WIDTH)``
+        spine matrix with NaN rows wherever a row is not observed and finite counts where it
+        is, ``int64`` histogram rows of observed rows only, and ``scale_grad`` on gradient
+        streams. Anything built elsewhere (user input, records, merges) goes through the
+        checked constructor. The arrays are not copied: the caller hands them over.
+
+        >>> from stepscope.stats import SPINE_WIDTH
+        >>> b = ObservationBatch.trusted(
+        ...     Stream.ACTIVATION, Phase.FORWARD, np.array([3], np.int32),
+        ...     np.array([OBSERVED], np.uint8), np.zeros((1, SPINE_WIDTH)))
+        >>> b.n_rows, b.stream.value
+        (1, 'activation')
+        """
+        batch = object.__new__(cls)
+        values = {
+            "stream": stream,
+            "phase": phase,
+            "site_ids": site_ids,
+            "presence": presence,
+            "spines": spines,
+            "hist_rows": hist_rows,
+            "histograms": histograms,
+            "scale_grad": scale_grad,
+            "micro_batch": None,
+            "reduction_dtype": "float64",
+            "disclosures": (),
+            "row_disclosures": row_disclosures,
+        }
+        batch.__dict__.update(values)  # a frozen dataclass: no __setattr__ per field
+        return batch
 
     @classmethod
     def observed(
