@@ -3,6 +3,7 @@ recorded (``unsupported`` / ``capture_failed``), never raised."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from stepscope.collect.reduce import Reducer
@@ -198,3 +199,59 @@ def test_a_row_already_written_this_step_folds_instead_of_being_overwritten():
     got = _spine(reducer, 0)
     assert reducer.stagings[CPU].fired.tolist() == [2]
     assert got["total"] == 7 and got["sum"] == float(a.sum() + b.sum()) and got["max"] == 12.0
+
+
+# --------------------------------------------- the activation hooks' direct path to the kernel
+
+
+def _activation_rows(model_name: str, monkeypatch, direct: bool) -> tuple[list[bytes], int]:
+    """Every step's activation and activation-gradient spines of a real model, as bytes."""
+    from stepscope.collect import Cadence, HistoryCollector, WatchSettings
+    from stepscope.collect import reduce as reduce_mod
+    from tests.collect.models import CASES
+
+    case = CASES[model_name]
+    real = reduce_mod.Reducer._write_plain
+    taken: list[bool] = []
+
+    def spy(self, state, row, tensor):
+        wrote = real(self, state, row, tensor) if direct else False
+        taken.append(wrote)
+        return wrote
+
+    monkeypatch.setattr(reduce_mod.Reducer, "_write_plain", spy)
+    torch.manual_seed(0)
+    model = case.build()
+    opt = case.optimizer(model)
+    col = HistoryCollector(
+        model,
+        streams=("activation", "activation_grad"),
+        cadence=Cadence(1, None),
+        settings=WatchSettings(),
+    )
+    g = torch.Generator().manual_seed(1)
+    out = []
+    try:
+        for step in range(4):  # variable sequence lengths on the decoder
+            x, y = case.batch(g, step)
+            with col.step(opt):
+                loss = case.loss(model(x), y)
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+            for b in col.last_batches:
+                out.append(str(b.stream).encode() + b.presence.tobytes() + b.spines.tobytes())
+    finally:
+        col.close()
+    monkeypatch.undo()
+    return out, sum(taken)
+
+
+@pytest.mark.parametrize("model_name", ["gpt", "resnet"])
+def test_activation_rows_through_the_direct_path_equal_the_general_path_bit_for_bit(
+    model_name, monkeypatch
+):
+    direct, n_direct = _activation_rows(model_name, monkeypatch, direct=True)
+    general, n_general = _activation_rows(model_name, monkeypatch, direct=False)
+    assert n_direct > 0 and n_general == 0  # the direct path did write, then was switched off
+    assert direct == general  # presence and every spine field, every step, bit for bit

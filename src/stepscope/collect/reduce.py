@@ -62,6 +62,7 @@ class Reducer:
         self.n_rows, self.descriptor, self.backend = n_rows, descriptor, backend
         self.recording = recording
         self.stagings: dict[torch.device, Staging] = {}
+        self._cpu: Staging | None = None  # the CPU buffer, once allocated (the hot path's)
 
     def staging(self, device: torch.device) -> Staging:
         """The staging buffer of ``device`` (allocated at its first use)."""
@@ -69,6 +70,8 @@ class Reducer:
         if st is None:
             st = Staging(self.n_rows, device, self.descriptor, self.backend)
             self.stagings[device] = st
+            if device == _CPU:
+                self._cpu = st
         return st
 
     def reset(self) -> None:
@@ -89,6 +92,9 @@ class Reducer:
             return
         t0 = time.perf_counter()
         try:
+            if self._write_plain(state, row, tensor):  # the activation hooks' common case
+                state.charge(row.stream, time.perf_counter() - t0)
+                return
             with internal_scope("collector.reduce"):  # profiled as stepscope's work, not the user's
                 x, note = reducible(tensor)  # detached: no graph is built
                 if x is None:
@@ -103,6 +109,22 @@ class Reducer:
             else:
                 state.failed[row.index] = type(e).__name__
         state.charge(row.stream, time.perf_counter() - t0)
+
+    def _write_plain(self, state: StepState, row: Row, tensor: torch.Tensor) -> bool:
+        """A plain contiguous float CPU tensor on a fresh row, no histogram due and no profiler
+        recording: straight to the C kernel (what the general path runs for it, without its
+        checks and indirections); ``False`` (nothing written) otherwise."""
+        cpu = self._cpu
+        return (
+            cpu is not None
+            and type(tensor) is torch.Tensor
+            and tensor.is_cpu
+            and tensor.layout is torch.strided
+            and not state.hist_due[row.stream]
+            and not torch.autograd._profiler_enabled()
+            and not capture.capture_probe()
+            and cpu.write_plain(row.index, tensor)
+        )
 
     def reduce_many(self, stream: str, pairs: Sequence[tuple[Row, torch.Tensor]]) -> None:
         """Parameter-sized streams: every due tensor of a device in one multi-tensor reduction.

@@ -101,6 +101,14 @@ class Staging:
                 hist.copy_(counts.select(0, 0))
             self.hist_fired[row] = True
 
+    def write_plain(self, row: int, tensor: torch.Tensor) -> bool:
+        """:meth:`write` of a fresh row without a histogram when the C kernel takes ``tensor``
+        as it is; ``False`` (nothing written) otherwise."""
+        if self.fired[row] == 0 and self._spine_native(row, tensor):
+            self.fired[row] = 1
+            return True
+        return False
+
     def _spine_native(self, row: int, tensor: torch.Tensor) -> bool:
         """The activation hot path: the C kernel straight into ``row`` (what :func:`spine_into`
         runs for a contiguous float32/float64 CPU tensor, without its per-call checks)."""
