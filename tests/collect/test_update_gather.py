@@ -388,3 +388,29 @@ def test_the_pure_torch_backend_samples_every_row_one_by_one():
     c = run["collector"]
     assert not c._steps.updates._plans
     assert len(update_rows(c)) == 2 * sum(1 for r in c.rows if r.stream == "update") > 0
+
+
+def test_a_transposed_view_at_the_same_address_is_sampled_in_its_logical_order():
+    """``p.data = p.data.t()`` keeps the storage address: the plan must not read raw memory order."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(80, 80), nn.Tanh(), nn.Linear(80, 3))  # a sampled square weight
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    c = factory(True)(model, opt)
+    reading = Reading(c)
+    g = torch.Generator().manual_seed(3)
+
+    def batch():
+        return torch.randn(8, 80, generator=g), torch.randint(0, 3, (8,), generator=g)
+
+    for i in range(2):
+        step(c, model, opt, reading, *batch(), i)
+    weight = model[0].weight
+    address = weight.data_ptr()
+    with torch.no_grad():
+        weight.data = weight.data.t()  # same memory, now a non-contiguous view
+    assert weight.data_ptr() == address and not weight.is_contiguous()
+    for i in range(2, 4):
+        step(c, model, opt, reading, *batch(), i)
+    c.close()
+    assert any(r.update_index is not None for r in reading.rows())
+    assert assert_rows_match(c, reading, range(4)) == 4 * len(reading.rows())

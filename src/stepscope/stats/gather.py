@@ -126,19 +126,24 @@ class SampleGather:
         An address is re-read on every call; a tensor found at a new address is checked again
         (dtype, device, layout, contiguity, size). Returns ``False`` (and binds nothing) when one
         no longer fits the plan: build a new plan then. A tensor still at the address last read
-        is not checked again: the plan holds the storage found there, so no other allocation can
-        take that address (a differently shaped view of that same memory would be read as the
-        checked tensor was: wrong values, never memory outside it).
+        is checked for dtype, size and contiguity only (the plan holds the storage found there,
+        so no other allocation can take that address; a narrower or transposed view of that same
+        memory is refused like a moved tensor that no longer fits).
         """
         if len(tensors) != self.count:
             return False
         moved: list[tuple[int, torch.Tensor, int]] = []
+        shapes = self._shape
         for k, t in enumerate(tensors):
             ptr = t.data_ptr()
             if ptr != self._ptrs[k]:
                 if not self._fits(k, t):
                     return False
                 moved.append((k, t, ptr))
+            else:
+                dtype, numel = shapes[k]
+                if t.dtype is not dtype or t.numel() != numel or not t.is_contiguous():
+                    return False
         for k, t, ptr in moved:
             self._ptrs[k] = ptr
             self._storages[k] = t.untyped_storage()
