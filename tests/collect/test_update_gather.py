@@ -18,7 +18,7 @@ from torch import nn
 
 from stepscope.collect import Cadence, HistoryCollector, WatchSettings
 from stepscope.collect import updates as updates_module
-from stepscope.history import Presence
+from stepscope.history import Presence, Stream
 from stepscope.history.batch import member_of
 from stepscope.stats import SPINE_FIELDS, _native
 from stepscope.stats.gather import SampleGather, gatherable
@@ -414,3 +414,44 @@ def test_a_transposed_view_at_the_same_address_is_sampled_in_its_logical_order()
     c.close()
     assert any(r.update_index is not None for r in reading.rows())
     assert assert_rows_match(c, reading, range(4)) == 4 * len(reading.rows())
+
+
+@pytest.mark.parametrize("phase", ["snapshot", "deltas"])
+def test_an_update_sample_that_raises_is_recorded_failed_and_training_goes_on(phase, monkeypatch):
+    real = getattr(updates_module.UpdateSampler, phase)
+    calls = []
+
+    def flaky(self, rows):
+        calls.append(1)
+        if len(calls) == 2:  # the second step's sampling fails
+            raise RuntimeError("sampling failed")
+        result = real(self, rows)
+        return list(result) if phase == "deltas" else result
+
+    monkeypatch.setattr(updates_module.UpdateSampler, phase, flaky)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(12, 16), nn.Tanh(), nn.Linear(16, 3))
+    twin = nn.Sequential(nn.Linear(12, 16), nn.Tanh(), nn.Linear(16, 3))
+    twin.load_state_dict(model.state_dict())
+    opt, opt_twin = sgd(model), sgd(twin)
+    c = factory(True)(model, opt)
+    g = torch.Generator().manual_seed(4)
+    presence = []
+    for _ in range(3):
+        x, y = torch.randn(8, 12, generator=g), torch.randint(0, 3, (8,), generator=g)
+        with c.step(opt):
+            opt.zero_grad()
+            _ce(model(x), y).backward()
+            opt.step()
+        opt_twin.zero_grad()
+        _ce(twin(x), y).backward()
+        opt_twin.step()
+        (batch,) = [b for b in c.last_batches if b.stream is Stream.UPDATE]
+        presence.append((batch.presence.tolist(), batch.row_disclosures))
+    c.close()
+    for p, q in zip(model.parameters(), twin.parameters()):  # training was not disturbed
+        assert torch.equal(p, q)
+    kinds = [[member_of(Presence, v) for v in p] for p, _ in presence]
+    assert all(k is Presence.OBSERVED for k in kinds[0] + kinds[2])
+    assert kinds[1] and all(k is Presence.CAPTURE_FAILED for k in kinds[1])
+    assert all(d == ("capture_failed:RuntimeError",) for d in presence[1][1])

@@ -181,8 +181,12 @@ class OptimizerSteps:
             self.take_gradients(watch.owned("gradient"), status)
         if "update" in self.streams and state.spine_due["update"]:
             t0 = time.perf_counter()
-            with internal_scope("collector.update_sample"):
-                self.updates.snapshot(watch.owned("update"))
+            rows = watch.owned("update")
+            try:
+                with internal_scope("collector.update_sample"):
+                    self.updates.snapshot(rows)
+            except Exception as e:  # telemetry never raises into the training step
+                _update_failed(state, rows, e)
             state.charge("update", time.perf_counter() - t0)
 
     def post_step(self, watch: OptimizerWatch) -> None:
@@ -198,8 +202,14 @@ class OptimizerSteps:
         t_hook, charged = time.perf_counter(), state.telemetry_s
         if "update" in self.streams and state.spine_due["update"]:
             t0 = time.perf_counter()
-            with internal_scope("collector.post_step"):
-                deltas = list(self.updates.deltas(watch.owned("update")))
+            rows = watch.owned("update")
+            deltas: list[tuple[Row, torch.Tensor]] = []
+            try:
+                with internal_scope("collector.post_step"):
+                    deltas = list(self.updates.deltas(rows))
+            except Exception as e:  # telemetry never raises into the training step
+                _update_failed(state, rows, e)
+                deltas = []
             if deltas:  # the sampling is telemetry too (its pre-step half is charged as well)
                 state.charge("update", time.perf_counter() - t0)
             self.reducer.reduce_many("update", deltas)
@@ -305,3 +315,9 @@ class OptimizerSteps:
         ):
             state.skipped = True
             self.host._finish_step(StepProvenance.IMPLICIT)
+
+
+def _update_failed(state: StepState, rows: Sequence[Row], error: Exception) -> None:
+    """The update sample of ``rows`` raised: each is recorded ``capture_failed`` this step."""
+    for row in rows:
+        state.failed[row.index] = type(error).__name__
