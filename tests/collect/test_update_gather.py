@@ -275,6 +275,21 @@ def test_update_rows_equal_the_sampled_values_read_around_the_step(dtype):
     assert assert_rows_match(c, reading, range(4)) == 4 * len(reading.rows())
 
 
+def mlp_run(width: int, hidden: int, seed: int):
+    """A Linear-Tanh-Linear model, its SGD, a native collector, the test's own reading and a
+    batch source: what the tests below train."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(width, hidden), nn.Tanh(), nn.Linear(hidden, 3))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    c = factory(True)(model, opt)
+    g = torch.Generator().manual_seed(seed)
+
+    def batch():
+        return torch.randn(8, width, generator=g), torch.randint(0, 3, (8,), generator=g)
+
+    return model, opt, c, Reading(c), batch
+
+
 def test_model_surgery_and_a_swapped_storage_still_give_the_right_rows(monkeypatch):
     built = []
     real = updates_module.SampleGather
@@ -284,16 +299,7 @@ def test_model_surgery_and_a_swapped_storage_still_give_the_right_rows(monkeypat
         return real(*args, **kwargs)
 
     monkeypatch.setattr(updates_module, "SampleGather", counting)
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(12, 16), nn.Tanh(), nn.Linear(16, 3))
-    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    c = factory(True)(model, opt)
-    reading = Reading(c)
-    g = torch.Generator().manual_seed(2)
-
-    def batch():
-        return torch.randn(8, 12, generator=g), torch.randint(0, 3, (8,), generator=g)
-
+    model, opt, c, reading, batch = mlp_run(12, 16, seed=2)
     for i in range(2):
         step(c, model, opt, reading, *batch(), i)
     assert len(built) == 1  # planned once, reused while the parameters stay
@@ -392,16 +398,7 @@ def test_the_pure_torch_backend_samples_every_row_one_by_one():
 
 def test_a_transposed_view_at_the_same_address_is_sampled_in_its_logical_order():
     """``p.data = p.data.t()`` keeps the storage address: the plan must not read raw memory order."""
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(80, 80), nn.Tanh(), nn.Linear(80, 3))  # a sampled square weight
-    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    c = factory(True)(model, opt)
-    reading = Reading(c)
-    g = torch.Generator().manual_seed(3)
-
-    def batch():
-        return torch.randn(8, 80, generator=g), torch.randint(0, 3, (8,), generator=g)
-
+    model, opt, c, reading, batch = mlp_run(80, 80, seed=3)  # a sampled square weight
     for i in range(2):
         step(c, model, opt, reading, *batch(), i)
     weight = model[0].weight
