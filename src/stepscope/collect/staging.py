@@ -74,8 +74,7 @@ class Staging:
 
     def write(self, row: int, tensor: torch.Tensor, histogram: bool) -> None:
         """Reduce ``tensor`` into ``row`` (merging exactly if the row already fired this step)."""
-        if self.fired[row] == 0 and not histogram and self._spine_native(row, tensor):
-            self.fired[row] = 1
+        if not histogram and self.write_plain(row, tensor):
             return
         # rows by .select: plain [row] indexing may build an index tensor on the host
         spine = self.spines.select(0, row)
@@ -101,6 +100,14 @@ class Staging:
                 hist.copy_(counts.select(0, 0))
             self.hist_fired[row] = True
 
+    def _native(self) -> dict[torch.dtype | str, Any]:
+        """The C entry points (resolved at the first use; empty: none serves this buffer)."""
+        kernels = self._kernels
+        if kernels is None:
+            kernels = self._kernels = native_spine_kernels(self.device, self.backend)
+            self._base = self.spines.data_ptr() if kernels else 0
+        return kernels
+
     def write_plain(self, row: int, tensor: torch.Tensor) -> bool:
         """:meth:`write` of a fresh row without a histogram when the C kernel takes ``tensor``
         as it is; ``False`` (nothing written) otherwise."""
@@ -112,11 +119,7 @@ class Staging:
     def _spine_native(self, row: int, tensor: torch.Tensor) -> bool:
         """The activation hot path: the C kernel straight into ``row`` (what :func:`spine_into`
         runs for a contiguous float32/float64 CPU tensor, without its per-call checks)."""
-        kernels = self._kernels
-        if kernels is None:
-            kernels = self._kernels = native_spine_kernels(self.device, self.backend)
-            self._base = self.spines.data_ptr() if kernels else 0
-        fn = kernels.get(tensor.dtype)
+        fn = self._native().get(tensor.dtype)
         if fn is None or not tensor.is_cpu or not tensor.is_contiguous() or tensor.is_neg():
             return False
         fn(tensor.data_ptr(), tensor.numel(), torch.get_num_threads(), self._base + row * _ROW)
@@ -130,11 +133,7 @@ class Staging:
         (not lazily negated), every row is fresh this step and no row repeats; otherwise
         writes nothing and returns ``False`` (the caller takes the general path).
         """
-        kernels = self._kernels
-        if kernels is None:
-            kernels = self._kernels = native_spine_kernels(self.device, self.backend)
-            self._base = self.spines.data_ptr() if kernels else 0
-        many = kernels.get("many")
+        many = self._native().get("many")
         if many is None:
             return False
         idx = np.fromiter(rows, dtype=np.int64, count=len(rows))
