@@ -6,6 +6,8 @@
 import sys
 from pathlib import Path
 
+import torch.distributed as dist
+
 import stepscope as ss
 from stepscope.integrations.transformers import StepscopeCallback
 from tests.integrations.test_transformers import train
@@ -13,3 +15,6 @@ from tests.integrations.test_transformers import train
 if __name__ == "__main__":
     cb = StepscopeCallback(cadence=1, settings=ss.WatchSettings(durable=False))
     train(Path(sys.argv[1]), [cb], epochs=1, ddp_backend="gloo")
+    if dist.is_initialized():  # gloo's threads left to interpreter exit can abort the process
+        dist.barrier()
+        dist.destroy_process_group()
