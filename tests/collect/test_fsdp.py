@@ -24,7 +24,7 @@ pytestmark = pytest.mark.skipif(
 
 SCRIPT = textwrap.dedent(
     """
-    import json, torch, torch.distributed as dist
+    import json, os, sys, torch, torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
     from stepscope.collect import ALL_STREAMS, HistoryCollector
@@ -46,6 +46,8 @@ SCRIPT = textwrap.dedent(
     print(json.dumps({"param_type": type(model[0].weight).__name__, "rows": out,
                       "params": params, "full": full}))
     dist.destroy_process_group()
+    sys.stdout.flush()
+    os._exit(0)  # no interpreter teardown: a gloo thread freeing a tensor then aborts (SIGABRT)
     """
 )
 

@@ -65,7 +65,7 @@ def test_float64_updates_are_not_rounded_through_float32():
 
 SCRIPT = textwrap.dedent(
     """
-    import json, torch, torch.distributed as dist
+    import json, os, sys, torch, torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
     from stepscope.collect.capture import reducible
@@ -79,6 +79,8 @@ SCRIPT = textwrap.dedent(
         out[name] = [None if x is None else x.tolist(), reason]
     print(json.dumps(out))
     dist.destroy_process_group()
+    sys.stdout.flush()
+    os._exit(0)  # no interpreter teardown: a gloo thread freeing a tensor then aborts (SIGABRT)
     """
 )
 
