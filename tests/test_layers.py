@@ -38,6 +38,7 @@ LAYERS: list[set[str]] = [
         "codec",
         "defaults",
         "budget",
+        "stephooks",
     },
     {"stats"},  # stats.layout (torch-free) is what history builds on, imported at module level
     {"history"},

@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import math
 import warnings
+from contextlib import nullcontext
 
+import numpy as np
 import pytest
 import torch
 
 import stepscope as ss
+from stepscope.collect import ALL_STREAMS
 from tests.collect.models import ResNetish, TinyGPT
 from tests.collect.stepkit import ce, disk_settings, images, tokens
 
@@ -241,3 +244,54 @@ def test_scaler_and_two_optimizer_observation_is_bitwise_pure(tmp_path):
                     same = torch.equal(got[i][k], v) if torch.is_tensor(v) else got[i][k] == v
                     assert same, (observe, i, k)
         assert scaler_state == base[3]
+
+
+class NestedAdamW(torch.optim.AdamW):
+    """Its ``step`` calls the parent's, which torch has wrapped too: the hooks run twice."""
+
+    def step(self, closure=None):  # type: ignore[override]
+        return super().step(closure)
+
+
+class NestedSGD(torch.optim.SGD):
+    def step(self, closure=None):  # type: ignore[override]
+        return super().step(closure)
+
+
+@pytest.mark.parametrize("spelling", ["implicit", "explicit"])
+@pytest.mark.parametrize("case", ["gpt", "resnet"])
+def test_an_optimizer_subclass_calling_super_step_is_one_step(tmp_path, case, spelling):
+    """Used to record two steps per iteration under the implicit spelling (the second empty)."""
+    torch.manual_seed(0)
+    if case == "gpt":
+        model, cls, batches, kw = TinyGPT(), NestedAdamW, tokens(4), {"lr": 1e-2}
+    else:
+        model, cls, batches, kw = ResNetish(), NestedSGD, images(4), {"lr": 0.05, "momentum": 0.9}
+    cls.__mro__[1]([torch.zeros(1, requires_grad=True)], **kw)  # the parent's step is wrapped
+    opt = cls(model.parameters(), **kw)
+    fired: list[int] = []
+    opt.register_step_pre_hook(lambda *_: fired.append(1))
+    settings = disk_settings(tmp_path, update_sample_size=1 << 20)  # every update exact
+    implicit = {"optimizer": opt} if spelling == "implicit" else {}
+    c = ss.HistoryCollector(model, streams=ALL_STREAMS, cadence=1, settings=settings, **implicit)
+    named = dict(model.named_parameters())
+    grads, updates = [], []
+    for x, y in batches:
+        with c.step(opt, examples=len(x)) if spelling == "explicit" else nullcontext():
+            opt.zero_grad()
+            ce(model(x), y).backward()
+            grads.append({n: p.grad.double().pow(2).sum().item() for n, p in named.items()})
+            before = {n: p.detach().double().clone() for n, p in named.items()}
+            opt.step()
+            updates.append({n: (p.detach().double() - before[n]).pow(2).sum().item()
+                            for n, p in named.items()})
+    c.close()
+    assert len(fired) == 2 * len(batches)  # torch really ran the step hooks twice a step
+    h = ss.open_history(tmp_path / "run")
+    assert h.steps.tolist() == list(range(len(batches)))
+    assert [b.optimizer_step for b in h.step_blocks()] == list(range(len(batches)))
+    for n in named:
+        got = h.series(n, "gradient", "sum_squares").values
+        np.testing.assert_allclose(got, [g[n] for g in grads], rtol=1e-9)
+        got = h.series(n, "update", "sum_squares").values
+        np.testing.assert_allclose(got, [u[n] for u in updates], rtol=1e-6)  # f32 diff

@@ -56,7 +56,8 @@ def test_around_step_refuses_anything_but_exactly_one_step(steps):
             for _ in range(steps):
                 _train_step(model, opt, x, y)
     assert err.value.code == "probe_update_steps_invalid"
-    assert not opt._optimizer_step_post_hooks  # the counting hook was removed
+    assert not opt._optimizer_step_post_hooks  # the counting hooks were removed
+    assert not opt._optimizer_step_pre_hooks
 
 
 def test_update_without_snapshot_refuses_and_measure_reports_none():
@@ -98,3 +99,26 @@ def test_displacement_and_delta_since_snapshot_carry_their_steps():
     assert rec3.layers["0"].delta_since_snapshot_interval_steps == 3
     assert layer.param_l2 == pytest.approx(w5.norm().item(), rel=1e-6)
     assert layer.bias.param_l2 == pytest.approx(model[0].bias.norm().item(), rel=1e-6)
+
+
+class NestedSGD(torch.optim.SGD):
+    """Its ``step`` calls the parent's, which torch has wrapped too: the hooks run twice."""
+
+    def step(self, closure=None):  # type: ignore[override]
+        return super().step(closure)
+
+
+def test_around_step_counts_a_subclass_calling_super_step_as_one_step():
+    """Used to refuse ``probe_update_steps_invalid`` ("saw 2 optimizer steps")."""
+    model = make_model("mlp_nobias")
+    x, y = make_data("mlp_nobias")
+    torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)  # SGD.step is wrapped
+    opt = NestedSGD(model.parameters(), lr=0.1)
+    probe = DenseProbe(x, y, size=8)
+    w = model[0].weight
+    before = w.detach().clone()
+    with probe.around_step(model, step=0, optimizer=opt):
+        _train_step(model, opt, x, y)
+    assert probe.update().update_norm["0.weight"] == pytest.approx(
+        (w.detach() - before).norm().item(), rel=1e-6
+    )

@@ -36,6 +36,7 @@ import torch
 
 from stepscope.collect.sites import PARAM_STREAMS, Row
 from stepscope.errors import Refusal
+from stepscope.stephooks import OuterStepHooks
 
 __all__ = ["OptimizerWatch", "closure_of", "unwrap_optimizer"]
 
@@ -124,10 +125,11 @@ class OptimizerWatch:
         self.rows: dict[str, list[Row]] = {}
         self._refresh()
         self._grad_handles: list[Any] = []
-        self.handles = [
-            optimizer.register_step_pre_hook(lambda o, a, k: on_pre(self, closure_of(o, a, k))),
-            optimizer.register_step_post_hook(lambda _o, _a, _k: on_post(self)),
-        ]
+        self.hooks = OuterStepHooks(  # once per step() call, also when it nests super().step()
+            optimizer,
+            pre=lambda o, a, k: on_pre(self, closure_of(o, a, k)),
+            post=lambda _o, _a, _k: on_post(self),
+        )
 
     def _refresh(self) -> None:
         """Recompute ownership when the optimizer's parameter list changed (add_param_group)."""
@@ -173,6 +175,4 @@ class OptimizerWatch:
         try:
             self.disarm_gradient_hooks()
         finally:
-            handles, self.handles = self.handles, []
-            for h in handles:
-                h.remove()
+            self.hooks.remove()

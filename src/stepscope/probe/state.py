@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 import torch
 
 from stepscope.errors import Refusal
+from stepscope.stephooks import OuterStepHooks
 
 
 @dataclass(frozen=True)
@@ -152,18 +153,18 @@ def capture_update(
     """
     snapshot = take_snapshot(params, optimizer_step)
     capture = UpdateCapture(int(optimizer_step), snapshot.nbytes)
-    handle = None
-    if optimizer is not None:
+    hooks = None
+    if optimizer is not None:  # one count per step() call, also when it nests super().step()
 
-        def _count(*_args: object, **_kwargs: object) -> None:
+        def _count(*_args: object) -> None:
             capture._count[0] += 1
 
-        handle = optimizer.register_step_post_hook(_count)
+        hooks = OuterStepHooks(optimizer, post=_count)
     try:
         yield capture
     finally:
-        if handle is not None:
-            handle.remove()
+        if hooks is not None:
+            hooks.remove()
     if optimizer is not None and capture._count[0] != 1:
         raise Refusal(
             "probe_update_steps_invalid",

@@ -1,0 +1,101 @@
+"""Optimizer step hooks that fire once per ``optimizer.step()`` call, however it is written.
+
+``torch.optim.Optimizer`` runs its step pre- and post-hooks from a wrapper it installs on the
+``step`` of every optimizer class it constructs. An optimizer subclass whose own ``step`` calls
+``super().step()`` therefore runs the hooks twice per call once the parent class has been
+constructed too (``MyAdam.step`` and ``Adam.step`` are both wrapped): pre, pre, post, post. A
+hook that ends a step or counts steps would see two. :class:`OuterStepHooks` passes on only the
+outermost pair: a pre-hook that fires while the outermost call's wrapper frame is still on the
+stack is nested, and so is its post-hook. An exception inside ``step()`` skips the post-hooks;
+the next call then finds that frame gone from the stack and starts afresh.
+
+A bottom-level module (it imports only torch) so that the collector
+(:mod:`stepscope.collect.optimizers`) and the probe (:mod:`stepscope.probe.state`) share it.
+
+Example
+-------
+>>> import torch
+>>> class Stepper(torch.optim.SGD):
+...     def step(self, closure=None):
+...         return super().step(closure)
+>>> _ = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)  # wraps SGD.step
+>>> opt = Stepper([torch.zeros(1, requires_grad=True)], lr=0.1)
+>>> seen = []
+>>> hooks = OuterStepHooks(opt, post=lambda o, a, k: seen.append("step"))
+>>> opt.step()
+>>> seen
+['step']
+>>> hooks.remove()
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from types import FrameType
+from typing import Any
+
+import torch
+
+__all__ = ["OuterStepHooks", "StepHook"]
+
+#: ``hook(optimizer, args, kwargs)``, as torch calls step hooks (the return value is ignored).
+StepHook = Callable[[torch.optim.Optimizer, tuple[Any, ...], dict[str, Any]], Any]
+
+
+def _on_stack(frame: FrameType, start: FrameType | None) -> bool:
+    while start is not None:
+        if start is frame:
+            return True
+        start = start.f_back
+    return False
+
+
+class OuterStepHooks:
+    """``pre`` and ``post`` step hooks on ``optimizer`` that skip nested ``step()`` calls.
+
+    Parameters
+    ----------
+    optimizer
+        A constructed ``torch.optim.Optimizer``.
+    pre, post
+        Called as ``hook(optimizer, args, kwargs)`` before and after the outermost ``step()``.
+    """
+
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        pre: StepHook | None = None,
+        post: StepHook | None = None,
+    ) -> None:
+        self._pre_hook, self._post_hook = pre, post
+        self._outer: FrameType | None = None  # the outermost call's wrapper frame while it runs
+        self._nested = 0
+        self.handles = [
+            optimizer.register_step_pre_hook(self._pre),
+            optimizer.register_step_post_hook(self._post),
+        ]
+
+    def _pre(self, optimizer: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        caller = sys._getframe(1)  # torch's step wrapper, running the hooks
+        if self._outer is not None and _on_stack(self._outer, caller.f_back):
+            self._nested += 1
+            return
+        self._outer, self._nested = caller, 0  # (a stale frame: that call raised, no post-hook)
+        if self._pre_hook is not None:
+            self._pre_hook(optimizer, args, kwargs)
+
+    def _post(self, optimizer: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        if self._nested:
+            self._nested -= 1
+            return
+        self._outer = None
+        if self._post_hook is not None:
+            self._post_hook(optimizer, args, kwargs)
+
+    def remove(self) -> None:
+        """Remove both hooks (idempotent)."""
+        handles, self.handles = self.handles, []
+        self._outer = None
+        for h in handles:
+            h.remove()
