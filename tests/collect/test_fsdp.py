@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -22,9 +23,11 @@ pytestmark = pytest.mark.skipif(
     reason="needs torch.distributed with gloo",
 )
 
+ROOT = Path(__file__).resolve().parents[2]  # children import tests.distkit
+
 SCRIPT = textwrap.dedent(
     """
-    import json, os, sys, torch, torch.distributed as dist
+    import json, torch, torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
     from stepscope.collect import ALL_STREAMS, HistoryCollector
@@ -45,9 +48,8 @@ SCRIPT = textwrap.dedent(
     full = [reduce_spines([p.full_tensor()])[0].tolist() for p in model.parameters()]
     print(json.dumps({"param_type": type(model[0].weight).__name__, "rows": out,
                       "params": params, "full": full}))
-    dist.destroy_process_group()
-    sys.stdout.flush()
-    os._exit(0)  # no interpreter teardown: a gloo thread freeing a tensor then aborts (SIGABRT)
+    from tests.distkit import leave_and_exit
+    leave_and_exit()
     """
 )
 
@@ -63,6 +65,7 @@ def test_fsdp2_dtensor_rows_reduce_the_local_shard_and_training_survives():
         **os.environ,
         "MASTER_ADDR": "127.0.0.1",
         "MASTER_PORT": str(free_port()),
+        "PYTHONPATH": str(ROOT),
         "OMP_NUM_THREADS": "1",
     }
     done = subprocess.run(

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import textwrap
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -93,6 +94,8 @@ def test_no_live_merge_without_a_process_group(recorded):
     assert "live merge" not in str(recorded.plan())
 
 
+ROOT = Path(__file__).resolve().parents[2]  # children import tests.distkit
+
 ONLY_RANK0 = textwrap.dedent(
     """
     import os, warnings, torch, torch.distributed as dist
@@ -118,9 +121,9 @@ ONLY_RANK0 = textwrap.dedent(
         c.close()
         assert c.last_merged is None and c.last_block.optimizer_step == 2
         assert any("live rank merge failed" in str(w.message) for w in caught), caught
-    dist.destroy_process_group()
-    print("done", rank, flush=True)
-    os._exit(0)  # no interpreter teardown: a gloo thread freeing a tensor then aborts (SIGABRT)
+    print("done", rank)
+    from tests.distkit import leave_and_exit
+    leave_and_exit()
     """
 )
 
@@ -130,7 +133,7 @@ def test_a_rank_without_a_collector_turns_the_live_merge_off_instead_of_hanging(
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-           "WORLD_SIZE": "2", "OMP_NUM_THREADS": "1"}
+           "WORLD_SIZE": "2", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     procs = [
         subprocess.Popen([sys.executable, "-c", ONLY_RANK0], env={**env, "RANK": str(r)},
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)

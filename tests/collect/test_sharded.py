@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -63,9 +64,11 @@ def test_float64_updates_are_not_rounded_through_float32():
     assert row["min"] == float(want.min())
 
 
+ROOT = Path(__file__).resolve().parents[2]  # children import tests.distkit
+
 SCRIPT = textwrap.dedent(
     """
-    import json, os, sys, torch, torch.distributed as dist
+    import json, torch, torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
     from stepscope.collect.capture import reducible
@@ -78,9 +81,8 @@ SCRIPT = textwrap.dedent(
         x, reason = reducible(DTensor.from_local(t, mesh, [placement]))
         out[name] = [None if x is None else x.tolist(), reason]
     print(json.dumps(out))
-    dist.destroy_process_group()
-    sys.stdout.flush()
-    os._exit(0)  # no interpreter teardown: a gloo thread freeing a tensor then aborts (SIGABRT)
+    from tests.distkit import leave_and_exit
+    leave_and_exit()
     """
 )
 
@@ -89,7 +91,7 @@ def test_dtensor_placements_shard_replicate_and_partial():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "PYTHONPATH": str(ROOT),
            "OMP_NUM_THREADS": "1"}
     done = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True,
                           timeout=240, env=env)

@@ -10,6 +10,7 @@ import torch
 
 import stepscope as ss
 from stepscope.integrations.lightning import StepscopeCallback
+from tests.distkit import leave_and_exit
 from tests.integrations.test_lightning import TinyCNN, loaders
 
 if __name__ == "__main__":
@@ -30,3 +31,4 @@ if __name__ == "__main__":
     )
     train, val = loaders()
     trainer.fit(TinyCNN(), train, val)
+    leave_and_exit()  # both ranks are done (and their collectors closed) past here
