@@ -283,8 +283,9 @@ def test_an_optimizer_subclass_calling_super_step_is_one_step(tmp_path, case, sp
             grads.append({n: p.grad.double().pow(2).sum().item() for n, p in named.items()})
             before = {n: p.detach().double().clone() for n, p in named.items()}
             opt.step()
-            updates.append({n: (p.detach().double() - before[n]).pow(2).sum().item()
-                            for n, p in named.items()})
+            updates.append(
+                {n: (p.detach().double() - before[n]).pow(2).sum().item() for n, p in named.items()}
+            )
     c.close()
     assert len(fired) == 2 * len(batches)  # torch really ran the step hooks twice a step
     h = ss.open_history(tmp_path / "run")
@@ -295,3 +296,76 @@ def test_an_optimizer_subclass_calling_super_step_is_one_step(tmp_path, case, sp
         np.testing.assert_allclose(got, [g[n] for g in grads], rtol=1e-9)
         got = h.series(n, "update", "sum_squares").values
         np.testing.assert_allclose(got, [u[n] for u in updates], rtol=1e-6)  # f32 diff
+
+
+@pytest.mark.parametrize("case", ["gpt", "resnet"])
+def test_an_optimizer_stepped_twice_in_one_step_writes_no_false_update(tmp_path, case):
+    """Used to fold two optimizer steps' updates into one row (``total`` twice the parameter's
+    size, a mixture of two updates), with the first step's gradients and intermediate values,
+    silently. Now: update rows ``unsupported:several_optimizer_steps``, gradients of the last
+    optimizer step, values at the step's end, one warning. A second optimizer stepped once in the
+    same transaction keeps its ordinary rows."""
+    torch.manual_seed(0)
+    if case == "gpt":
+        model, batches = TinyGPT(), tokens(6)
+        twice, once = (
+            model.h.parameters(),
+            [p for n, p in model.named_parameters() if not n.startswith("h.")],
+        )
+    else:
+        model, batches = ResNetish(), images(6)
+        twice, once = (
+            model.layer1.parameters(),
+            [p for n, p in model.named_parameters() if not n.startswith("layer1.")],
+        )
+    inner = torch.optim.SGD(twice, lr=0.05, momentum=0.9)
+    outer = torch.optim.Adam(once, lr=1e-2)
+    inner_ids = {id(p) for g in inner.param_groups for p in g["params"]}
+    named = dict(model.named_parameters())
+    settings = disk_settings(tmp_path, update_sample_size=1 << 20)
+    c = ss.HistoryCollector(model, streams=ALL_STREAMS, cadence=1, settings=settings)
+    grads, values, updates = [], [], []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for k in range(0, len(batches), 2):
+            with c.step([inner, outer], examples=6):
+                before = {n: p.detach().double().clone() for n, p in named.items()}
+                for j, (x, y) in enumerate(batches[k : k + 2]):  # two inner steps, one outer
+                    inner.zero_grad()
+                    if j == 0:
+                        outer.zero_grad()
+                    ce(model(x), y).backward()
+                    last = {n: p.grad.double().pow(2).sum().item() for n, p in named.items()}
+                    inner.step()
+                outer.step()
+            grads.append(last)
+            values.append({n: p.detach().double().pow(2).sum().item() for n, p in named.items()})
+            updates.append(
+                {n: (p.detach().double() - before[n]).pow(2).sum().item() for n, p in named.items()}
+            )
+    c.close()
+    said = [w for w in caught if "several_optimizer_steps" in str(w.message)]
+    assert len(said) == 1 and "SGD.step() ran more than once" in str(said[0].message)
+    h = ss.open_history(tmp_path / "run")
+    assert h.steps.tolist() == [0, 1, 2]
+    for n, p in named.items():
+        got = h.series(n, "gradient", "sum_squares").values
+        np.testing.assert_allclose(got, [g[n] for g in grads], rtol=1e-9)
+        got = h.series(n, "parameter", "sum_squares").values
+        np.testing.assert_allclose(got, [v[n] for v in values], rtol=1e-9)
+        cells = h.observations(n, "update")
+        if id(p) in inner_ids:
+            assert [(r.presence.value, r.disclosures) for r in cells] == [
+                ("unsupported", ("unsupported:several_optimizer_steps",))
+            ] * 3
+            for stream in ("gradient", "parameter"):
+                assert all(
+                    "several_optimizer_steps" in r.disclosures for r in h.observations(n, stream)
+                )
+        else:  # the once-stepped optimizer: the true update, no note
+            assert [r.presence.value for r in cells] == ["observed"] * 3
+            got = h.series(n, "update", "sum_squares").values
+            np.testing.assert_allclose(got, [u[n] for u in updates], rtol=1e-6)  # f32 diff
+            assert not any(
+                "several_optimizer_steps" in r.disclosures for r in h.observations(n, "gradient")
+            )

@@ -86,6 +86,7 @@ class OptimizerSteps:
         self.implicit_scaler: Any = None
         self._sites: ActivationSites | None = None
         self._handles: list[Any] = []
+        self._warned_repeat = False  # an optimizer stepped twice in one step (warned once)
 
     # ------------------------------------------------------------------ attaching
     def attach(self, optimizer: Any) -> OptimizerWatch:
@@ -167,6 +168,9 @@ class OptimizerSteps:
     def _pre_step(
         self, state: StepState, watch: OptimizerWatch, closure: Callable[[], Any] | None
     ) -> None:
+        calls = state.optimizer_steps[id(watch)] = state.optimizer_steps.get(id(watch), 0) + 1
+        if calls > 1:
+            self._repeated_step(state, watch, calls)
         txn = self.host._txn_open
         # implicit spelling: known only when the scaler was given to the collector
         scaler = self.host._scaler if txn else self.implicit_scaler
@@ -179,7 +183,7 @@ class OptimizerSteps:
             watch.arm_gradient_hooks(self.closure_gradient)
         else:
             self.take_gradients(watch.owned("gradient"), status)
-        if "update" in self.streams and state.spine_due["update"]:
+        if "update" in self.streams and state.spine_due["update"] and calls == 1:
             t0 = time.perf_counter()
             rows = watch.owned("update")
             try:
@@ -200,7 +204,8 @@ class OptimizerSteps:
             return
         state.stepped = True
         t_hook, charged = time.perf_counter(), state.telemetry_s
-        if "update" in self.streams and state.spine_due["update"]:
+        first = state.optimizer_steps.get(id(watch), 1) == 1
+        if "update" in self.streams and state.spine_due["update"] and first:
             t0 = time.perf_counter()
             rows = watch.owned("update")
             deltas: list[tuple[Row, torch.Tensor]] = []
@@ -220,6 +225,33 @@ class OptimizerSteps:
         if not self.host._txn_open:  # implicit spelling: the optimizer step ends the step
             self.take_parameters(self.by_stream.get("parameter", []))  # frozen ones too
             self.host._finish_step(StepProvenance.IMPLICIT)
+
+    def _repeated_step(self, state: StepState, watch: OptimizerWatch, calls: int) -> None:
+        """``watch``'s optimizer steps again inside one step: its gradient and parameter rows are
+        read again (the last optimizer step's gradient, the values at the step's end), its
+        update rows are ``unsupported:several_optimizer_steps`` (an update row is one optimizer
+        step's), and the first time a warning says so."""
+        if calls == 2 and not self._warned_repeat:
+            self._warned_repeat = True
+            warnings.warn(
+                f"stepscope: {type(watch.optimizer).__name__}.step() ran more than once inside "
+                f"one collector.step() (step {state.step}); its update rows are recorded "
+                "unsupported:several_optimizer_steps, its gradients and values are the last "
+                "optimizer step's. Open one collector.step() per optimizer step.",
+                RuntimeWarning,
+                stacklevel=7,  # the user's optimizer.step() (through torch's step wrapper)
+            )
+        again = (("gradient", state.grad_rows), ("parameter", state.param_rows), ("update", None))
+        for stream, read in again:
+            for row in watch.owned(stream):
+                if row.param is None:
+                    continue
+                self.reducer.staging(row.param.device).reset_row(row.index)
+                if read is not None:
+                    read.discard(row.index)
+                    state.row_notes[row.index] = "several_optimizer_steps"
+                else:
+                    state.unsupported[row.index] = "several_optimizer_steps"
 
     def closure_gradient(self, row: Row, grad: torch.Tensor) -> None:
         """A closure's backward accumulated ``grad``: it replaces what the row held."""
