@@ -21,6 +21,7 @@ tensors themselves (``tests/distributed/test_ddp_merge.py``).
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import socket
 import uuid
@@ -58,39 +59,47 @@ def worker(
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
-        model = make_model()
-        ddp = DistributedDataParallel(model)
-        opt = torch.optim.SGD(ddp.parameters(), lr=0.1, momentum=0.9)
-        gen = torch.Generator().manual_seed(1000 + rank)  # each rank its own shard
-        collector = ss.HistoryCollector(
-            model,
-            streams=("activation", "gradient", "parameter"),
-            cadence=Cadence(1, 1),  # spine and histogram every step
-            settings=ss.WatchSettings(output_dir=out, run_id=run_id),
-        )
-        first: list[torch.Tensor] = []
-        hook = model[0].register_forward_hook(lambda m, i, o: first.append(o.detach().clone()))
-        try:
-            for step in range(steps):
-                x = torch.randn(32, 8, generator=gen)
-                y = torch.randint(0, 3, (32,), generator=gen)
-                with collector.step(opt, examples=32, epoch=0) as st:
-                    loss = F.cross_entropy(ddp(x), y)
-                    opt.zero_grad()
-                    loss.backward()  # DDP all-reduces (averages) gradients here
-                    grad = model[0].weight.grad.detach().clone()
-                    opt.step()
-                    st.log("loss", loss)
-                if dump:
-                    d = Path(dump)
-                    np.save(d / f"act_r{rank}_s{step}.npy", first[-1].numpy())
-                    np.save(d / f"grad_r{rank}_s{step}.npy", grad.numpy())
-                first.clear()
-        finally:
-            hook.remove()
-            collector.close()
+        train(rank, out, run_id, steps, dump)
     finally:
+        # DDP sits in a reference cycle: collect it, so that leaving the group tears gloo's
+        # threads down here and not during interpreter exit (where they can abort the process)
+        gc.collect()
         dist.destroy_process_group()
+
+
+def train(rank: int, out: str, run_id: str, steps: int, dump: str | None) -> None:
+    """Train ``steps`` steps of DDP under a collector (the process group is up)."""
+    model = make_model()
+    ddp = DistributedDataParallel(model)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1, momentum=0.9)
+    gen = torch.Generator().manual_seed(1000 + rank)  # each rank its own shard
+    collector = ss.HistoryCollector(
+        model,
+        streams=("activation", "gradient", "parameter"),
+        cadence=Cadence(1, 1),  # spine and histogram every step
+        settings=ss.WatchSettings(output_dir=out, run_id=run_id),
+    )
+    first: list[torch.Tensor] = []
+    hook = model[0].register_forward_hook(lambda m, i, o: first.append(o.detach().clone()))
+    try:
+        for step in range(steps):
+            x = torch.randn(32, 8, generator=gen)
+            y = torch.randint(0, 3, (32,), generator=gen)
+            with collector.step(opt, examples=32, epoch=0) as st:
+                loss = F.cross_entropy(ddp(x), y)
+                opt.zero_grad()
+                loss.backward()  # DDP all-reduces (averages) gradients here
+                grad = model[0].weight.grad.detach().clone()
+                opt.step()
+                st.log("loss", loss)
+            if dump:
+                d = Path(dump)
+                np.save(d / f"act_r{rank}_s{step}.npy", first[-1].numpy())
+                np.save(d / f"grad_r{rank}_s{step}.npy", grad.numpy())
+            first.clear()
+    finally:
+        hook.remove()
+        collector.close()
 
 
 def main(argv: list[str] | None = None) -> Path:

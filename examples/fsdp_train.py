@@ -22,6 +22,7 @@ tensors (``DTensor.full_tensor()``), and the logical update indices each rank sa
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import socket
@@ -212,6 +213,7 @@ def worker(rank: int, world: int, port: int, mode: str, out: str, run_id: str, s
     try:
         train(rank, world, mode, out, run_id, steps, dump, live=live, watch=watch)
     finally:
+        gc.collect()  # free the model's reference cycles first: gloo's threads end here, not at exit
         dist.destroy_process_group()
 
 
