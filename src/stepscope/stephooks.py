@@ -9,6 +9,12 @@ outermost pair: a pre-hook that fires while the outermost call's wrapper frame i
 stack is nested, and so is its post-hook. An exception inside ``step()`` skips the post-hooks;
 the next call then finds that frame gone from the stack and starts afresh.
 
+The hooks run eagerly under ``torch.compile`` (``torch.compiler.disable``: a compiled
+``optimizer.step()`` graph-breaks around them), so what they read are real tensors, never the
+fake ones of a trace (a native kernel handed one crashed the process). Nested calls inside a
+compiled step are not told apart (its wrapper's frames are dynamo's): the hooks then run at
+every level, as torch's own do.
+
 A bottom-level module (it imports only torch) so that the collector
 (:mod:`stepscope.collect.optimizers`) and the probe (:mod:`stepscope.probe.state`) share it.
 
@@ -30,6 +36,7 @@ Example
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
 from types import FrameType
@@ -41,6 +48,17 @@ __all__ = ["OuterStepHooks", "StepHook"]
 
 #: ``hook(optimizer, args, kwargs)``, as torch calls step hooks (the return value is ignored).
 StepHook = Callable[[torch.optim.Optimizer, tuple[Any, ...], dict[str, Any]], Any]
+
+
+_DYNAMO = f"{os.sep}torch{os.sep}_dynamo{os.sep}"
+
+
+def _step_frame() -> FrameType | None:
+    """The frame that called the running hook: torch's step wrapper (past dynamo's own)."""
+    frame: FrameType | None = sys._getframe(2)
+    while frame is not None and _DYNAMO in frame.f_code.co_filename:
+        frame = frame.f_back
+    return frame
 
 
 def _on_stack(frame: FrameType, start: FrameType | None) -> bool:
@@ -76,8 +94,11 @@ class OuterStepHooks:
             optimizer.register_step_post_hook(self._post),
         ]
 
+    @torch.compiler.disable
     def _pre(self, optimizer: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        caller = sys._getframe(1)  # torch's step wrapper, running the hooks
+        caller = _step_frame()  # torch's step wrapper, running the hooks
+        if caller is None:
+            return
         if self._outer is not None and _on_stack(self._outer, caller.f_back):
             self._nested += 1
             return
@@ -85,6 +106,7 @@ class OuterStepHooks:
         if self._pre_hook is not None:
             self._pre_hook(optimizer, args, kwargs)
 
+    @torch.compiler.disable
     def _post(self, optimizer: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         if self._nested:
             self._nested -= 1

@@ -2,12 +2,22 @@
 graph break (counted by ``torch._dynamo.explain``), activation rows of compiled forwards are
 ``unsupported`` with reason ``torch_compile``, and optimizer-side streams are recorded exactly."""
 
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
 import pytest
 import torch
 
 from stepscope.collect import Cadence, HistoryCollector
 from stepscope.history import Presence
 from stepscope.history.batch import member_of
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def make():
@@ -70,3 +80,62 @@ def test_a_model_compiled_on_a_quiet_step_still_reads_unsupported_when_due():
     c.close()
     assert presence[0] == [Presence.OBSERVED] * 3
     assert presence[3] == presence[6] == [Presence.UNSUPPORTED] * 3
+
+
+COMPILED_STEP = textwrap.dedent(
+    """
+    import json, sys, torch
+    from stepscope.collect import ALL_STREAMS, HistoryCollector, WatchSettings
+    from tests.collect.models import ResNetish, TinyGPT
+    from tests.collect.stepkit import ce, images, tokens
+    torch.manual_seed(0)
+    case = sys.argv[1]
+    if case == "gpt":
+        model, batches = TinyGPT(), tokens(3)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    elif case == "resnet":
+        model, batches = ResNetish(), images(3)
+        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    else:  # traced furthest into the collector: this one crashed
+        model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
+        batches = [(torch.randn(2, 4), torch.randint(0, 3, (2,))) for _ in range(3)]
+        opt = torch.optim.Adam(model.parameters(), lr=0.1)
+    step = torch.compile(lambda: opt.step(), backend="eager")  # the hooks run inside the trace
+    c = HistoryCollector(model, streams=ALL_STREAMS, cadence=1,
+                         settings=WatchSettings(update_sample_size=1 << 20))
+    params = list(model.parameters())
+    got, want = [], []
+    for x, y in batches:
+        with c.step(opt, examples=len(x)):
+            opt.zero_grad()
+            ce(model(x), y).backward()
+            grads = [p.grad.double().pow(2).sum().item() for p in params]
+            before = [p.detach().double().clone() for p in params]
+            step()
+        want.append({"gradient": grads,
+                     "update": [(p.detach().double() - b).pow(2).sum().item()
+                                for p, b in zip(params, before)],
+                     "parameter": [p.detach().double().pow(2).sum().item() for p in params]})
+        got.append({b.stream.value: b.spines[:, 11].tolist() for b in c.last_batches
+                    if b.stream.value in ("gradient", "update", "parameter")})
+    c.close()
+    print(json.dumps({"got": got, "want": want}))
+    """
+)
+
+
+@pytest.mark.parametrize("case", ["mlp", "gpt", "resnet"])
+def test_a_compiled_optimizer_step_records_true_rows_and_does_not_crash(case):
+    """The step hooks used to be traced with the step: the native kernel was handed fake
+    tensors and the process died (SIGSEGV). They now run eagerly, around the compiled step.
+    A child process: a crash is a failed test, not a dead test session."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-c", COMPILED_STEP, case], capture_output=True,
+                          text=True, timeout=300, env=env, cwd=ROOT)
+    assert done.returncode == 0, (done.returncode, done.stderr[-3000:])
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert len(out["got"]) == 3
+    for got, want in zip(out["got"], out["want"]):
+        for stream in ("gradient", "parameter"):
+            np.testing.assert_allclose(got[stream], want[stream], rtol=1e-9)
+        np.testing.assert_allclose(got["update"], want["update"], rtol=1e-6)  # f32 difference
