@@ -9,11 +9,15 @@ outermost pair: a pre-hook that fires while the outermost call's wrapper frame i
 stack is nested, and so is its post-hook. An exception inside ``step()`` skips the post-hooks;
 the next call then finds that frame gone from the stack and starts afresh.
 
-The hooks run eagerly under ``torch.compile`` (``torch.compiler.disable``: a compiled
-``optimizer.step()`` graph-breaks around them), so what they read are real tensors, never the
-fake ones of a trace (a native kernel handed one crashed the process). Nested calls inside a
-compiled step are not told apart (its wrapper's frames are dynamo's): the hooks then run at
-every level, as torch's own do.
+Once ``torch.compile`` is in use (``torch._dynamo`` is loaded: checked at registration and at
+every eager call), the hooks are swapped for ``torch.compiler.disable``d ones: a compiled
+``optimizer.step()`` graph-breaks around them and they read real tensors, never the fake ones of
+a trace (a native kernel handed one crashed the process). ``torch._dynamo`` is not imported
+here (half a second); in practice it is loaded already, since constructing a torch optimizer
+loads it. Hooks traced before the swap (dynamo loaded after their last eager call) return at
+once.
+Nested calls inside a compiled step are not told apart (its wrapper's frames are dynamo's): the
+hooks then run at every level, as torch's own do.
 
 A bottom-level module (it imports only torch) so that the collector
 (:mod:`stepscope.collect.optimizers`) and the probe (:mod:`stepscope.probe.state`) share it.
@@ -89,13 +93,28 @@ class OuterStepHooks:
         self._pre_hook, self._post_hook = pre, post
         self._outer: FrameType | None = None  # the outermost call's wrapper frame while it runs
         self._nested = 0
+        self._eager = False  # the hooks registered are dynamo-disabled ones
         self.handles = [
             optimizer.register_step_pre_hook(self._pre),
             optimizer.register_step_post_hook(self._post),
         ]
+        self.ensure_eager()
 
-    @torch.compiler.disable
+    def ensure_eager(self) -> None:
+        """With ``torch._dynamo`` loaded, make the registered hooks dynamo-disabled (in place:
+        their order among the optimizer's hooks is kept). Cheap when there is nothing to do."""
+        if self._eager or not self.handles or "torch._dynamo" not in sys.modules:
+            return
+        self._eager = True
+        for handle, hook in zip(self.handles, (self._pre, self._post)):
+            hooks = handle.hooks_dict_ref()
+            if hooks is not None and handle.id in hooks:
+                hooks[handle.id] = torch.compiler.disable(hook)
+
     def _pre(self, optimizer: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        if torch.compiler.is_compiling():  # traced before ensure_eager() could swap
+            return
+        self.ensure_eager()
         caller = _step_frame()  # torch's step wrapper, running the hooks
         if caller is None:
             return
@@ -106,8 +125,9 @@ class OuterStepHooks:
         if self._pre_hook is not None:
             self._pre_hook(optimizer, args, kwargs)
 
-    @torch.compiler.disable
     def _post(self, optimizer: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        if torch.compiler.is_compiling():
+            return
         if self._nested:
             self._nested -= 1
             return

@@ -100,18 +100,21 @@ COMPILED_STEP = textwrap.dedent(
         model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
         batches = [(torch.randn(2, 4), torch.randint(0, 3, (2,))) for _ in range(3)]
         opt = torch.optim.Adam(model.parameters(), lr=0.1)
-    step = torch.compile(lambda: opt.step(), backend="eager")  # the hooks run inside the trace
+    late = sys.argv[2] == "late"  # torch.compile comes into use after the first step
+    step = None if late else torch.compile(lambda: opt.step(), backend="eager")
     c = HistoryCollector(model, streams=ALL_STREAMS, cadence=1,
                          settings=WatchSettings(update_sample_size=1 << 20))
     params = list(model.parameters())
     got, want = [], []
-    for x, y in batches:
+    for i, (x, y) in enumerate(batches):
         with c.step(opt, examples=len(x)):
+            if late and i == 1:
+                step = torch.compile(lambda: opt.step(), backend="eager")
             opt.zero_grad()
             ce(model(x), y).backward()
             grads = [p.grad.double().pow(2).sum().item() for p in params]
             before = [p.detach().double().clone() for p in params]
-            step()
+            step() if step is not None else opt.step()
         want.append({"gradient": grads,
                      "update": [(p.detach().double() - b).pow(2).sum().item()
                                 for p, b in zip(params, before)],
@@ -124,13 +127,15 @@ COMPILED_STEP = textwrap.dedent(
 )
 
 
-@pytest.mark.parametrize("case", ["mlp", "gpt", "resnet"])
-def test_a_compiled_optimizer_step_records_true_rows_and_does_not_crash(case):
+@pytest.mark.parametrize(
+    "case, when", [("mlp", "early"), ("mlp", "late"), ("gpt", "early"), ("resnet", "early")]
+)
+def test_a_compiled_optimizer_step_records_true_rows_and_does_not_crash(case, when):
     """The step hooks used to be traced with the step: the native kernel was handed fake
     tensors and the process died (SIGSEGV). They now run eagerly, around the compiled step.
     A child process: a crash is a failed test, not a dead test session."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([sys.executable, "-c", COMPILED_STEP, case], capture_output=True,
+    done = subprocess.run([sys.executable, "-c", COMPILED_STEP, case, when], capture_output=True,
                           text=True, timeout=300, env=env, cwd=ROOT)
     assert done.returncode == 0, (done.returncode, done.stderr[-3000:])
     out = json.loads(done.stdout.strip().splitlines()[-1])

@@ -1,5 +1,7 @@
 """The collector's run log: same rows as RunLog, skipped branches absent (not zero), clocks."""
 
+import time
+
 import numpy as np
 import torch
 
@@ -102,7 +104,35 @@ def test_collector_clocks_add_up_and_match_its_telemetry(tmp_path, sdnet_train):
     assert (training > 0).all() and (telemetry > 0).all()  # hooks ran: our time is not zero
     assert clk.telemetry_seconds[-1] == c.telemetry_seconds  # same sums, same order
     assert v.summary["closed"] and v.summary["training_clock"] == "host_perf_counter"
-    assert v.summary["overhead_fraction"] == clk.overhead_fraction
+    # the run's totals add what came after the last step (its write, at least) to the rows'
+    trailing = v.summary["trailing_telemetry_seconds"]
+    assert trailing > 0
+    assert v.summary["telemetry_seconds"] == clk.telemetry_seconds[-1] + trailing
+    assert v.summary["overhead_fraction"] == v.summary["telemetry_seconds"] / (
+        clk.training_seconds[-1]
+    )
+
+
+def test_telemetry_after_the_last_step_is_counted_in_the_run_total(tmp_path):
+    """A final probe or checkpoint after the last step used to be charged to a step that was
+    never written, and so to nothing: the run's telemetry total left it out."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    c = ss.HistoryCollector(
+        model, cadence=1, settings=ss.WatchSettings(output_dir=str(tmp_path / "run"))
+    )
+    for _ in range(2):
+        with c.step(opt, examples=4):
+            model(torch.ones(4, 3)).pow(2).mean().backward()
+            opt.step()
+    with c.telemetry():  # the final probe of a run
+        time.sleep(0.05)
+    c.close()
+    v = RunView(ss.open_history(tmp_path / "run"))
+    rows = v.clocks().telemetry_seconds[-1]
+    assert v.summary["trailing_telemetry_seconds"] >= 0.05
+    assert v.summary["telemetry_seconds"] == rows + v.summary["trailing_telemetry_seconds"]
 
 
 def test_ram_collector_keeps_run_log_rows():

@@ -475,6 +475,8 @@ class HistoryCollector(UserLog):
             self._sites.remove()
         finally:
             self._steps.remove()  # optimizer hooks; pending update samples are dropped
+            if self._state is not None:  # telemetry after the last step is still telemetry
+                self.clock.trailing(self._state.telemetry_s)
             self._state = None
             # disk faults are reported (close_report), not raised
             self.close_report = self._boundary.close(self._next_step)

@@ -93,6 +93,7 @@ class OptimizerSteps:
         """Watch ``optimizer`` (or the optimizer a wrapper exposes); idempotent."""
         watch = self.watches.get(id(optimizer))
         if watch is not None and watch.optimizer is optimizer:  # every step's transaction
+            watch.hooks.ensure_eager()  # torch.compile may have come into use since
             return watch
         opt = unwrap_optimizer(optimizer)
         watch = self.watches.get(id(opt))

@@ -17,6 +17,11 @@ Definitions (seconds). Per step ``k``:
 ``elapsed_seconds``
     Host time from the start of the run (collector/run-log construction) to the end of the step.
 
+Telemetry after the last step (a final probe or checkpoint inside ``collector.telemetry()``, the
+last step's write) belongs to no step row: at close it is added to the run's
+``telemetry_seconds`` total and shown apart as ``trailing_telemetry_seconds``
+(:meth:`StepClock.trailing`).
+
 The scalars ``clock/training_seconds``, ``clock/telemetry_seconds`` and ``clock/elapsed_seconds``
 written at step ``k`` are *cumulative* up to the end of step ``k`` (a throughput is a difference
 quotient, a per-step value a difference). With the host clock, the training and telemetry
@@ -118,6 +123,7 @@ class StepClock:
         self._waiting: list[_Waiting] = []
         self.training_total = 0.0
         self.telemetry_total = 0.0
+        self.trailing_telemetry = 0.0  # after the last step (a final probe, checkpoint, write)
         self.elapsed = 0.0
 
     def begin(self, step: int) -> None:
@@ -187,6 +193,14 @@ class StepClock:
             step, training, telemetry, self.training_total, self.telemetry_total, elapsed
         )
 
+    def trailing(self, telemetry: float) -> None:
+        """Telemetry seconds spent after the last step (no step row holds them): counted in
+        the totals at close, and shown apart as ``trailing_telemetry_seconds``."""
+        if telemetry > 0:
+            self.trailing_telemetry += telemetry
+            self.telemetry_total += telemetry
+            self.elapsed = self._timer() - self.started
+
     @property
     def overhead_fraction(self) -> float | None:
         """``telemetry / training`` over resolved steps (``None`` before any training time)."""
@@ -201,6 +215,7 @@ class StepClock:
             "elapsed_clock": ClockKind.HOST_PERF_COUNTER.value,
             "training_seconds": self.training_total,
             "telemetry_seconds": self.telemetry_total,
+            "trailing_telemetry_seconds": self.trailing_telemetry,
             "elapsed_seconds": self.elapsed,
             "overhead_fraction": self.overhead_fraction,
             "unresolved_steps": len(self._waiting),
