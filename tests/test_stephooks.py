@@ -92,3 +92,14 @@ def test_the_closure_and_arguments_reach_the_hooks():
     assert (
         o is opt and args[0] is opt and (args[1:] == (closure,) or kwargs == {"closure": closure})
     )
+
+
+@pytest.mark.parametrize("cls, holds", [(torch.optim.SGD, False), (Nested, True)])
+def test_a_frame_is_held_only_where_nesting_is_possible(cls, holds):
+    p, opt, _calls, _plain, hooks = _setup(cls)
+    during = []
+    opt.register_step_pre_hook(lambda *_: during.append(hooks._outer is not None))
+    p.grad = torch.ones(3)
+    opt.step()
+    assert during and set(during) == {holds}
+    assert hooks._outer is None  # and none is kept after the call

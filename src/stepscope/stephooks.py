@@ -7,7 +7,9 @@ constructed too (``MyAdam.step`` and ``Adam.step`` are both wrapped): pre, pre, 
 hook that ends a step or counts steps would see two. :class:`OuterStepHooks` passes on only the
 outermost pair: a pre-hook that fires while the outermost call's wrapper frame is still on the
 stack is nested, and so is its post-hook. An exception inside ``step()`` skips the post-hooks;
-the next call then finds that frame gone from the stack and starts afresh.
+the next call then finds that frame gone from the stack and starts afresh. Frames are looked at
+only for a class where nesting is possible (two classes of its MRO define a wrapped ``step``);
+a plain ``torch.optim.Adam`` costs a walk of its MRO per call and holds no frame.
 
 Once ``torch.compile`` is in use (``torch._dynamo`` is loaded: checked at registration and at
 every eager call), the hooks are swapped for ``torch.compiler.disable``d ones: a compiled
@@ -65,6 +67,18 @@ def _step_frame() -> FrameType | None:
     return frame
 
 
+def _can_nest(cls: type) -> bool:
+    """Whether ``cls.step`` may run torch's hooks more than once: two classes of its MRO each
+    define a ``step`` that torch has wrapped (a subclass's and a constructed parent's)."""
+    wrapped = 0
+    for klass in cls.__mro__:
+        if getattr(klass.__dict__.get("step"), "hooked", False):
+            wrapped += 1
+            if wrapped > 1:
+                return True
+    return False
+
+
 def _on_stack(frame: FrameType, start: FrameType | None) -> bool:
     while start is not None:
         if start is frame:
@@ -115,13 +129,14 @@ class OuterStepHooks:
         if torch.compiler.is_compiling():  # traced before ensure_eager() could swap
             return
         self.ensure_eager()
-        caller = _step_frame()  # torch's step wrapper, running the hooks
-        if caller is None:
-            return
-        if self._outer is not None and _on_stack(self._outer, caller.f_back):
-            self._nested += 1
-            return
-        self._outer, self._nested = caller, 0  # (a stale frame: that call raised, no post-hook)
+        if _can_nest(type(optimizer)):  # else no frame is looked at, nor held
+            caller = _step_frame()  # torch's step wrapper, running the hooks
+            if self._outer is not None and caller is not None:
+                if _on_stack(self._outer, caller.f_back):
+                    self._nested += 1
+                    return
+            self._outer = caller  # (replacing a stale frame: that call raised, no post-hook)
+        self._nested = 0
         if self._pre_hook is not None:
             self._pre_hook(optimizer, args, kwargs)
 
