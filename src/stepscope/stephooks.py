@@ -17,9 +17,8 @@ every eager call), the hooks are swapped for ``torch.compiler.disable``d ones: a
 a trace (a native kernel handed one crashed the process). ``torch._dynamo`` is not imported
 here (half a second); in practice it is loaded already, since constructing a torch optimizer
 loads it. Hooks traced before the swap (dynamo loaded after their last eager call) return at
-once.
-Nested calls inside a compiled step are not told apart (its wrapper's frames are dynamo's): the
-hooks then run at every level, as torch's own do.
+once. Nested calls inside a compiled step are not told apart (its wrapper's frames are
+dynamo's): the hooks then run at every level, as torch's own do.
 
 A bottom-level module (it imports only torch) so that the collector
 (:mod:`stepscope.collect.optimizers`) and the probe (:mod:`stepscope.probe.state`) share it.

@@ -346,6 +346,7 @@ def test_an_optimizer_stepped_twice_in_one_step_writes_no_false_update(tmp_path,
     c.close()
     said = [w for w in caught if "several_optimizer_steps" in str(w.message)]
     assert len(said) == 1 and "SGD.step() ran more than once" in str(said[0].message)
+    assert said[0].filename == __file__  # it points at the user's optimizer.step() line
     h = ss.open_history(tmp_path / "run")
     assert h.steps.tolist() == [0, 1, 2]
     for n, p in named.items():

@@ -19,6 +19,8 @@ skipped is ended at the next training forward (:meth:`OptimizerSteps.iteration_h
 
 from __future__ import annotations
 
+import os
+import sys
 import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -240,7 +242,7 @@ class OptimizerSteps:
                 "unsupported:several_optimizer_steps, its gradients and values are the last "
                 "optimizer step's. Open one collector.step() per optimizer step.",
                 RuntimeWarning,
-                stacklevel=7,  # the user's optimizer.step() (through torch's step wrapper)
+                stacklevel=_user_stacklevel(),  # the user's optimizer.step()
             )
         again = (("gradient", state.grad_rows), ("parameter", state.param_rows), ("update", None))
         for stream, read in again:
@@ -348,6 +350,18 @@ class OptimizerSteps:
         ):
             state.skipped = True
             self.host._finish_step(StepProvenance.IMPLICIT)
+
+
+_OWN = (os.path.dirname(os.path.dirname(__file__)), os.path.dirname(torch.__file__))
+
+
+def _user_stacklevel() -> int:
+    """``warnings.warn``'s ``stacklevel``, for its caller, of the first frame outside stepscope
+    and torch (the user's ``optimizer.step()``, through torch's and dynamo's wrappers)."""
+    level, frame = 1, sys._getframe(1)  # level 1: warn's caller
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(_OWN):
+        level, frame = level + 1, frame.f_back
+    return level
 
 
 def _update_failed(state: StepState, rows: Sequence[Row], error: Exception) -> None:
