@@ -151,8 +151,9 @@ def test_a_bare_optimizer_step_after_explicit_steps_is_refused_not_recorded(tmp_
         x, y = data[1]
         opt.zero_grad()
         ce(model(x), y).backward()
-        with pytest.warns(RuntimeWarning, match="outside"):
+        with pytest.warns(RuntimeWarning, match="outside") as said:
             opt.step()  # bare: not a step of this collector
+        assert [w.filename for w in said] == [__file__]  # at this line, not in stepscope/torch
         with pytest.raises(ss.Refusal) as err:
             with c.step(opt, examples=4):
                 pass

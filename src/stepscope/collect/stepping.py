@@ -308,7 +308,7 @@ class OptimizerSteps:
             f"collector.step(...)` at step {state.step}; it is not recorded, and the next "
             "collector.step() refuses step_transaction_required.",
             RuntimeWarning,
-            stacklevel=3,
+            stacklevel=_user_stacklevel(),  # the bare optimizer.step()
         )
         self.updates.clear()
         self.host._state = None
