@@ -371,3 +371,59 @@ def test_an_optimizer_stepped_twice_in_one_step_writes_no_false_update(tmp_path,
             assert not any(
                 "several_optimizer_steps" in r.disclosures for r in h.observations(n, "gradient")
             )
+
+
+@pytest.mark.parametrize("case, shared", [("gpt", "wte.weight"), ("resnet", "conv1.weight")])
+def test_a_parameter_in_two_optimizers_writes_no_false_update(tmp_path, case, shared):
+    """A parameter two optimizers own, both stepped in one transaction, used to get one update
+    row folded from both updates (``total`` twice its size) and its value after the first
+    optimizer's step, silently. Now its update row is ``unsupported:several_optimizer_steps``
+    and its value is the step's end; every other row is as with one optimizer."""
+    torch.manual_seed(0)
+    model, batches = (TinyGPT(), tokens(3)) if case == "gpt" else (ResNetish(), images(3))
+    named = dict(model.named_parameters())
+    body = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)  # every parameter
+    extra = torch.optim.Adam([named[shared]], lr=1e-2)  # and the shared one again
+    settings = disk_settings(tmp_path, update_sample_size=1 << 20)
+    c = ss.HistoryCollector(model, streams=ALL_STREAMS, cadence=1, settings=settings)
+    grads, values, updates = [], [], []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for x, y in batches:
+            with c.step([body, extra], examples=len(x)):
+                body.zero_grad()
+                extra.zero_grad()
+                ce(model(x), y).backward()
+                grads.append({n: p.grad.double().pow(2).sum().item() for n, p in named.items()})
+                before = {n: p.detach().double().clone() for n, p in named.items()}
+                body.step()
+                extra.step()
+            values.append({n: p.detach().double().pow(2).sum().item() for n, p in named.items()})
+            updates.append(
+                {n: (p.detach().double() - before[n]).pow(2).sum().item() for n, p in named.items()}
+            )
+    c.close()
+    said = [w for w in caught if "several_optimizer_steps" in str(w.message)]
+    assert len(said) == 1 and "Adam.step() stepped parameters another optimizer" in str(
+        said[0].message
+    )
+    h = ss.open_history(tmp_path / "run")
+    for n in named:
+        np.testing.assert_allclose(
+            h.series(n, "gradient", "sum_squares").values, [g[n] for g in grads], rtol=1e-9
+        )
+        np.testing.assert_allclose(
+            h.series(n, "parameter", "sum_squares").values, [v[n] for v in values], rtol=1e-9
+        )
+        cells = h.observations(n, "update")
+        if n == shared:
+            assert [(r.presence.value, r.disclosures) for r in cells] == [
+                ("unsupported", ("unsupported:several_optimizer_steps",))
+            ] * 3
+        else:
+            assert [r.presence.value for r in cells] == ["observed"] * 3
+            np.testing.assert_allclose(
+                h.series(n, "update", "sum_squares").values,
+                [u[n] for u in updates],
+                rtol=1e-6,  # f32 difference
+            )

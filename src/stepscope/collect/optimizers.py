@@ -123,6 +123,7 @@ class OptimizerWatch:
         self._all_rows = list(rows)
         self._owned_count = -1
         self.rows: dict[str, list[Row]] = {}
+        self.param_ids: frozenset[int] = frozenset()  # ids of the parameters it steps
         self._refresh()
         self._grad_handles: list[Any] = []
         self.hooks = OuterStepHooks(  # once per step() call, also when it nests super().step()
@@ -138,10 +139,15 @@ class OptimizerWatch:
             return
         self._owned_count = count
         owned = {id(p) for g in self.optimizer.param_groups for p in g["params"]}
+        self.param_ids = frozenset(owned)
         self.rows = {
             s: [r for r in self._all_rows if r.stream == s and id(r.param) in owned]
             for s in PARAM_STREAMS
         }
+
+    def refresh(self) -> None:
+        """Bring ownership (:attr:`rows`, :attr:`param_ids`) up to date."""
+        self._refresh()
 
     def invalidate(self) -> None:
         """Recompute ownership at the next :meth:`owned` (rows were rebound: model surgery)."""

@@ -88,7 +88,9 @@ class OptimizerSteps:
         self.implicit_scaler: Any = None
         self._sites: ActivationSites | None = None
         self._handles: list[Any] = []
-        self._warned_repeat = False  # an optimizer stepped twice in one step (warned once)
+        self._warned_repeat = False  # a parameter stepped twice in one step (warned once)
+        self._shared: frozenset[int] = frozenset()  # parameters several optimizers own
+        self._shared_key: tuple[tuple[int, int], ...] = ()
 
     # ------------------------------------------------------------------ attaching
     def attach(self, optimizer: Any) -> OptimizerWatch:
@@ -172,8 +174,16 @@ class OptimizerSteps:
         self, state: StepState, watch: OptimizerWatch, closure: Callable[[], Any] | None
     ) -> None:
         calls = state.optimizer_steps[id(watch)] = state.optimizer_steps.get(id(watch), 0) + 1
-        if calls > 1:
-            self._repeated_step(state, watch, calls)
+        if calls > 1:  # the same optimizer again: every row it owns
+            self._step_again(state, watch, set(watch.param_ids), True)
+        else:
+            shared = self._shared_params()  # (empty with one optimizer, or disjoint ones)
+            if shared:  # a parameter another optimizer of this step owns too
+                mine = {i for i in shared if i in watch.param_ids}
+                again = mine & state.stepped_params
+                state.stepped_params |= mine
+                if again:
+                    self._step_again(state, watch, again, False)
         txn = self.host._txn_open
         # implicit spelling: known only when the scaler was given to the collector
         scaler = self.host._scaler if txn else self.implicit_scaler
@@ -221,6 +231,10 @@ class OptimizerSteps:
             if deltas:  # the sampling is telemetry too (its pre-step half is charged as well)
                 state.charge("update", time.perf_counter() - t0)
             self.reducer.reduce_many("update", deltas)
+            if state.again_updates:  # a shared parameter's second update is not a row
+                for row in rows:
+                    if row.index in state.again_updates and row.param is not None:
+                        self.reducer.staging(row.param.device).reset_row(row.index)
         if state.spine_due.get("parameter", False):  # else nothing to read (nor to look up)
             self.take_parameters(watch.owned("parameter"))
         state.hook_calls += 1
@@ -229,25 +243,51 @@ class OptimizerSteps:
             self.take_parameters(self.by_stream.get("parameter", []))  # frozen ones too
             self.host._finish_step(StepProvenance.IMPLICIT)
 
-    def _repeated_step(self, state: StepState, watch: OptimizerWatch, calls: int) -> None:
-        """``watch``'s optimizer steps again inside one step: its gradient and parameter rows are
-        read again (the last optimizer step's gradient, the values at the step's end), its
-        update rows are ``unsupported:several_optimizer_steps`` (an update row is one optimizer
-        step's), and the first time a warning says so."""
-        if calls == 2 and not self._warned_repeat:
+    def _shared_params(self) -> frozenset[int]:
+        """Ids of the parameters more than one watched optimizer owns (cached while every
+        optimizer's ownership holds; empty with a single optimizer)."""
+        if len(self.watches) < 2:
+            return frozenset()
+        for w in self.watches.values():
+            w.refresh()
+        key = tuple((id(w), len(w.param_ids)) for w in self.watches.values())
+        if key != self._shared_key:
+            seen: set[int] = set()
+            shared: set[int] = set()
+            for w in self.watches.values():
+                shared |= w.param_ids & seen
+                seen |= w.param_ids
+            self._shared, self._shared_key = frozenset(shared), key
+        return self._shared
+
+    def _step_again(
+        self, state: StepState, watch: OptimizerWatch, params: set[int], same: bool
+    ) -> None:
+        """Parameters (ids) an optimizer step of this step already stepped are stepped again
+        (``same``: by the same optimizer). Their gradient and parameter rows are read again (the
+        last optimizer step's gradient, the values at the step's end), their update rows are
+        ``unsupported:several_optimizer_steps`` (an update row is one optimizer step's), and the
+        first time a warning says so."""
+        if not self._warned_repeat:
             self._warned_repeat = True
+            what = (
+                "ran more than once"
+                if same
+                else "stepped parameters another optimizer had already stepped"
+            )
             warnings.warn(
-                f"stepscope: {type(watch.optimizer).__name__}.step() ran more than once inside "
-                f"one collector.step() (step {state.step}); its update rows are recorded "
-                "unsupported:several_optimizer_steps, its gradients and values are the last "
-                "optimizer step's. Open one collector.step() per optimizer step.",
+                f"stepscope: {type(watch.optimizer).__name__}.step() {what} inside one "
+                f"collector.step() (step {state.step}); their update rows are recorded "
+                "unsupported:several_optimizer_steps, their gradients and values are the last "
+                "optimizer step's. Open one collector.step() per optimizer step, and give each "
+                "parameter to one optimizer.",
                 RuntimeWarning,
                 stacklevel=_user_stacklevel(),  # the user's optimizer.step()
             )
         again = (("gradient", state.grad_rows), ("parameter", state.param_rows), ("update", None))
         for stream, read in again:
             for row in watch.owned(stream):
-                if row.param is None:
+                if row.param is None or id(row.param) not in params:
                     continue
                 self.reducer.staging(row.param.device).reset_row(row.index)
                 if read is not None:
@@ -255,6 +295,7 @@ class OptimizerSteps:
                     state.row_notes[row.index] = "several_optimizer_steps"
                 else:
                     state.unsupported[row.index] = "several_optimizer_steps"
+                    state.again_updates.add(row.index)
 
     def closure_gradient(self, row: Row, grad: torch.Tensor) -> None:
         """A closure's backward accumulated ``grad``: it replaces what the row held."""
