@@ -49,7 +49,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["OuterStepHooks", "StepHook"]
+__all__ = ["OuterStepHooks", "StepHook", "user_stacklevel"]
 
 #: ``hook(optimizer, args, kwargs)``, as torch calls step hooks (the return value is ignored).
 StepHook = Callable[[torch.optim.Optimizer, tuple[Any, ...], dict[str, Any]], Any]
@@ -64,6 +64,19 @@ def _step_frame() -> FrameType | None:
     while frame is not None and _DYNAMO in frame.f_code.co_filename:
         frame = frame.f_back
     return frame
+
+
+_OWN = (os.path.dirname(__file__), os.path.dirname(torch.__file__))
+
+
+def user_stacklevel() -> int:
+    """``warnings.warn``'s ``stacklevel``, for its caller, of the first frame outside stepscope
+    and torch: a warning from a step hook points at the user's ``optimizer.step()`` line (past
+    torch's step wrapper, dynamo's and this module's)."""
+    level, frame = 1, sys._getframe(1)  # level 1: warn's caller
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(_OWN):
+        level, frame = level + 1, frame.f_back
+    return level
 
 
 def _can_nest(cls: type) -> bool:

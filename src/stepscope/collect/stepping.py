@@ -19,8 +19,6 @@ skipped is ended at the next training forward (:meth:`OptimizerSteps.iteration_h
 
 from __future__ import annotations
 
-import os
-import sys
 import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -38,6 +36,7 @@ from stepscope.collect.updates import UpdateSampler
 from stepscope.errors import Refusal
 from stepscope.history import StepProvenance
 from stepscope.profile.scope import internal_scope
+from stepscope.stephooks import user_stacklevel
 
 __all__ = ["OptimizerSteps", "StepHost"]
 
@@ -282,7 +281,7 @@ class OptimizerSteps:
                 "optimizer step's. Open one collector.step() per optimizer step, and give each "
                 "parameter to one optimizer.",
                 RuntimeWarning,
-                stacklevel=_user_stacklevel(),  # the user's optimizer.step()
+                stacklevel=user_stacklevel(),  # the user's optimizer.step()
             )
         again = (("gradient", state.grad_rows), ("parameter", state.param_rows), ("update", None))
         for stream, read in again:
@@ -349,7 +348,7 @@ class OptimizerSteps:
             f"collector.step(...)` at step {state.step}; it is not recorded, and the next "
             "collector.step() refuses step_transaction_required.",
             RuntimeWarning,
-            stacklevel=_user_stacklevel(),  # the bare optimizer.step()
+            stacklevel=user_stacklevel(),  # the bare optimizer.step()
         )
         self.updates.clear()
         self.host._state = None
@@ -391,18 +390,6 @@ class OptimizerSteps:
         ):
             state.skipped = True
             self.host._finish_step(StepProvenance.IMPLICIT)
-
-
-_OWN = (os.path.dirname(os.path.dirname(__file__)), os.path.dirname(torch.__file__))
-
-
-def _user_stacklevel() -> int:
-    """``warnings.warn``'s ``stacklevel``, for its caller, of the first frame outside stepscope
-    and torch (the user's ``optimizer.step()``, through torch's and dynamo's wrappers)."""
-    level, frame = 1, sys._getframe(1)  # level 1: warn's caller
-    while frame.f_back is not None and frame.f_code.co_filename.startswith(_OWN):
-        level, frame = level + 1, frame.f_back
-    return level
 
 
 def _update_failed(state: StepState, rows: Sequence[Row], error: Exception) -> None:
