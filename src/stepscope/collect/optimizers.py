@@ -124,7 +124,7 @@ class OptimizerWatch:
         self._owned_count = -1
         self.rows: dict[str, list[Row]] = {}
         self.param_ids: frozenset[int] = frozenset()  # ids of the parameters it steps
-        self._refresh()
+        self.refresh()
         self._grad_handles: list[Any] = []
         self.hooks = OuterStepHooks(  # once per step() call, also when it nests super().step()
             optimizer,
@@ -132,7 +132,7 @@ class OptimizerWatch:
             post=lambda _o, _a, _k: on_post(self),
         )
 
-    def _refresh(self) -> None:
+    def refresh(self) -> None:
         """Recompute ownership when the optimizer's parameter list changed (add_param_group)."""
         count = sum(len(g["params"]) for g in self.optimizer.param_groups)
         if count == self._owned_count:
@@ -145,17 +145,13 @@ class OptimizerWatch:
             for s in PARAM_STREAMS
         }
 
-    def refresh(self) -> None:
-        """Bring ownership (:attr:`rows`, :attr:`param_ids`) up to date."""
-        self._refresh()
-
     def invalidate(self) -> None:
         """Recompute ownership at the next :meth:`owned` (rows were rebound: model surgery)."""
         self._owned_count = -1
 
     def owned(self, stream: str) -> list[Row]:
         """This optimizer's rows of ``stream`` (``gradient``, ``parameter`` or ``update``)."""
-        self._refresh()
+        self.refresh()
         return self.rows[stream]
 
     def arm_gradient_hooks(self, on_grad: Callable[[Row, torch.Tensor], None]) -> None:

@@ -40,6 +40,9 @@ from stepscope.stephooks import user_stacklevel
 
 __all__ = ["OptimizerSteps", "StepHost"]
 
+#: Disclosure (and unsupported reason of update rows) of a parameter stepped twice in one step.
+AGAIN = "several_optimizer_steps"
+
 
 class StepHost(Protocol):
     """What the optimizer-step handling needs from its collector."""
@@ -230,9 +233,9 @@ class OptimizerSteps:
             if deltas:  # the sampling is telemetry too (its pre-step half is charged as well)
                 state.charge("update", time.perf_counter() - t0)
             self.reducer.reduce_many("update", deltas)
-            if state.again_updates:  # a shared parameter's second update is not a row
+            if state.unsupported:  # a shared parameter's second update is not a row
                 for row in rows:
-                    if row.index in state.again_updates and row.param is not None:
+                    if state.unsupported.get(row.index) == AGAIN and row.param is not None:
                         self.reducer.staging(row.param.device).reset_row(row.index)
         if state.spine_due.get("parameter", False):  # else nothing to read (nor to look up)
             self.take_parameters(watch.owned("parameter"))
@@ -291,10 +294,9 @@ class OptimizerSteps:
                 self.reducer.staging(row.param.device).reset_row(row.index)
                 if read is not None:
                     read.discard(row.index)
-                    state.row_notes[row.index] = "several_optimizer_steps"
+                    state.row_notes[row.index] = AGAIN
                 else:
-                    state.unsupported[row.index] = "several_optimizer_steps"
-                    state.again_updates.add(row.index)
+                    state.unsupported[row.index] = AGAIN
 
     def closure_gradient(self, row: Row, grad: torch.Tensor) -> None:
         """A closure's backward accumulated ``grad``: it replaces what the row held."""

@@ -69,7 +69,6 @@ class StepState:
     param_rows: set[int] = field(default_factory=set)  # parameter rows read this step
     optimizer_steps: dict[int, int] = field(default_factory=dict)  # id(watch) -> step() calls
     stepped_params: set[int] = field(default_factory=set)  # ids of shared parameters stepped
-    again_updates: set[int] = field(default_factory=set)  # update rows stepped twice
     skipped: bool = False  # an iteration ended (scaler.update) without an optimizer step
     scale_in_force: Any = None  # loss scale of this iteration (tensor or float; None: none)
     scaler_marker: Any = None  # the scaler's update marker when the iteration began
