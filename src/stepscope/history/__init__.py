@@ -2,6 +2,7 @@
 
 from stepscope.history.artifact import ArtifactWriter, CloseReport
 from stepscope.history.batch import ObservationBatch, batches_from_records
+from stepscope.history.discover import find_runs, is_run_dir
 from stepscope.history.fingerprint import model_fingerprint
 from stepscope.history.merge import (
     fold_micro_batches,
@@ -54,7 +55,9 @@ __all__ = [
     "VerifyReport",
     "batches_from_records",
     "coarsen_pair",
+    "find_runs",
     "fold_micro_batches",
+    "is_run_dir",
     "merge_batches",
     "merge_ranks",
     "merge_spine_rows",
