@@ -32,15 +32,20 @@ class Consumed:
     names the collector records (``model.named_parameters()``).
     """
 
-    def __init__(self, optimizer: torch.optim.Optimizer, model: torch.nn.Module) -> None:
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        model: torch.nn.Module,
+        steps: list[dict[str, tuple[float, ...]]] | None = None,
+    ) -> None:
         self.names = {id(p): n for n, p in model.named_parameters()}
-        self.steps: list[dict[str, tuple[float, ...]]] = []
+        #: shared by several optimizers' oracles: one entry per optimizer step, in order
+        self.steps: list[dict[str, tuple[float, ...]]] = [] if steps is None else steps
         inner = optimizer._init_group  # the bound method of the optimizer's class
-        first = optimizer.param_groups[0]
 
         def spy(group: dict, params: list, grads: list, *rest: Any, **kw: Any) -> Any:
             out = inner(group, params, grads, *rest, **kw)
-            if group is first:
+            if group is optimizer.param_groups[0]:  # (load_state_dict replaces the groups)
                 self.steps.append({})
             for p, g in zip(params, grads):
                 self.steps[-1][self.names.get(id(p), str(id(p)))] = facts(g)

@@ -18,8 +18,8 @@ Which steps count: once an explicit transaction was used (or the collector resum
 ``optimizer.step()`` outside one is not recorded (:meth:`OptimizerSteps.post_step` drops what
 its iteration staged and warns; the next transaction refuses ``step_transaction_required``).
 In the implicit spelling with a ``GradScaler``, an iteration whose optimizer step the scaler
-skipped is ended at the next training forward (:meth:`OptimizerSteps.iteration_hook`) or at
-:meth:`~stepscope.HistoryCollector.close` as its own step with ``applied=no``.
+skipped is ended at the next training forward or at :meth:`~stepscope.HistoryCollector.close`
+as its own step with ``applied=no`` (:mod:`.iterations`).
 """
 
 from __future__ import annotations
@@ -32,12 +32,13 @@ from typing import Any, Protocol
 import torch
 
 from stepscope.collect.activations import ActivationSites
+from stepscope.collect.iterations import ImplicitIterations
 from stepscope.collect.optimizers import OptimizerWatch, read_after, unwrap_optimizer
 from stepscope.collect.reduce import Reducer
-from stepscope.collect.scaler import grad_scale_status, scale_in_force, update_marker
+from stepscope.collect.scaler import grad_scale_status, update_marker
 from stepscope.collect.sites import Row
 from stepscope.collect.stepstate import StepState
-from stepscope.collect.updates import UpdateSampler
+from stepscope.collect.updates import UpdateSampler, stepped_only
 from stepscope.errors import Refusal
 from stepscope.history import StepProvenance
 from stepscope.profile.scope import internal_scope
@@ -94,9 +95,7 @@ class OptimizerSteps:
         self.stray_step: int | None = None  # a bare optimizer step after explicit ones
         self.watches: dict[int, OptimizerWatch] = {}
         self.updates = UpdateSampler(reducer.backend)
-        self.implicit_scaler: Any = None
-        self._sites: ActivationSites | None = None
-        self._handles: list[Any] = []
+        self.implicit: ImplicitIterations | None = None  # the implicit spelling's iterations
         self._warned_repeat = False  # a parameter stepped twice in one step (warned once)
         self._shared: frozenset[int] = frozenset()  # parameters several optimizers own
         self._shared_key: tuple[tuple[int, int], ...] = ()
@@ -115,10 +114,24 @@ class OptimizerSteps:
             self.watches[id(opt)] = watch
         return watch
 
-    def attach_scaler(self, model: torch.nn.Module, scaler: Any, sites: ActivationSites) -> None:
-        """Implicit spelling with a ``GradScaler``: iterations end at its ``update()``."""
-        self.implicit_scaler, self._sites = scaler, sites
-        self._handles.append(model.register_forward_pre_hook(self.iteration_hook))
+    def attach_implicit(
+        self, model: torch.nn.Module, optimizer: Any, scaler: Any, sites: ActivationSites
+    ) -> None:
+        """Implicit spelling: the optimizer's step hooks end each step; where an iteration
+        ends without one is :class:`~stepscope.collect.iterations.ImplicitIterations`'."""
+        watch = self.attach(optimizer)
+        self.implicit = ImplicitIterations(self.host, sites)
+        self.implicit.attach(model, watch, scaler)
+
+    @property
+    def implicit_scaler(self) -> Any:
+        """The ``scaler=`` of the implicit spelling (``None``: none given)."""
+        return None if self.implicit is None else self.implicit.scaler
+
+    def finish_skipped(self) -> None:
+        """At close: the last iteration's skipped step (implicit + scaler) is still a step."""
+        if self.implicit is not None:
+            self.implicit.finish_skipped()
 
     def invalidate(self) -> None:
         """Rows were rebound (model surgery): recompute every optimizer's ownership."""
@@ -127,10 +140,10 @@ class OptimizerSteps:
 
     def remove(self) -> None:
         """Remove every hook (idempotent)."""
-        handles, watches = self._handles, self.watches
-        self._handles, self.watches = [], {}
-        for h in handles:
-            h.remove()
+        implicit, watches = self.implicit, self.watches
+        self.implicit, self.watches = None, {}
+        if implicit is not None:
+            implicit.remove()
         for watch in watches.values():
             watch.remove()
         self.updates.clear()
@@ -245,6 +258,8 @@ class OptimizerSteps:
             self._discard_stray_step(watch, state)
             return
         state.stepped = True
+        if self.implicit is not None:
+            self.implicit.stepped()  # this iteration's backward was stepped
         t_hook, charged = time.perf_counter(), state.telemetry_s
         first = state.optimizer_steps.get(id(watch), 1) == 1
         if "update" in self.streams and state.spine_due["update"] and first:
@@ -253,7 +268,7 @@ class OptimizerSteps:
             deltas: list[tuple[Row, torch.Tensor]] = []
             try:
                 with internal_scope("collector.post_step"):
-                    deltas = self._stepped(state, self.updates.deltas(rows))
+                    deltas = stepped_only(self.updates.deltas(rows), state.row_notes, NOT_STEPPED)
             except Exception as e:  # telemetry never raises into the training step
                 _update_failed(state, rows, e)
                 deltas = []
@@ -271,21 +286,6 @@ class OptimizerSteps:
         if not self.host._txn_open:  # implicit spelling: the optimizer step ends the step
             self.take_parameters(self.by_stream.get("parameter", []))  # frozen ones too
             self.host._finish_step(StepProvenance.IMPLICIT)
-
-    @staticmethod
-    def _stepped(
-        state: StepState, deltas: Iterator[tuple[Row, torch.Tensor]]
-    ) -> list[tuple[Row, torch.Tensor]]:
-        """The update deltas of parameters the optimizer stepped: torch optimizers skip a
-        parameter whose ``.grad`` is ``None`` (it stays so after the step); its row is
-        ``site_absent`` with :data:`NOT_STEPPED`, never an observed zero update."""
-        kept = []
-        for row, delta in deltas:
-            if row.param is not None and row.param.grad is None:
-                state.row_notes[row.index] = NOT_STEPPED
-            else:
-                kept.append((row, delta))
-        return kept
 
     def _shared_params(self) -> frozenset[int]:
         """Ids of the parameters more than one watched optimizer owns (cached while every
@@ -387,43 +387,6 @@ class OptimizerSteps:
         self.updates.clear()
         self.host._state = None
         self.host._begin_step()
-
-    # ------------------------------------------------------------------ implicit + GradScaler
-    def iteration_hook(self, _module: torch.nn.Module, _inputs: Any) -> None:
-        """Implicit spelling with a scaler: a training forward after ``scaler.update()``.
-
-        An iteration whose optimizer step the scaler skipped never fires the step hooks; its
-        ``update()`` is seen here, at the next iteration's first forward, and ends it as its
-        own step with ``applied=no``.
-        """
-        state = self.host._state
-        sites = self._sites
-        if state is None or self.host._txn_open or sites is None or not sites.training_forward():
-            return
-        scaler = self.implicit_scaler
-        marker = update_marker(scaler)
-        if state.scaler_marker is not None and marker is not state.scaler_marker:
-            state.skipped = True
-            self.host._finish_step(StepProvenance.IMPLICIT)
-            state = self.host._state
-            if state is None:
-                return
-        if state.scaler_marker is None:
-            state.scaler_marker = marker
-            state.scale_in_force = scale_in_force(scaler)
-
-    def finish_skipped(self) -> None:
-        """At close: the last iteration's skipped step (implicit + scaler) is still a step."""
-        state = self.host._state
-        scaler = self.implicit_scaler
-        if (
-            scaler is not None
-            and state is not None
-            and state.scaler_marker is not None
-            and update_marker(scaler) is not state.scaler_marker
-        ):
-            state.skipped = True
-            self.host._finish_step(StepProvenance.IMPLICIT)
 
 
 def _update_failed(state: StepState, rows: Sequence[Row], error: Exception) -> None:
