@@ -143,11 +143,14 @@ def _names(module: nn.Module) -> list[str]:
     return [n for n, _ in module.named_parameters()]
 
 
-def test_gradient_clip_val_rows_are_the_clipped_gradients(tmp_path):
+@pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])
+def test_gradient_clip_val_rows_are_the_clipped_gradients(tmp_path, precision):
     """Finding 1: the rows were the pre-clip gradients (Lightning clips inside its closure),
     while the step said clipped=yes; with accumulation the branch of an early micro-batch was
     site_absent (finding 3)."""
-    model, trainer, run = _twin(tmp_path, Net, 6, gradient_clip_val=0.05, accumulate_grad_batches=2)
+    model, trainer, run = _twin(
+        tmp_path, Net, 6, gradient_clip_val=0.05, accumulate_grad_batches=2, precision=precision
+    )
     assert trainer.global_step == 3 and len(model.consumed) == 3
     for consumed in model.consumed:  # the oracle saw clipped gradients
         assert sum(v[2] for v in consumed.values()) ** 0.5 == pytest.approx(0.05, rel=1e-4)
