@@ -1,4 +1,5 @@
-"""Gradient and update rows are what the optimizer consumed (issue 28, findings 2, 3, 6).
+"""Gradient and update rows are what the optimizer consumed: closures that clip, accumulation
+through a closure, parameters the optimizer skipped.
 
 The oracle (:class:`tests.collect.consumed.Consumed`) reads the gradients the optimizer gathers
 inside its own ``step()``, after any closure, in float64. Each case also runs an unobserved twin
@@ -112,7 +113,7 @@ def _accumulate_through_closure(model, opt, g, step):
 
 @pytest.mark.parametrize("spelling", ["explicit", "implicit"])
 def test_a_closure_that_clips_records_the_clipped_gradient(tmp_path, spelling):
-    """Finding 2: the rows were the pre-clip gradients of the closure's backward."""
+    """The rows used to be the pre-clip gradients of the closure's backward."""
     sgd = lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9)  # noqa: E731
     seen = _run(tmp_path, _clip_in_closure, spelling, True, sgd)
     oracle = seen[2].steps
@@ -125,8 +126,8 @@ def test_a_closure_that_clips_records_the_clipped_gradient(tmp_path, spelling):
 
 @pytest.mark.parametrize("spelling", ["explicit", "implicit"])
 def test_accumulation_through_a_closure_records_an_early_micro_batch_branch(tmp_path, spelling):
-    """Finding 3: the branch's gradient, accumulated in micro-batches 1-2 and consumed by the
-    step, was ``site_absent`` (the closure's backward never reached it)."""
+    """The branch's gradient, accumulated in micro-batches 1-2 and consumed by the
+    step, used to be ``site_absent`` (the closure's backward never reached it)."""
     adamw = lambda p: torch.optim.AdamW(p, lr=1e-2)  # noqa: E731
     seen = _run(tmp_path, _accumulate_through_closure, spelling, True, adamw)
     oracle = seen[2].steps
@@ -146,7 +147,7 @@ def _unused_branch(model, opt, g, step):
 @pytest.mark.parametrize("name", ["sgd", "adamw"])
 @pytest.mark.parametrize("spelling", ["explicit", "implicit"])
 def test_parameters_the_optimizer_skipped_have_no_observed_update(tmp_path, name, spelling):
-    """Finding 6: a frozen layer and an unused branch (``.grad is None``) had observed update
+    """A frozen layer and an unused branch (``.grad is None``) used to have observed update
     rows of sum of squares 0; torch's optimizer never stepped them."""
     make = {
         "sgd": lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9, weight_decay=0.1),

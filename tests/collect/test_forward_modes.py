@@ -1,5 +1,4 @@
-"""Forward modes inside a training forward, and the implicit spelling's missing ``scaler=``
-(issue 28, findings 7-9).
+"""Forward modes inside a training forward, and the implicit spelling's missing ``scaler=``.
 
 * A teacher forward under ``torch.inference_mode()`` / ``torch.no_grad()`` *inside* the training
   forward counts, as docs/sites.md says (the mode is read where the model is called): its

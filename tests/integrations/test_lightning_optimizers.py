@@ -1,4 +1,4 @@
-"""Lightning: gradient and update rows are what each optimizer consumed (issue 28).
+"""Lightning: gradient and update rows are what each optimizer consumed.
 
 Real ``lightning.pytorch.Trainer`` runs on CPU, 2-4 optimizer steps each: automatic
 optimization with ``gradient_clip_val`` and accumulation, manual optimization with one
@@ -145,9 +145,9 @@ def _names(module: nn.Module) -> list[str]:
 
 @pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])
 def test_gradient_clip_val_rows_are_the_clipped_gradients(tmp_path, precision):
-    """Finding 1: the rows were the pre-clip gradients (Lightning clips inside its closure),
+    """The rows used to be the pre-clip gradients (Lightning clips inside its closure),
     while the step said clipped=yes; with accumulation the branch of an early micro-batch was
-    site_absent (finding 3)."""
+    site_absent."""
     model, trainer, run = _twin(
         tmp_path, Net, 6, gradient_clip_val=0.05, accumulate_grad_batches=2, precision=precision
     )
@@ -161,7 +161,7 @@ def test_gradient_clip_val_rows_are_the_clipped_gradients(tmp_path, precision):
 
 
 def test_manual_optimization_records_the_consumed_gradients(tmp_path):
-    """Finding 4: every gradient row was site_absent (the backward ran before opt.step)."""
+    """Every gradient row used to be site_absent (the backward ran before opt.step)."""
     model, trainer, run = _twin(tmp_path, lambda: Net(manual=True), 3)
     assert trainer.global_step == 3
     assert_rows_are_consumed(run, model.consumed, _names(model))
@@ -171,7 +171,7 @@ def test_manual_optimization_records_the_consumed_gradients(tmp_path):
 
 @pytest.mark.parametrize("alternate", [False, True], ids=["both_per_batch", "alternate"])
 def test_a_gan_records_every_optimizer_step_of_both_optimizers(tmp_path, alternate):
-    """Finding 5: only the first optimizer was watched (the second's steps said applied=no,
+    """Only the first optimizer used to be watched (the second's steps said applied=no,
     with no update rows), and two steps per batch stopped recording. Now each optimizer step is
     one recorded step: its optimizer's gradients and updates, the other's parameters unstepped."""
     batches = 4 if alternate else 2

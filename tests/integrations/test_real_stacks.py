@@ -1,4 +1,4 @@
-"""The real-stack matrix: gradient and update rows are what each optimizer consumed (issue 28).
+"""The real-stack matrix: gradient and update rows are what each optimizer consumed.
 
 Tiny configs, 2-4 optimizer steps each, on CPU: transformers' LLaMA (foreach and fused AdamW,
 ``clip_grad_norm_``) and T5 (two micro-batches per step), LoRA (peft) on GPT-2 with
