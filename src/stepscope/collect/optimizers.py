@@ -103,7 +103,14 @@ def closure_of(
 def with_closure(
     optimizer: Any, args: tuple[Any, ...], kwargs: dict[str, Any], closure: Callable[[], Any]
 ) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    """``step``'s ``(args, kwargs)`` with its closure (as :func:`closure_of` found it) replaced."""
+    """``step``'s ``(args, kwargs)`` with its closure (as :func:`closure_of` found it) replaced.
+
+    >>> opt, old, new = object(), (lambda: 1), (lambda: 2)
+    >>> with_closure(opt, (opt, old), {}, new)[0][1] is new
+    True
+    >>> with_closure(opt, (opt,), {"closure": old}, new)[1]["closure"] is new
+    True
+    """
     lead = 1 if args and args[0] is optimizer else 0
     if len(args) > lead:
         return (*args[:lead], closure, *args[lead + 1 :]), kwargs
