@@ -36,6 +36,7 @@ from torch.func import functional_call
 
 from stepscope.codec import parse_enum
 from stepscope.errors import Refusal
+from stepscope.probe.crossentropy import ce_logit_gradient
 from stepscope.probe.outputs import OutputSelector, score_targets, select_logits
 
 
@@ -209,8 +210,15 @@ class CurvatureOperator:
     def mean_gradient(self) -> list[Tensor]:
         """:math:`\\nabla_\\theta L` on the probe batch (one backward; counted in ``gradients_used``)."""
         start = self._now()
+        rows, scored = self._scored_logits(None)
+        # the cancellation-free CE logit gradient, not F.cross_entropy's p_y - 1
+        cotangent = ce_logit_gradient(rows, scored.labels) / self.x.shape[0]
         grads = torch.autograd.grad(
-            self.mean_loss(), list(self.params.values()), allow_unused=True, materialize_grads=True
+            rows,
+            list(self.params.values()),
+            grad_outputs=cotangent,
+            allow_unused=True,
+            materialize_grads=True,
         )
         self.gradients_used += 1
         self.seconds += self._now() - start

@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from stepscope.errors import Refusal
+from stepscope.probe.crossentropy import ce_logit_gradient, underflowed_targets
 from stepscope.probe.moments import BlockTensors
 from stepscope.probe.outputs import OutputSelector, ScoredTargets, score_targets, select_logits
 from stepscope.probe.recorder import ModelRecord
@@ -101,7 +102,13 @@ class ProbeForward:
         top = self.logits.max(1, keepdim=True).values
         ties = ((self.logits == top).sum(1) > 1).sum()
         confusion, bounded = self._confusion_parts()
-        parts: list[torch.Tensor] = [self.loss_sum.reshape(1), ties.reshape(1), *confusion]
+        underflow = underflowed_targets(self.logits, self.labels).reshape(1)
+        parts: list[torch.Tensor] = [
+            self.loss_sum.reshape(1),
+            ties.reshape(1),
+            underflow,
+            *confusion,
+        ]
         layout: list[tuple[str, str, int]] = []
         for name, b in self.blocks.items():
             for part, sq, total in (
@@ -115,8 +122,8 @@ class ProbeForward:
                 layout.append((name, part, sq.numel()))
             parts.append(self.zero_counts[name])
         flat_host = torch.cat([p.detach().to(torch.float64) for p in parts]).cpu().numpy()
-        loss_sum, tie_count = float(flat_host[0]), int(flat_host[1])
-        pos = 2
+        loss_sum, tie_count, underflow_count = (float(v) for v in flat_host[:3])
+        pos = 3
         if bounded:
             predicted = flat_host[pos : pos + classes].astype(np.int64)
             errors = flat_host[pos + classes : pos + 2 * classes].astype(np.int64)
@@ -150,18 +157,19 @@ class ProbeForward:
             pos += 4
         model = ModelRecord(
             loss=loss_sum / m if np.isfinite(loss_sum) and m else None,
-            accuracy_fraction=correct / m if m else 0.0,
+            accuracy_fraction=correct / m if m else None,
             n_examples=int(n),
             n_correct=correct,
             num_classes=int(classes),
             predicted_counts=[int(v) for v in predicted],
             confusion=conf,
-            argmax_tie_count=tie_count,
+            argmax_tie_count=int(tie_count),
             n_targets=int(m),
             confusion_mode="bounded" if bounded else "dense",
             confusion_class_cap=self.confusion_cap,
             per_class_errors=per_class,
             top_confused_pairs=pairs,
+            logit_gradient_underflow_targets=int(underflow_count),
         )
         return HostResults(layers, zero_counts, model)
 
@@ -277,9 +285,14 @@ def run_probe_forward(
                 calls.append((name, inp.detach(), out))
     with torch.enable_grad():
         loss_sum = F.cross_entropy(scored.logits, scored.labels, reduction="sum")
+        # the cancellation-free logit gradient (stepscope.probe.crossentropy), not torch's
+        # p_y - 1, which is exactly 0 for a confident prediction
+        logit_grad = ce_logit_gradient(scored.logits, scored.labels)
         grads = (
-            torch.autograd.grad(loss_sum, [c[2] for c in calls], allow_unused=True)
-            if calls and loss_sum.requires_grad
+            torch.autograd.grad(
+                scored.logits, [c[2] for c in calls], grad_outputs=logit_grad, allow_unused=True
+            )
+            if calls and scored.logits.requires_grad
             else [None] * len(calls)
         )
     live = [(name, inp, g) for (name, inp, _), g in zip(calls, grads) if g is not None]
