@@ -134,6 +134,8 @@ class DenseProbe:
         self.last_update: StepUpdate | None = None
         self._snapshot_owned = False
         self._device_cache: dict[tuple[str, torch.dtype], tuple[torch.Tensor, torch.Tensor]] = {}
+        #: which calls are broadcast over the batch, per call layout (stepscope.probe.calls)
+        self._layout_cache: dict[tuple, list[bool]] = {}
 
     # -- layers and parameters -------------------------------------------------------------
     def resolve_layers(self, model: torch.nn.Module) -> dict[str, torch.nn.Module]:
@@ -299,6 +301,7 @@ class DenseProbe:
                 output=self.output,
                 next_token=self.next_token,
                 confusion_cap=self.confusion_cap,
+                layout_cache=self._layout_cache,
             )
         if _versions(model) != versions:
             raise Refusal(
