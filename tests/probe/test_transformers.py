@@ -125,7 +125,7 @@ def test_dict_output_without_a_selector_refuses_naming_the_keys():
 
 @pytest.mark.parametrize(
     ("module", "type_name"),
-    [(nn.GroupNorm(2, 8), "GroupNorm"), (nn.Conv1d(8, 8, 3, groups=2), "groups=2")],
+    [(nn.Bilinear(8, 8, 8), "Bilinear"), (nn.Conv1d(8, 8, 3, groups=2), "groups=2")],
 )
 def test_unsupported_named_layer_refuses_naming_its_type(module, type_name):
     model = nn.Sequential(nn.Linear(8, 8), module)

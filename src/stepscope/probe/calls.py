@@ -40,7 +40,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -48,7 +48,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
 
-from stepscope.probe.sequence import module_kind
+from stepscope.errors import Refusal
+from stepscope.probe.sequence import check_module, measured_parameters, module_kind
 
 #: most elements of one chunk of batched grad_outputs (examples x scored rows x classes)
 BATCHED_GRAD_ELEMENTS = 1 << 24
@@ -84,10 +85,12 @@ class _GatherCapture(TorchFunctionMode):
 
 @dataclass
 class Recorded:
-    """What :func:`record_calls` saw: the calls per module, and which modules ran at all."""
+    """What :func:`record_calls` saw: the calls per module, which modules ran at all, and the
+    modules whose calls the probe refused (module -> reason, filled by the caller)."""
 
     calls: dict[str, list[Call]]
     ran: set[str]
+    refused: dict[str, str] = field(default_factory=dict)
 
 
 def _input_of(args: tuple, kwargs: dict) -> Tensor:
@@ -141,6 +144,67 @@ def record_calls(modules: dict[str, nn.Module], n: int) -> Iterator[Recorded]:
             handle.remove()
         while active:  # a forward that raised inside an embedding
             active.pop().__exit__(None, None, None)
+
+
+def parameter_owners(
+    model: nn.Module, layers: dict[str, nn.Module]
+) -> tuple[dict[int, list[tuple[str, str]]], dict[str, nn.Module]]:
+    """Every ``(module name, attribute)`` that holds a measured layer's parameters.
+
+    Returns ``param id -> owners`` and the modules to hook (measured layers plus any module that
+    shares one of their parameters, e.g. the token embedding of a tied LM head).
+
+    Raises
+    ------
+    Refusal
+        ``probe_layer_unsupported`` when a sharing module has no per-example rule.
+    """
+    wanted = {
+        id(getattr(m, part)): getattr(m, part)
+        for m in layers.values()
+        for part in measured_parameters(m)
+    }
+    owners: dict[int, list[tuple[str, str]]] = {pid: [] for pid in wanted}
+    hooked: dict[str, nn.Module] = dict(layers)
+    for name, module in model.named_modules():
+        for attr, p in module._parameters.items():
+            if p is None or id(p) not in owners:
+                continue
+            if name not in layers:
+                if attr not in ("weight", "bias"):
+                    raise Refusal(
+                        "probe_layer_unsupported",
+                        f"module {name!r} ({type(module).__name__}) shares a measured parameter "
+                        f"as {attr!r}; its contribution has no per-example rule",
+                        ["exclude the shared parameter's layers via layers=[...]"],
+                    )
+                check_module(name, module)
+                hooked[name] = module
+            owners[id(p)].append((name, attr))
+    return owners, hooked
+
+
+def broadcast_flags(
+    logits: Tensor,
+    logit_grad: Tensor,
+    owner: Tensor,
+    calls: list[tuple[str, Tensor, Tensor]],
+    n: int,
+    cache: dict[tuple, list[bool]] | None,
+) -> tuple[list[bool], int]:
+    """Per call: broadcast over the batch (no leading batch axis, or rows shared by examples);
+    and the backward passes the test spent (0 when ``cache`` knew the layout)."""
+    key = tuple((name, tuple(out.shape)) for name, _, out in calls)
+    if cache is not None and key in cache:
+        return cache[key], 0
+    batched = [i for i, (_, _, out) in enumerate(calls) if out.dim() and out.shape[0] == n]
+    flags = [True] * len(calls)
+    tested = broadcast_calls(logits, logit_grad, owner, [calls[i][2] for i in batched], n)
+    for i, flag in zip(batched, tested):
+        flags[i] = flag
+    if cache is not None:
+        cache[key] = flags
+    return flags, int(bool(batched))
 
 
 def _example_rows(logit_grad: Tensor, owner: Tensor, examples: Tensor) -> Tensor:
@@ -207,6 +271,8 @@ __all__ = [
     "Call",
     "Recorded",
     "broadcast_calls",
+    "broadcast_flags",
+    "parameter_owners",
     "per_example_output_grads",
     "record_calls",
 ]

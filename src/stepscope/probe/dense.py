@@ -48,7 +48,13 @@ from stepscope.probe.moments import absent_moments, gradient_moments
 from stepscope.probe.outputs import OutputSelector
 from stepscope.probe.recorder import LayerRecord, ProbeRecord, StepAxes
 from stepscope.probe.selection import ProbeSelection, select_probe
-from stepscope.probe.sequence import check_module, measured_parameters, module_kind
+from stepscope.probe.sequence import (
+    check_module,
+    measured_parameters,
+    module_kind,
+    module_problem,
+    uncovered_parameters,
+)
 from stepscope.probe.state import (
     ParamSnapshot,
     StepUpdate,
@@ -146,11 +152,7 @@ class DenseProbe:
         """
         modules = dict(model.named_modules())
         if self.layer_names is None:
-            found = {
-                n: m
-                for n, m in modules.items()
-                if module_kind(m) and measured_parameters(m) and getattr(m, "groups", 1) == 1
-            }
+            found = {n: m for n, m in modules.items() if module_problem(m) is None}
         else:
             found = {}
             for name in self.layer_names:
@@ -167,7 +169,7 @@ class DenseProbe:
             raise Refusal(
                 "probe_layer_unsupported",
                 "the model has no module the probe measures (Linear, HF Conv1D, Conv1d/Conv2d, "
-                "Embedding, LayerNorm, RMSNorm)",
+                "Embedding, LayerNorm, RMSNorm, LayerNorm-like)",
                 ["pass a model with such layers", "or name them via layers=[...]"],
             )
         return found
@@ -379,9 +381,10 @@ class DenseProbe:
             layers=out,
             probe=self.selection.to_dict() | {"dtype": str(fwd.dtype).replace("torch.", "")},
             conventions=dict(CONVENTIONS),
+            uncovered_parameters=uncovered_parameters(model, layers),
             cost={
                 "forward_passes": 1,
-                "backward_passes": 1,
+                "backward_passes": fwd.backward_passes,
                 "init_snapshot_nbytes": self.init_snapshot.nbytes if self.init_snapshot else None,
                 "delta_snapshot_nbytes": self.snapshot.nbytes if self.snapshot else None,
                 "update_snapshot_nbytes": upd.snapshot_nbytes if upd else None,

@@ -35,7 +35,8 @@ import torch.nn.functional as F
 from stepscope.errors import Refusal
 from stepscope.probe.calls import (
     Recorded,
-    broadcast_calls,
+    broadcast_flags,
+    parameter_owners,
     per_example_output_grads,
     record_calls,
 )
@@ -44,8 +45,9 @@ from stepscope.probe.moments import BlockTensors
 from stepscope.probe.outputs import OutputSelector, ScoredTargets, score_targets, select_logits
 from stepscope.probe.recorder import ModelRecord
 from stepscope.probe.sequence import (
-    check_module,
+    elementwise_affine_mismatch,
     measured_parameters,
+    module_kind,
     module_use,
     parameter_sq_norms_and_sum,
 )
@@ -81,6 +83,9 @@ class ProbeForward:
     top_k: int = CONFUSION_TOP_K
     shared: dict[str, list[str]] = field(default_factory=dict)
     calls: dict[str, int] = field(default_factory=dict)
+    #: backward passes spent: 1, plus the broadcast test (first measurement) and one per example
+    #: when a call is broadcast over the batch (stepscope.probe.calls)
+    backward_passes: int = 1
 
     def _confusion_parts(self) -> tuple[list[torch.Tensor], bool]:
         classes = self.logits.shape[1]
@@ -180,44 +185,6 @@ class ProbeForward:
         return HostResults(layers, zero_counts, model)
 
 
-def parameter_owners(
-    model: torch.nn.Module, layers: dict[str, torch.nn.Module]
-) -> tuple[dict[int, list[tuple[str, str]]], dict[str, torch.nn.Module]]:
-    """Every ``(module name, attribute)`` that holds a measured layer's parameters.
-
-    Returns ``param id -> owners`` and the modules to hook (measured layers plus any module that
-    shares one of their parameters, e.g. the token embedding of a tied LM head).
-
-    Raises
-    ------
-    Refusal
-        ``probe_layer_unsupported`` when a sharing module has no per-example rule.
-    """
-    wanted = {
-        id(getattr(m, part)): getattr(m, part)
-        for m in layers.values()
-        for part in measured_parameters(m)
-    }
-    owners: dict[int, list[tuple[str, str]]] = {pid: [] for pid in wanted}
-    hooked: dict[str, torch.nn.Module] = dict(layers)
-    for name, module in model.named_modules():
-        for attr, p in module._parameters.items():
-            if p is None or id(p) not in owners:
-                continue
-            if name not in layers:
-                if attr not in ("weight", "bias"):
-                    raise Refusal(
-                        "probe_layer_unsupported",
-                        f"module {name!r} ({type(module).__name__}) shares a measured parameter "
-                        f"as {attr!r}; its contribution has no per-example rule",
-                        ["exclude the shared parameter's layers via layers=[...]"],
-                    )
-                check_module(name, module)
-                hooked[name] = module
-            owners[id(p)].append((name, attr))
-    return owners, hooked
-
-
 def run_probe_forward(
     model: torch.nn.Module,
     layers: dict[str, torch.nn.Module],
@@ -263,16 +230,25 @@ def run_probe_forward(
                     f"the input of layer {name!r} was modified in place after the layer ran",
                     ["avoid in-place ops on tensors that feed a measured layer"],
                 )
-            if call.out.requires_grad:
-                calls.append((name, call.inp.detach(), call.out))
+            if not call.out.requires_grad:
+                continue
+            if module_kind(hooked[name]) == "elementwise_affine":
+                why = elementwise_affine_mismatch(hooked[name], call.inp, call.out)
+                if why is not None:
+                    recorded.refused[name] = why
+                    continue
+            calls.append((name, call.inp.detach(), call.out))
     live: list[tuple[str, torch.Tensor, torch.Tensor]] = []
+    passes = 0
     with torch.enable_grad():
         loss_sum = F.cross_entropy(scored.logits, scored.labels, reduction="sum")
         # the cancellation-free logit gradient (stepscope.probe.crossentropy), not torch's
         # p_y - 1, which is exactly 0 for a confident prediction
         logit_grad = ce_logit_gradient(scored.logits, scored.labels)
         if calls and scored.logits.requires_grad:
-            broadcast = _broadcast_flags(scored, logit_grad, calls, n, layout_cache)
+            broadcast, passes = broadcast_flags(
+                scored.logits, logit_grad, scored.owner, calls, n, layout_cache
+            )
             batched = [c for c, b in zip(calls, broadcast) if not b]
             spread = [c for c, b in zip(calls, broadcast) if b]
             grads = torch.autograd.grad(
@@ -288,30 +264,10 @@ def run_probe_forward(
             )
             for (name, inp, _), g in zip(spread, spread_grads):  # expand the input over the batch
                 live.append((name, inp.expand(n, *inp.shape), g))
-    return _reduce(layers, hooked, owners, recorded, live, scored, loss_sum, confusion_cap)
-
-
-def _broadcast_flags(
-    scored: ScoredTargets,
-    logit_grad: torch.Tensor,
-    calls: list[tuple[str, torch.Tensor, torch.Tensor]],
-    n: int,
-    cache: dict[tuple, list[bool]] | None,
-) -> list[bool]:
-    """Per call: broadcast over the batch (no leading batch axis, or rows shared by examples)."""
-    key = tuple((name, tuple(out.shape)) for name, _, out in calls)
-    if cache is not None and key in cache:
-        return cache[key]
-    batched = [i for i, (_, _, out) in enumerate(calls) if out.dim() and out.shape[0] == n]
-    flags = [True] * len(calls)
-    tested = broadcast_calls(
-        scored.logits, logit_grad, scored.owner, [calls[i][2] for i in batched], n
-    )
-    for i, flag in zip(batched, tested):
-        flags[i] = flag
-    if cache is not None:
-        cache[key] = flags
-    return flags
+            passes += 1 + (n if spread else 0)
+    fwd = _reduce(layers, hooked, owners, recorded, live, scored, loss_sum, confusion_cap)
+    fwd.backward_passes = passes
+    return fwd
 
 
 def _zero_counts(inp: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
@@ -332,6 +288,9 @@ def _zero_counts(inp: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
 
 def _absent_reason(holders: set[str], recorded: Recorded) -> str:
     """Why a measured layer has no per-example gradient (no live use of any of its parameters)."""
+    refused = [recorded.refused[h] for h in sorted(holders) if h in recorded.refused]
+    if refused:
+        return refused[0]
     if any(recorded.calls[h] for h in holders):
         return "no_gradient_path"
     if any(h in recorded.ran for h in holders):  # an embedding that never gathered its weight

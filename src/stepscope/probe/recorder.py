@@ -139,6 +139,9 @@ class ProbeRecord:
     probe: dict[str, Any]
     conventions: dict[str, Any]
     cost: dict[str, Any]
+    #: every parameter the probe does not measure: ``name -> {module_type, reason, detail}``
+    #: (:func:`stepscope.probe.sequence.uncovered_parameters`)
+    uncovered_parameters: dict[str, dict[str, str]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe nested dict (legacy-name map and omitted legacy names included)."""
