@@ -324,7 +324,8 @@ def _analyze(
     for p in work.parameters():
         p.requires_grad_(True)
     xd = x.detach().to(torch.float64) if x.is_floating_point() else x.detach()
-    layers = affine_layers(work, targets.layers)
+    unsupported: dict[str, dict[str, str]] = {}
+    layers = affine_layers(work, targets.layers, unsupported)
     names = dict(layers)
     raw, captures = capture_forward(work, xd, layers)
     logits = select_logits(raw, targets.output, "curvature_model_unsupported")
@@ -388,6 +389,7 @@ def _analyze(
                 a,
                 {fam.value: per_family[fam][j].detach() for fam in CurvatureFamily},
                 CurvatureFamily.EMPIRICAL_FISHER.value,
+                approx,
             )
     largest = max(eigenproblems, key=lambda e: e["dimension"])
     predictions = flat.argmax(1)
@@ -400,11 +402,14 @@ def _analyze(
         "targets": "tokens" if scored.sequence else "classes",
         "next_token": targets.next_token,
         "scored_targets": m,
-        "probe_cross_entropy_mean": float(-log_probs[torch.arange(m), labels].mean()),
-        "probe_accuracy_fraction": float((predictions == labels).double().mean()),
+        # None (counted in undefined_values) when every label is ignored (-100): m == 0
+        "probe_cross_entropy_mean": float(-log_probs[torch.arange(m), labels].mean()) if m else None,
+        "probe_accuracy_fraction": float((predictions == labels).double().mean()) if m else None,
         "estimators": {f.value: ESTIMATOR_LABELS[mode][f] for f in CurvatureFamily},
         "backward_passes": passes,
         "layer_shapes": {cap.name: _layer_shape(cap) for cap in captures},
+        # layers left out of the default selection, with the reason (a tied LM head)
+        "unsupported_layers": unsupported,
         # parameters outside the analysed layers (embeddings, norms, ...): not in any block
         "unanalysed_parameter_modules": {
             name: type(module).__name__
@@ -442,5 +447,5 @@ def _analyze(
         "metadata": metadata,
         "layers": layers_out,
         "directional": directional if include_directional else None,
-        "output_space": output_space_mismatch(flat, labels),
+        "output_space": output_space_mismatch(flat, labels) if m else None,
     }
