@@ -107,3 +107,20 @@ def test_a_tied_head_is_reported_unsupported_and_the_rest_is_analysed():
             model, x, y, output="logits", next_token=True, layers=["lm_head"]
         )
     assert err.value.code == "curvature_weight_shared"
+
+
+def test_float32_internals_of_a_float64_model_are_recorded_not_hidden():
+    """Finding 10: HF LlamaRMSNorm normalises in float32 inside the float64 analysis copy."""
+    from tests.probe.test_hf_verification import build, data
+
+    model = build("llama")
+    x, y, _ = data("llama")
+    meta = ss.curvature.analyze_curvature(
+        model, x, y, next_token=True, include_directional=False
+    )["metadata"]
+    assert meta["derivative_dtype"] == "mixed"
+    assert meta["lower_precision_internals"]["model.model.layers.0.input_layernorm"] == ["float32"]
+    plain = SequenceMLP().double()
+    xs, ys = torch.randn(3, 2, 3, dtype=torch.float64), torch.randint(0, 5, (3, 2))
+    meta = ss.curvature.analyze_curvature(plain, xs, ys)["metadata"]
+    assert meta["derivative_dtype"] == "float64" and meta["lower_precision_internals"] == {}

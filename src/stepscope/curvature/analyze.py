@@ -84,6 +84,7 @@ from stepscope.curvature.families import (
     place_directions,
 )
 from stepscope.curvature.output_space import DEFAULT_SUPPORT_RTOL, output_space_mismatch
+from stepscope.curvature.precision import watch_precision
 from stepscope.curvature.quotients import layer_directional
 from stepscope.defaults import DEFAULT_SEED
 from stepscope.denominators import RULE
@@ -235,7 +236,6 @@ def analyze_curvature(
         supplied_model_dtype=str(supplied_dtype),
         supplied_input_dtype=str(x.dtype),
         float32_matmul_precision_during_analysis="highest",
-        derivative_dtype="float64",
         reduction_dtype="float64",
     )
     undefined = _undefined_values(result)
@@ -327,7 +327,8 @@ def _analyze(
     unsupported: dict[str, dict[str, str]] = {}
     layers = affine_layers(work, targets.layers, unsupported)
     names = dict(layers)
-    raw, captures = capture_forward(work, xd, layers)
+    with watch_precision(work, torch.float64) as lowered:
+        raw, captures = capture_forward(work, xd, layers)
     logits = select_logits(raw, targets.output, "curvature_model_unsupported")
     scored = score_targets(
         logits,
@@ -397,6 +398,10 @@ def _analyze(
     m = flat.shape[0]
     metadata = {
         "analysis_dtype": "float64",
+        # "mixed" when a module computes below float64 inside the float64 copy (HF float32
+        # norms / softmax): its factors and derivatives are only that precise
+        "derivative_dtype": "mixed" if lowered else "float64",
+        "lower_precision_internals": lowered,
         "model_mode_during_analysis": "eval",
         "num_classes": c,
         "targets": "tokens" if scored.sequence else "classes",

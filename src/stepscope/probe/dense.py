@@ -74,7 +74,8 @@ CONVENTIONS: dict[str, Any] = {
     "gradient_diversity_legacy_scale": "the seed's fisher_trace / ||G||^2 = n * gradient_diversity",
     "negligible_denominator": RULE,
     "covariance_cancellation": "validity covariance_relative_error_estimate = eps(dtype) * "
-    "(fisher_trace + mean_grad_sq_norm) / |covariance|; > 1% flags covariance_cancellation_suspect",
+    "(fisher_trace + mean_grad_sq_norm) / |covariance|: the operand-rounding floor of the error, "
+    "not a bound (covariance_relative_error_kind); > 1% flags covariance_cancellation_suspect",
     "zero_fraction": "exact zeros (== 0), not legacy <= 0",
     "reductions": "float32 on device for tensors; float64 on host for n-length arrays",
     "example": "one example = one probe row; a sequence's loss sums its scored tokens",
