@@ -49,10 +49,10 @@ def dense_matrices(model: nn.Module, x: torch.Tensor, y: torch.Tensor):
     theta = torch.cat([p.detach().reshape(-1) for p in params.values()])
     ggn = torch.zeros(theta.numel(), theta.numel(), dtype=torch.float64)
     for i in range(n):
-        jac = torch.autograd.functional.jacobian(lambda t: logits_of(t, i), theta)
+        jac = torch.autograd.functional.jacobian(lambda t, i=i: logits_of(t, i), theta)
         z = logits_of(theta, i).detach()
         hess = torch.autograd.functional.hessian(
-            lambda v: stable_ce(v.reshape(1, -1), y[i : i + 1]).sum(), z
+            lambda v, i=i: stable_ce(v.reshape(1, -1), y[i : i + 1]).sum(), z
         )
         ggn += jac.T @ hess @ jac / n
     return fisher, ggn

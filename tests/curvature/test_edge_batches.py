@@ -31,8 +31,8 @@ def reduce_factors_brute_force(model: SequenceMLP, x: torch.Tensor, y: torch.Ten
     """``(Abar, Bbar_F, G)`` of layer ``up`` with the reduce convention, example by example."""
     a_bar, b_bar, grads = [], [], []
     for i in range(x.shape[0]):
-        seen = {}
-        handle = model.up.register_forward_hook(lambda m, a, z: seen.update(a=a[0], z=z))
+        seen: dict[str, torch.Tensor] = {}
+        handle = model.up.register_forward_hook(lambda m, a, z, s=seen: s.update(a=a[0], z=z))
         logits = model(x[i : i + 1])[0]
         handle.remove()
         keep = y[i] != -100
@@ -115,9 +115,9 @@ def test_float32_internals_of_a_float64_model_are_recorded_not_hidden():
 
     model = build("llama")
     x, y, _ = data("llama")
-    meta = ss.curvature.analyze_curvature(
-        model, x, y, next_token=True, include_directional=False
-    )["metadata"]
+    meta = ss.curvature.analyze_curvature(model, x, y, next_token=True, include_directional=False)[
+        "metadata"
+    ]
     assert meta["derivative_dtype"] == "mixed"
     assert meta["lower_precision_internals"]["model.model.layers.0.input_layernorm"] == ["float32"]
     plain = SequenceMLP().double()

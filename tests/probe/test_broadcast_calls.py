@@ -46,7 +46,9 @@ class RelativeBias(nn.Module):
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         n, t = idx.shape
         h = self.tok(idx)
-        q, k, v = (z.reshape(n, t, self.heads, -1).transpose(1, 2) for z in self.qkv(h).chunk(3, -1))
+        q, k, v = (
+            z.reshape(n, t, self.heads, -1).transpose(1, 2) for z in self.qkv(h).chunk(3, -1)
+        )
         rel = torch.arange(t)[None, :] - torch.arange(t)[:, None]
         buckets = rel.clamp(-2, 3) + 2
         bias = self.bias(buckets).permute(2, 0, 1).unsqueeze(0)  # (1, H, T, T)

@@ -96,7 +96,9 @@ def test_a_module_that_is_not_weight_times_xhat_is_refused_on_its_row(weight):
     norm = record.layers["norm"]
     assert norm.fisher_trace is None
     assert norm.validity["gradient_absent_reason"] == (
-        "output_not_linear_in_weight" if weight == 1.0 else "output_not_weight_times_normalised_input"
+        "output_not_linear_in_weight"
+        if weight == 1.0
+        else "output_not_weight_times_normalised_input"
     )
     assert record.layers["head"].fisher_trace is not None
 

@@ -408,7 +408,9 @@ def _analyze(
         "next_token": targets.next_token,
         "scored_targets": m,
         # None (counted in undefined_values) when every label is ignored (-100): m == 0
-        "probe_cross_entropy_mean": float(-log_probs[torch.arange(m), labels].mean()) if m else None,
+        "probe_cross_entropy_mean": float(-log_probs[torch.arange(m), labels].mean())
+        if m
+        else None,
         "probe_accuracy_fraction": float((predictions == labels).double().mean()) if m else None,
         "estimators": {f.value: ESTIMATOR_LABELS[mode][f] for f in CurvatureFamily},
         "backward_passes": passes,

@@ -42,6 +42,7 @@ import torch
 from torch import Tensor
 
 from stepscope.curvature.factors import KfacApprox, kfac_factor_rows
+
 # the one cancellation-free implementation, shared with the probe and the operators
 from stepscope.probe.crossentropy import ce_logit_gradient, softmax_and_complement
 

@@ -108,7 +108,7 @@ def record_calls(modules: dict[str, nn.Module], n: int) -> Iterator[Recorded]:
     def pre(name: str, module: nn.Module) -> Any:
         def hook(_module: nn.Module, _args: tuple) -> None:
             recorded.ran.add(name)
-            mode = _GatherCapture(module.weight, n, seen[name])
+            mode = _GatherCapture(module.get_parameter("weight"), n, seen[name])
             mode.__enter__()
             active.append(mode)
 

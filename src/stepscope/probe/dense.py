@@ -62,6 +62,7 @@ from stepscope.probe.state import (
     capture_update,
     distances,
     refresh_snapshot,
+    state_versions,
     take_snapshot,
 )
 
@@ -288,8 +289,8 @@ class DenseProbe:
             )
         device = params[0].device if params else torch.device("cpu")
         x, y = self._batch(device, dtype)
-        versions = _versions(model)
-        # .grad is never written (autograd.grad on layer outputs only); _versions checks that
+        versions = state_versions(model)
+        # .grad is never written (autograd.grad on layer outputs only); state_versions checks that
         # instead of cloning every gradient
         with (
             preserved_state(model, restore_grads=False),
@@ -306,7 +307,7 @@ class DenseProbe:
                 confusion_cap=self.confusion_cap,
                 layout_cache=self._layout_cache,
             )
-        if _versions(model) != versions:
+        if state_versions(model) != versions:
             raise Refusal(
                 "probe_state_changed",
                 "a parameter, buffer or .grad was written during the probe's eval forward/backward",
@@ -391,13 +392,6 @@ class DenseProbe:
                 "update_snapshot_nbytes": upd.snapshot_nbytes if upd else None,
             },
         )
-
-
-def _versions(model: torch.nn.Module) -> list[Any]:
-    """Parameter, buffer and ``.grad`` versions plus ``.grad`` identities: any write shows."""
-    params = list(model.parameters())
-    grads = [(id(p.grad), p.grad._version) if p.grad is not None else None for p in params]
-    return [t._version for t in params] + [t._version for t in model.buffers()] + grads
 
 
 __all__ = ["DenseProbe"]

@@ -92,24 +92,30 @@ def module_kind(module: nn.Module) -> str | None:
     return kind
 
 
+def _affine_parameters(module: nn.Module) -> tuple[Tensor, Tensor | None]:
+    """``(weight, bias or None)`` of a LayerNorm-like module."""
+    own = dict(module.named_parameters(recurse=False))
+    return own["weight"], own.get("bias")
+
+
 def _unit_affine(module: nn.Module, inp: Tensor, weight_value: float = 1.0) -> Tensor:
     """The module's output with ``weight = weight_value`` everywhere and ``bias = 0``."""
-    w = module.weight
+    w, bias = _affine_parameters(module)
     values = {"weight": torch.full_like(w, weight_value)}
-    if isinstance(getattr(module, "bias", None), nn.Parameter):
-        values["bias"] = torch.zeros_like(module.bias)
+    if bias is not None:
+        values["bias"] = torch.zeros_like(bias)
     return torch.func.functional_call(module, values, (inp,))
 
 
 def elementwise_affine_mismatch(module: nn.Module, inp: Tensor, out: Tensor) -> str | None:
     """``None`` when the call's output is ``weight * xhat + bias`` with ``xhat`` independent of
     the weight (checked at the weight, at 1 and at 2, to rounding); else why not."""
-    w = module.weight
+    w, b = _affine_parameters(module)
     if out.shape[-1:] != w.shape:
         return "weight_not_on_the_last_axis"
     with torch.no_grad():
         xhat = _unit_affine(module, inp)
-        bias = module.bias if isinstance(getattr(module, "bias", None), nn.Parameter) else 0.0
+        bias: Tensor | float = b if b is not None else 0.0
         eps = torch.finfo(out.dtype).eps * 16
         scale = float(out.abs().max()) if out.numel() else 0.0
         if not torch.allclose(out, w * xhat + bias, rtol=eps, atol=eps * scale):
@@ -254,7 +260,7 @@ def module_use(module: nn.Module, part: str, inp: Tensor, grad: Tensor) -> Use:
     n = grad.shape[0]
     hf_conv1d = is_hf_conv1d(module)  # decided first, as in module_kind
     if not hf_conv1d and module_kind(module) == "elementwise_affine":
-        d = module.weight.shape[0]
+        d = int(_affine_parameters(module)[0].shape[0])
         b = grad.reshape(n, -1, d)
         if part == "bias":
             return DenseUse(b.sum(1))
