@@ -90,12 +90,12 @@ def test_float32_probe_is_accurate_at_margin_40_and_flags_underflow_beyond_the_d
     assert record.model.logit_gradient_underflow_targets == 0
 
 
-@pytest.mark.parametrize("kind", ["empirical_fisher", "ggn"])
+@pytest.mark.parametrize("kind", ["empirical_fisher", "ggn", "hessian"])
 def test_operators_match_the_dense_brute_force_at_high_confidence(kind):
     model = confident()
     x, y = batch()
     fisher, ggn = dense_matrices(model, x, y)
-    truth = fisher if kind == "empirical_fisher" else ggn
+    truth = fisher if kind == "empirical_fisher" else ggn  # a linear model: Hessian == GGN
     op = make_operator(model, x, y, kind=kind)
     columns = torch.stack([op.matvec_flat(e) for e in torch.eye(op.dim, dtype=torch.float64)], 1)
     assert float(truth.abs().max()) > 0

@@ -30,13 +30,12 @@ from enum import Enum
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 from torch.func import functional_call
 
 from stepscope.codec import parse_enum
 from stepscope.errors import Refusal
-from stepscope.probe.crossentropy import ce_logit_gradient
+from stepscope.probe.crossentropy import ce_logit_gradient, stable_cross_entropy
 from stepscope.probe.outputs import OutputSelector, score_targets, select_logits
 
 
@@ -197,12 +196,13 @@ class CurvatureOperator:
     def mean_loss(self, params: dict[str, Tensor] | None = None) -> Tensor:
         """The mean over examples of each example's cross-entropy (summed over its tokens)."""
         rows, scored = self._scored_logits(params)
-        return F.cross_entropy(rows, scored.labels, reduction="sum") / self.x.shape[0]
+        # cancellation-free in value, gradient and Hessian (F.cross_entropy's are 0 when p_y == 1)
+        return stable_cross_entropy(rows, scored.labels).sum() / self.x.shape[0]
 
     def example_losses(self, params: dict[str, Tensor] | None = None) -> Tensor:
         """``(n,)`` per-example losses (a sequence's loss sums its scored tokens)."""
         rows, scored = self._scored_logits(params)
-        per_row = F.cross_entropy(rows, scored.labels, reduction="none")
+        per_row = stable_cross_entropy(rows, scored.labels)
         if scored.keep is None:
             return per_row
         return per_row.new_zeros(self.x.shape[0]).index_add(0, scored.owner, per_row)

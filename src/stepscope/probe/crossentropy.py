@@ -16,6 +16,8 @@ row (a 50,257-token vocabulary included).
 - :func:`ce_hessian_product`: ``(diag(p) - p p^T) u`` written as
   ``p_k ((u_k - u_m) + sum_{j != m} p_j (u_m - u_j))`` with ``m`` the row's argmax: no
   ``u - <p, u>`` difference of nearly equal numbers.
+- :func:`stable_cross_entropy`: the loss itself in a form whose autograd (first and second
+  derivatives: the Hessian operator's double backward) does not cancel either.
 - :func:`underflowed_targets`: rows whose label derivative is exactly 0 in the working dtype
   (every other probability underflowed): the true value is below what the dtype resolves.
 
@@ -103,6 +105,27 @@ def ce_hessian_product(probs: Tensor, u: Tensor) -> Tensor:
     return probs * ((u - u_top) + rest)
 
 
+def stable_cross_entropy(logits: Tensor, labels: Tensor) -> Tensor:
+    """Per-row cross-entropy whose autograd derivatives (first and second) never cancel.
+
+    .. math:: \ell = (z_m - z_y) + \log\big(1 + \sum_{j \ne m} e^{z_j - z_m}\big),
+        \quad m = \arg\max_j z_j
+
+    (``m`` chosen without gradient; no exponent overflows). Its backward gives
+    ``-sum_{j != y} p_j`` for a confident label, where ``F.cross_entropy``'s gives 0, and double
+    backward the cancellation-free CE Hessian; the Hessian operator differentiates it.
+
+    Returns
+    -------
+    Tensor
+        ``(n,)`` losses.
+    """
+    top = logits.detach().argmax(dim=1, keepdim=True)
+    shifted = logits - logits.gather(1, top)
+    rest = shifted.exp().scatter(1, top, 0.0).sum(dim=1)
+    return torch.log1p(rest) - shifted.gather(1, labels.reshape(-1, 1)).squeeze(1)
+
+
 def underflowed_targets(logits: Tensor, labels: Tensor) -> Tensor:
     """Count of rows whose label derivative ``-q_y`` is exactly 0 in the logits' dtype.
 
@@ -116,5 +139,6 @@ __all__ = [
     "ce_hessian_product",
     "ce_logit_gradient",
     "softmax_and_complement",
+    "stable_cross_entropy",
     "underflowed_targets",
 ]
