@@ -189,3 +189,22 @@ def test_the_probe_never_uses_f_embedding_outside_the_gather(monkeypatch):
     DenseProbe(x, x, size=3).measure(model, step=0, examples_seen=0, epoch=0)
     assert not torch.overrides._get_current_function_mode_stack()
     assert F.embedding(torch.tensor([0]), torch.ones(2, 2)).shape == (1, 2)
+
+
+def test_a_gather_called_with_keywords_is_recorded():
+    class KeywordGather(nn.Embedding):
+        def forward(self, idx: torch.Tensor) -> torch.Tensor:
+            return F.embedding(input=idx, weight=self.weight) * 3.0
+
+    class Model(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.emb = KeywordGather(7, 3)
+            self.head = nn.Linear(3, 7)
+
+        def forward(self, idx):
+            return self.head(torch.tanh(self.emb(idx)))
+
+    torch.manual_seed(7)
+    x = torch.randint(0, 7, (4, 3))
+    check_against_brute_force(Model().double(), x, x)

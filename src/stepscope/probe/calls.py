@@ -74,8 +74,9 @@ class _GatherCapture(TorchFunctionMode):
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: Any = None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
-        if func is F.embedding and len(args) > 1 and args[1] is self.weight:
-            idx = args[0]
+        weight = args[1] if len(args) > 1 else kwargs.get("weight")
+        if func is F.embedding and weight is self.weight:
+            idx = args[0] if args else kwargs["input"]
             if out.dim() and out.shape[0] == 1 < self.n and idx.dim() and idx.shape[0] == 1:
                 idx, out = idx.expand(self.n, *idx.shape[1:]), out.expand(self.n, *out.shape[1:])
             self.sink.append(Call(idx, out, idx._version))

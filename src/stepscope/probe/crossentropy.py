@@ -108,8 +108,8 @@ def ce_hessian_product(probs: Tensor, u: Tensor) -> Tensor:
 def stable_cross_entropy(logits: Tensor, labels: Tensor) -> Tensor:
     """Per-row cross-entropy whose autograd derivatives (first and second) never cancel.
 
-    .. math:: \ell = (z_m - z_y) + \log\big(1 + \sum_{j \ne m} e^{z_j - z_m}\big),
-        \quad m = \arg\max_j z_j
+    .. math:: \\ell = (z_m - z_y) + \\log\\big(1 + \\sum_{j \\ne m} e^{z_j - z_m}\\big),
+        \\quad m = \\arg\\max_j z_j
 
     (``m`` chosen without gradient; no exponent overflows). Its backward gives
     ``-sum_{j != y} p_j`` for a confident label, where ``F.cross_entropy``'s gives 0, and double
