@@ -103,7 +103,7 @@ _OWN_PHASES: dict[Stream, frozenset[Phase]] = {
     Stream.ACTIVATION: frozenset({Phase.FORWARD}),
     Stream.ACTIVATION_GRAD: frozenset({Phase.BACKWARD}),
     Stream.GRADIENT: frozenset({Phase.PRE_STEP, Phase.BACKWARD}),
-    Stream.PARAMETER: frozenset({Phase.POST_STEP}),
+    Stream.PARAMETER: frozenset({Phase.POST_STEP, Phase.PRE_STEP}),  # one of them per run
     Stream.UPDATE: frozenset({Phase.POST_STEP}),
 }
 
@@ -209,7 +209,10 @@ class TagLayout:
         health: dict[Axes, float] = {}
         for e in events:
             if isinstance(e, ScalarEvent):
-                if e.source is EventSource.SPINE and e.stream is not None and e.field:
+                if e.source is EventSource.CHECK and e.field == "update_to_weight_ratio":
+                    if self.full:  # an UpdateRatioCheck's ratio: drawn as update/<site>/ratio
+                        user.append(e)
+                elif e.source is EventSource.SPINE and e.stream is not None and e.field:
                     prefix = self._prefix(e)
                     if e.field == "nonfinite_count" and _own(e):  # no partial counted twice
                         health[e.axes] = health.get(e.axes, 0.0) + e.value

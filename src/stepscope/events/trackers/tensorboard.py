@@ -13,7 +13,7 @@ Tags come from :class:`~stepscope.events.tags.TagLayout` (``act/<site>/rms``,
   with ``exponent_view`` also ``<tag>/exponent_view/positive`` and ``.../negative``: one
   histogram per sign whose x axis is ``log2|x|`` **in octaves**
   (:func:`~stepscope.events.views.log2_abs_view_raw`; TensorBoard re-bins linearly, which on
-  the value axis collapses every small magnitude into one bin); and ``<tag>/nonfinite`` — the
+  the value axis collapses every small magnitude into one bin); and ``<tag>/nonfinite_bands`` — the
   NaN/inf counts as three bands (``-1`` = -inf, ``0`` = NaN, ``+1`` = +inf), on steps that have
   any.
 * a confusion matrix ``<p>/confusion`` — an image (``add_image``; rows true class, columns
@@ -67,7 +67,7 @@ __all__ = [
 #: Tag suffix of the per-sign exponent views (``/positive``, ``/negative`` follow).
 EXPONENT_VIEW_SUFFIX = "/exponent_view"
 #: Tag suffix of the non-finite band histogram.
-NONFINITE_SUFFIX = "/nonfinite"
+NONFINITE_SUFFIX = "/nonfinite_bands"  # not "/nonfinite": that tag is the scalar count
 #: The text tag of the run record.
 RUN_RECORD_TAG = "run/record"
 
