@@ -35,7 +35,9 @@ def _model(seed: int = 0) -> torch.nn.Sequential:
 
 def _batches(n: int, seed: int = 1):
     g = torch.Generator().manual_seed(seed)
-    return [(torch.randn(16, 8, generator=g), torch.randint(0, 3, (16,), generator=g)) for _ in range(n)]
+    return [
+        (torch.randn(16, 8, generator=g), torch.randint(0, 3, (16,), generator=g)) for _ in range(n)
+    ]
 
 
 def _step(model, opt, x, y, st=None) -> float:

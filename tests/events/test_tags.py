@@ -24,7 +24,10 @@ from stepscope.history import ObservationBatch, SiteRecord, StepBlockRecord
 from stepscope.runlog.evals import expand_confusion
 from stepscope.stats import HistogramDescriptor, reduce_histograms, reduce_spines
 
-SITES = [SiteRecord(0, "fc", "torch.nn.Linear", "f32"), SiteRecord(1, "relu", "torch.nn.ReLU", "f32")]
+SITES = [
+    SiteRecord(0, "fc", "torch.nn.Linear", "f32"),
+    SiteRecord(1, "relu", "torch.nn.ReLU", "f32"),
+]
 D = HistogramDescriptor()
 
 
@@ -32,8 +35,13 @@ def _batch(stream, phase, tensors, hist=False, **kw):
     spines = reduce_spines(tensors).numpy()
     extra = {}
     if hist:
-        extra = {"hist_rows": np.arange(len(tensors)), "histograms": reduce_histograms(tensors, D).numpy()}
-    return ObservationBatch.observed(stream, phase, list(range(len(tensors))), spines, **extra, **kw)
+        extra = {
+            "hist_rows": np.arange(len(tensors)),
+            "histograms": reduce_histograms(tensors, D).numpy(),
+        }
+    return ObservationBatch.observed(
+        stream, phase, list(range(len(tensors))), spines, **extra, **kw
+    )
 
 
 def _records(batches, detail="default", scalars=None, step=4):

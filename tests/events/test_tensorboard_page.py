@@ -132,9 +132,7 @@ def _chromium(*args: str) -> subprocess.CompletedProcess:
     BROWSER is None,
     reason="no Chromium found on PATH; install it (Debian: apt-get install -y chromium)",
 )
-def test_the_tensorboard_page_shows_the_tag_groups_in_chromium_at_1280_and_390_px(
-    logdir, tmp_path
-):
+def test_the_tensorboard_page_shows_the_tag_groups_in_chromium_at_1280_and_390_px(logdir, tmp_path):
     from tests.events.test_tensorboard_server import _get, _wait_for, tensorboard_server
 
     with tensorboard_server(logdir / "tb") as base:

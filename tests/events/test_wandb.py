@@ -119,9 +119,14 @@ def test_offline_run_holds_one_row_per_step_on_the_optimizer_step_axis(ev, tmp_p
         for site in ev.LINEARS:
             assert row[f"grad/{site}/norm"] == scalars[f"gradient.pre_step/{site}/l2"]
             assert row[f"param/{site}/absmax"] == scalars[f"parameter.pre_step/{site}/absmax"]
-            ratio = scalars[f"update.post_step/{site}/l2"] / scalars[f"parameter.pre_step/{site}/l2"]
+            ratio = (
+                scalars[f"update.post_step/{site}/l2"] / scalars[f"parameter.pre_step/{site}/l2"]
+            )
             assert row[f"update/{site}/ratio"] == pytest.approx(ratio, rel=1e-15)
-        mean, std = scalars["activation.forward/relu1/mean"], scalars["activation.forward/relu1/std"]
+        mean, std = (
+            scalars["activation.forward/relu1/mean"],
+            scalars["activation.forward/relu1/std"],
+        )
         assert row["act/relu1/rms"] == pytest.approx(np.hypot(mean, std), rel=1e-15)
         assert row["act/relu1/zero_fraction"] == scalars["activation.forward/relu1/zero_fraction"]
         assert not any(k.endswith(("/mean", "/std", "/min", "/max")) for k in row)  # full only

@@ -213,13 +213,17 @@ def _check_live(tensorboard: Any, wandb: Any) -> None:
     def tracker(v: Any) -> bool:
         return callable(getattr(v, "on_events", None))
 
-    if not (tensorboard is None or isinstance(tensorboard, (str, os.PathLike)) or tracker(tensorboard)):
+    if not (
+        tensorboard is None or isinstance(tensorboard, (str, os.PathLike)) or tracker(tensorboard)
+    ):
         raise TypeError(
             "WatchSettings.tensorboard must be a log directory or a TensorBoardTracker, "
             f"not {type(tensorboard).__name__}"
         )
     if not (isinstance(wandb, bool) or tracker(wandb)):
-        raise TypeError(f"WatchSettings.wandb must be a bool or a WandbTracker, not {type(wandb).__name__}")
+        raise TypeError(
+            f"WatchSettings.wandb must be a bool or a WandbTracker, not {type(wandb).__name__}"
+        )
 
 
 def check_streams(streams: Iterable[str]) -> list[str]:

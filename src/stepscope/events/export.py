@@ -183,7 +183,6 @@ def export_run(
             ["pass --tensorboard DIR, --jsonl FILE or --wandb DIR"],
         )
     record = open_history(path).run  # refuses before any output is created
-    run_id = record.run_id
     label = name if name is not None else run_name(record, path)
     tb_run_dir = None if tensorboard is None else tensorboard_run_dir(tensorboard, label)
     if tb_run_dir is not None and tb_run_dir.exists() and any(tb_run_dir.iterdir()):

@@ -246,7 +246,9 @@ class TagLayout:
             base = f"{base}/{phase.value}"
         return base if e.micro_batch is None else f"{base}/mb{e.micro_batch}"
 
-    def _row(self, prefix: str, axes: Axes, fields: Mapping[str, ScalarEvent]) -> list[ScalarRecord]:
+    def _row(
+        self, prefix: str, axes: Axes, fields: Mapping[str, ScalarEvent]
+    ) -> list[ScalarRecord]:
         stream = next(iter(fields.values())).stream
         assert stream is not None
         estimated = any(e.estimated for e in fields.values())

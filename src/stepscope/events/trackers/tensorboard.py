@@ -85,14 +85,17 @@ def run_record_markdown(record: Mapping[str, Any], name: str, axis: str) -> str:
         ("run id", record.get("run_id")),
         ("x-axis", axis),
         ("streams", ", ".join(extra.get("streams", ()))),
-        ("cadences (spine steps)", ", ".join(f"{k} {v}" for k, v in record.get("cadences", {}).items())),
+        (
+            "cadences (spine steps)",
+            ", ".join(f"{k} {v}" for k, v in record.get("cadences", {}).items()),
+        ),
         ("device", record.get("device")),
     ]
     table = ["| run | " + str(name) + " |", "|---|---|"]
     table += [f"| {k} | {v} |" for k, v in rows[1:] if v not in (None, "")]
     text = json.dumps(dict(record), indent=2, sort_keys=True, default=str)
     # four-space indent: TensorBoard renders text as markdown, this keeps the JSON a code block
-    return "\n".join(table + ["", *("    " + line for line in text.splitlines())])
+    return "\n".join([*table, "", *("    " + line for line in text.splitlines())])
 
 
 class TensorBoardTracker(Tracker):

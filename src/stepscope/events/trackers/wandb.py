@@ -42,8 +42,7 @@ import warnings
 from typing import Any
 
 from stepscope.errors import require_extra
-from stepscope.events.coordinates import Axis
-from stepscope.events.coordinates import Axes
+from stepscope.events.coordinates import Axes, Axis
 from stepscope.events.tags import Detail, HistogramRecord, MatrixRecord, ScalarRecord, TextRecord
 from stepscope.events.trackers.base import Tracker
 from stepscope.events.views import np_histogram, value_np_histogram
