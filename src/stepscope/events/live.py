@@ -273,8 +273,9 @@ def open_live(settings: Any, record: Any, path: str | os.PathLike[str] | None) -
     if wb is True:
         from stepscope.events.trackers.wandb import WandbTracker
 
-        wb = WandbTracker(
+        wb = WandbTracker(  # read here: wandb reads its environment once per process
             project=os.environ.get("WANDB_PROJECT", "stepscope"),
+            dir=os.environ.get("WANDB_DIR"),
             name=name,
             config={"stepscope_run_record": record.to_dict()},
         )
