@@ -217,3 +217,19 @@ def test_unavailable_values_are_not_written_as_zero(ev, tmp_path):
     steps = [s for s, _ in _scalars(_load(tmp_path / "tb"), "act/relu1/rms")]
     assert steps == [0, 2]
     assert tb.counts.unavailable == 1
+
+
+def test_fast_record_checksums_are_tensorboards_own_masked_crc32c_byte_for_byte():
+    pytest.importorskip("crc32c")
+    from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c as pure
+    from tensorboard.summary.writer import record_writer
+
+    from stepscope.events.trackers.tensorboard import use_fast_record_checksums
+
+    assert use_fast_record_checksums() and use_fast_record_checksums()  # idempotent
+    fast = record_writer.masked_crc32c
+    assert fast is not pure and fast.stepscope_fast
+    rng = np.random.default_rng(0)
+    for n in (0, 1, 7, 8, 60, 4096, 10_001):
+        data = rng.integers(0, 256, n, dtype=np.uint8).tobytes()
+        assert fast(data) == pure(data)

@@ -27,6 +27,12 @@ Tags come from :class:`~stepscope.events.tags.TagLayout` (``act/<site>/rms``,
 ``unavailable`` events are counted, never written as 0. The x-axis (``global_step``) is the
 tracker's :class:`~stepscope.events.Axis` (default ``optimizer_step``).
 
+TensorBoard's event-file writer checksums every record with a pure-Python CRC-32C (about 2.7 ms
+for one 4 KB histogram record, 50 us for a scalar), which made writing — live or exported — cost
+more than the statistics themselves. Where the ``crc32c`` package is installed (it comes with the
+``tensorboard`` extra) :func:`use_fast_record_checksums` gives that writer its C implementation:
+the same masked CRC-32C, byte for byte.
+
 Example
 -------
 >>> import tempfile
@@ -62,6 +68,7 @@ __all__ = [
     "RUN_RECORD_TAG",
     "TensorBoardTracker",
     "run_record_markdown",
+    "use_fast_record_checksums",
 ]
 
 #: Tag suffix of the per-sign exponent views (``/positive``, ``/negative`` follow).
@@ -70,6 +77,29 @@ EXPONENT_VIEW_SUFFIX = "/exponent_view"
 NONFINITE_SUFFIX = "/nonfinite_bands"  # not "/nonfinite": that tag is the scalar count
 #: The text tag of the run record.
 RUN_RECORD_TAG = "run/record"
+
+
+def use_fast_record_checksums() -> bool:
+    """Give TensorBoard's record writer the ``crc32c`` package's C CRC-32C; ``False`` if absent.
+
+    The masked checksum is TensorBoard's own formula (``tensorflow_stub.masked_crc32c``), so the
+    event files are byte-identical; only the time changes. Idempotent.
+    """
+    try:
+        import crc32c
+        from tensorboard.summary.writer import record_writer
+    except ImportError:
+        return False
+    if getattr(record_writer.masked_crc32c, "stepscope_fast", False):
+        return True
+
+    def masked_crc32c(data: bytes) -> int:
+        x = crc32c.crc32c(data)
+        return (((x >> 15) | (x << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+
+    masked_crc32c.stepscope_fast = True  # type: ignore[attr-defined]
+    record_writer.masked_crc32c = masked_crc32c
+    return True
 
 
 def run_record_markdown(record: Mapping[str, Any], name: str, axis: str) -> str:
@@ -130,6 +160,7 @@ class TensorBoardTracker(Tracker):
         flush_every_batch: bool = False,
     ) -> None:
         super().__init__(axis, detail)
+        use_fast_record_checksums()
         if writer is None:
             tb = require_extra("torch.utils.tensorboard", "tensorboard", "the TensorBoard tracker")
             writer = tb.SummaryWriter(log_dir=None if log_dir is None else os.fspath(log_dir))
