@@ -25,7 +25,9 @@ import stepscope as ss
 
 def _arm(live: bool, steps: int, cadence: int | None) -> float:
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(784, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10))
+    model = torch.nn.Sequential(
+        torch.nn.Linear(784, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10)
+    )
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     root = tempfile.mkdtemp()
     settings = ss.WatchSettings(
