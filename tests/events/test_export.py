@@ -78,6 +78,7 @@ def test_cli_export_writes_tensorboard_jsonl_and_an_offline_wandb_run(
     out = capsys.readouterr().out
     assert code == 0
     assert "3 steps" in out and "x-axis: optimizer_step" in out
+    assert "exported run run (id events-test)" in out  # its name first, the id beside it
     _same(read_jsonl(tmp_path / "out.jsonl"), [e for s in run.events for e in s])
     # one run directory per exported run, named after the run's folder (not its id)
     assert [p.name for p in (tmp_path / "tb").iterdir()] == ["run"]

@@ -97,7 +97,10 @@ def _export(args: argparse.Namespace) -> int:
         progress=None if args.no_progress else progress_bar("export"),
     )
     kinds = ", ".join(f"{k} {n}" for k, n in sorted(report.by_kind.items()))
-    print(f"exported run {report.run_id}: {report.steps} steps, {report.events} events ({kinds})")
+    print(
+        f"exported run {report.name} (id {report.run_id}): {report.steps} steps, "
+        f"{report.events} events ({kinds})"
+    )
     print(f"  x-axis: {report.axis}")
     for kind, dest in report.outputs.items():
         print(f"  {kind}: {dest}")

@@ -59,7 +59,10 @@ ProgressCallback = Callable[[int, int], None]
 
 @dataclass(frozen=True)
 class ExportReport:
-    """What an export did: steps replayed, events per kind, the axis, failing subscribers."""
+    """What an export did: steps replayed, events per kind, the axis, failing subscribers.
+
+    ``name`` is the run's name in TensorBoard and W&B (``run_id`` its id).
+    """
 
     run_id: str
     steps: int
@@ -68,6 +71,7 @@ class ExportReport:
     axis: str
     outputs: dict[str, str] = field(default_factory=dict)
     subscriber_failures: dict[str, int] = field(default_factory=dict)
+    name: str = ""
 
 
 def _steps_of(
@@ -238,6 +242,7 @@ def export_run(
         axis=report.axis,
         outputs=outputs,
         subscriber_failures=report.subscriber_failures,
+        name=label,
     )
 
 
