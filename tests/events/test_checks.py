@@ -200,12 +200,8 @@ def test_verdicts_reach_tensorboard_as_text_at_their_step(ev, tmp_path):
     (text,) = acc.Tensors(tag + "/text_summary")  # torch's add_text appends this suffix
     assert text.step == 2
     assert b"[stop]" in tensor_util.make_ndarray(text.tensor_proto).item()
-    assert (
-        b"x-axis: optimizer_step"
-        in tensor_util.make_ndarray(
-            acc.Tensors("stepscope/axis/text_summary")[0].tensor_proto
-        ).item()
-    )
+    # verdicts are the only text (no axis note, no hparams: the run record is export's)
+    assert all(t.startswith("check/") for t in acc.Tags()["tensors"])
 
 
 def test_update_ratio_says_when_the_parameter_norm_never_came():

@@ -78,16 +78,17 @@ def test_cli_export_writes_tensorboard_jsonl_and_an_offline_wandb_run(
     out = capsys.readouterr().out
     assert code == 0
     assert "3 steps" in out and "x-axis: optimizer_step" in out
+    assert "exported run run (id events-test)" in out  # its name first, the id beside it
     _same(read_jsonl(tmp_path / "out.jsonl"), [e for s in run.events for e in s])
-    # one run directory per exported run, named after the run id
-    assert [p.name for p in (tmp_path / "tb").iterdir()] == ["events-test"]
-    acc = ea.EventAccumulator(
-        str(tmp_path / "tb" / "events-test"), size_guidance={ea.HISTOGRAMS: 0}
-    )
+    # one run directory per exported run, named after the run's folder (not its id)
+    assert [p.name for p in (tmp_path / "tb").iterdir()] == ["run"]
+    acc = ea.EventAccumulator(str(tmp_path / "tb" / "run"), size_guidance={ea.HISTOGRAMS: 0})
     acc.Reload()
     hist = [e for s in run.events for e in s if e.kind is EventKind.HISTOGRAM_COUNTS]
+    group = {"activation": "act", "gradient": "grad"}
     for e in hist:
-        (h,) = [h for h in acc.Histograms(e.name) if h.step == e.optimizer_step]
+        tag = f"{group[e.stream.value]}/{e.site}"
+        (h,) = [h for h in acc.Histograms(tag) if h.step == e.optimizer_step]
         assert h.histogram_value.num == e.histogram.stats().finite
         assert h.histogram_value.sum_squares == e.histogram.stats().sum_squares
     assert list((tmp_path / "wb" / "wandb").glob("offline-run-*/run-*.wandb"))
@@ -106,7 +107,7 @@ def test_re_export_refuses_unless_overwrite_and_never_doubles_a_series(ev, tmp_p
     ev.train(tmp_path / "run", n_steps=3)
     args = ["export", str(tmp_path / "run"), "--tensorboard", str(tmp_path / "tb")]
     assert main(args) == 0
-    run_dir = tmp_path / "tb" / "events-test"
+    run_dir = tmp_path / "tb" / "run"
     assert _tb_scalar_steps(run_dir, "loss") == [0, 1, 2]
     capsys.readouterr()
     assert main(args) == 3  # refused: a second export would double every series

@@ -1,7 +1,9 @@
 """Exports of every event kind are byte-identical to the goldens captured before the event rewrite.
 
 The goldens under ``tests/events/golden/`` were written by the code of commit 0c02377 (when
-``ObserverEvent`` was one record with a kind tag) by running this file as a script::
+``ObserverEvent`` was one record with a kind tag); the TensorBoard and W&B goldens were
+regenerated when the trackers moved to the readable tag layout (``stepscope.events.tags``:
+``act/<site>/rms``, ...; ``events.jsonl`` unchanged), by running this file as a script::
 
     .venv/bin/python tests/events/test_serialised_bytes.py --write
 

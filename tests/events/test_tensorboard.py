@@ -28,6 +28,15 @@ def _scalars(acc, tag) -> list[tuple[int, float]]:
     return [(s.step, s.value) for s in acc.Scalars(tag)]
 
 
+#: the tag group of each stream (docs/events.md, "Tags")
+GROUP = {"activation": "act", "gradient": "grad", "parameter": "param", "update": "update"}
+
+
+def _tag(e) -> str:
+    """The tag of a site's histogram: ``<stream group>/<site>``."""
+    return f"{GROUP[e.stream.value]}/{e.site}"
+
+
 def _load(log_dir) -> ea.EventAccumulator:
     acc = ea.EventAccumulator(
         str(log_dir),
@@ -45,7 +54,7 @@ def test_every_histogram_reads_back_with_the_spines_exact_moments_and_counts(ev,
     assert len(hist_events) == 4 * (5 + 3)  # 5 activation sites + 3 gradients per step
     tags = set(acc.Tags()["histograms"])
     for e in hist_events:
-        stored = {h.step: h.histogram_value for h in acc.Histograms(e.name)}
+        stored = {h.step: h.histogram_value for h in acc.Histograms(_tag(e))}
         hv = stored[e.optimizer_step]
         stats, hist = e.histogram.stats(), e.histogram.histogram()
         assert hv.num == stats.finite
@@ -58,7 +67,7 @@ def test_every_histogram_reads_back_with_the_spines_exact_moments_and_counts(ev,
         raw = tensorboard_raw(e.histogram)  # bucket for bucket, edges included
         assert counts == raw["bucket_counts"] and list(hv.bucket_limit) == raw["bucket_limits"]
         assert sum(counts) == stats.finite
-        assert e.name + "/exponent_view/positive" in tags or hist.negative.any()
+        assert _tag(e) + "/exponent_view/positive" in tags or hist.negative.any()
 
 
 def test_histogram_moments_equal_numpy_on_the_captured_tensor(tmp_path):
@@ -79,7 +88,7 @@ def test_histogram_moments_equal_numpy_on_the_captured_tensor(tmp_path):
         stream.subscribe(TensorBoardTracker(tmp_path / "tb"))
         stream.publish(events)
     acc = _load(tmp_path / "tb")
-    (h,) = acc.Histograms("activation.forward/act")
+    (h,) = acc.Histograms("act/act")
     f = x.double().numpy()
     f = f[np.isfinite(f)]
     hv = h.histogram_value
@@ -131,7 +140,7 @@ def test_exponent_views_count_each_sign_against_log2_abs_in_octaves(tmp_path):
         return -48 + (math.floor(4 * (math.log2(mag) + 48)) + 1) / 4
 
     for label, sign in (("positive", 1), ("negative", -1)):
-        (h,) = acc.Histograms(f"activation.forward/a/exponent_view/{label}")
+        (h,) = acc.Histograms(f"act/a/exponent_view/{label}")
         hv = h.histogram_value
         got = []
         for right, c in zip(hv.bucket_limit, hv.bucket):
@@ -142,31 +151,45 @@ def test_exponent_views_count_each_sign_against_log2_abs_in_octaves(tmp_path):
         # the axis is log2|x| in octaves: every bucket is 1/4 octave wide, inside [-49, 17]
         assert -49.0 <= hv.min and hv.max <= 17.0
     # the old signed bin-index axis (-200..200) is gone
-    assert "activation.forward/a/exponent_view" not in acc.Tags()["histograms"]
+    assert "act/a/exponent_view" not in acc.Tags()["histograms"]
     _, counts = exponent_view(event.histogram)  # the W&B index view keeps every finite value
     assert counts.sum() == 8
 
 
-def test_nan_and_infinities_are_scalars_and_bands(tmp_path):
+def test_nan_and_infinities_are_one_count_and_bands_and_full_detail_splits_them(tmp_path):
     nan, inf = float("nan"), float("inf")
     x = torch.tensor([1.0, nan, nan, inf, -inf, -inf, -inf, 0.5])
-    event = _one_histogram_event(x)
+    d = HistogramDescriptor()
+    batch = ObservationBatch.observed(
+        "activation",
+        "forward",
+        [0],
+        reduce_spines([x]).numpy(),
+        hist_rows=[0],
+        histograms=reduce_histograms([x], d).numpy(),
+    )
+    events = events_from_step(StepBlockRecord(1), [batch], [SiteRecord(0, "a", "m", "s")], d)
     with EventStream() as stream:
         stream.subscribe(TensorBoardTracker(tmp_path / "tb"))
-        stream.publish([event])
-    acc = _load(tmp_path / "tb")
+        stream.subscribe(TensorBoardTracker(tmp_path / "full", detail="full"))
+        stream.publish(events)
+    acc, full = _load(tmp_path / "tb"), _load(tmp_path / "full")
     a = x.double().numpy()
     want = {
         "nan": int(np.isnan(a).sum()),
         "posinf": int(np.isposinf(a).sum()),
         "neginf": int(np.isneginf(a).sum()),
     }
-    for name, n in want.items():
-        assert _scalars(acc, f"activation.forward/a/{name}_count") == [(1, float(n))]
-    (h,) = acc.Histograms("activation.forward/a/nonfinite")
+    # default: one non-finite count per site (written because it is > 0) and the step's total
+    assert _scalars(acc, "act/a/nonfinite") == [(1, float(sum(want.values())))]
+    assert _scalars(acc, "health/nonfinite") == [(1, float(sum(want.values())))]
+    assert not any(t.endswith("_count") or t.endswith("/nan") for t in acc.Tags()["scalars"])
+    for name, n in want.items():  # full detail: each kind, from the histogram's exact specials
+        assert _scalars(full, f"act/a/{name}") == [(1, float(n))]
+    (h,) = acc.Histograms("act/a/nonfinite_bands")
     bands = dict(zip(h.histogram_value.bucket_limit, h.histogram_value.bucket))
     assert bands == {-0.5: want["neginf"], 0.5: want["nan"], 1.5: want["posinf"]}
-    (v,) = acc.Histograms("activation.forward/a")  # the value axis holds the finite values
+    (v,) = acc.Histograms("act/a")  # the value axis holds the finite values
     assert v.histogram_value.num == np.isfinite(a).sum()
 
 
@@ -180,7 +203,7 @@ def test_scalars_read_back_on_the_declared_axis(ev, tmp_path):
     a, b = _load(tmp_path / "steps"), _load(tmp_path / "examples")
     assert _scalars(a, "loss") == list(enumerate(losses))
     assert [s for s, _ in _scalars(b, "loss")] == [16, 32, 48]
-    l2 = _scalars(a, "gradient.pre_step/fc1/l2")
+    l2 = _scalars(a, "grad/fc1/norm")
     want = [
         next(e.value for e in step if e.name == "gradient.pre_step/fc1/l2") for step in run.events
     ]
@@ -191,6 +214,22 @@ def test_scalars_read_back_on_the_declared_axis(ev, tmp_path):
 def test_unavailable_values_are_not_written_as_zero(ev, tmp_path):
     tb = TensorBoardTracker(tmp_path / "tb")
     ev.train(tmp_path / "run", n_steps=3, skip_activation_site=(1, "relu1"), subscribers=[tb])
-    steps = [s for s, _ in _scalars(_load(tmp_path / "tb"), "activation.forward/relu1/mean")]
+    steps = [s for s, _ in _scalars(_load(tmp_path / "tb"), "act/relu1/rms")]
     assert steps == [0, 2]
     assert tb.counts.unavailable == 1
+
+
+def test_fast_record_checksums_are_tensorboards_own_masked_crc32c_byte_for_byte():
+    pytest.importorskip("crc32c")
+    from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c as pure
+    from tensorboard.summary.writer import record_writer
+
+    from stepscope.events.trackers.tensorboard import use_fast_record_checksums
+
+    assert use_fast_record_checksums() and use_fast_record_checksums()  # idempotent
+    fast = record_writer.masked_crc32c
+    assert fast is not pure and fast.stepscope_fast
+    rng = np.random.default_rng(0)
+    for n in (0, 1, 7, 8, 60, 4096, 10_001):
+        data = rng.integers(0, 256, n, dtype=np.uint8).tobytes()
+        assert fast(data) == pure(data)

@@ -95,47 +95,61 @@ def test_default_loader_shows_scalars_histograms_and_run_names(ev, tmp_path, cap
     assert main(["export", str(tmp_path / "run"), "--tensorboard", str(tmp_path / "tb")]) == 0
     capsys.readouterr()
     events = [e for step in run.events for e in step]
-    scalars = [e for e in events if e.kind is EventKind.SCALAR]
+    scalars = {(e.name, e.optimizer_step): e.value for e in events if e.kind is EventKind.SCALAR}
     hists = [e for e in events if e.kind is EventKind.HISTOGRAM_COUNTS]
     with tensorboard_server(tmp_path / "tb") as base:
         tags = _wait_for(
             lambda: _get(base, "/data/plugin/scalars/tags"),
-            lambda t: "loss" in t.get("events-test", {}),
+            lambda t: "loss" in t.get("run", {}),
         )
-        assert "events-test" in _get(base, "/data/runs")  # the run is named, not "."
-        run_tags = tags["events-test"]
-        assert {e.name for e in scalars} <= set(run_tags)
-        for name in ("loss", "gradient.pre_step/fc2/l2", "activation.forward/fc3/nonfinite_count"):
-            want = {e.optimizer_step: e.value for e in scalars if e.name == name}
-            got = _get(base, "/data/plugin/scalars/scalars", run="events-test", tag=name)
+        _wait_for(  # the loader reads in the background: wait for the last step's last scalar
+            lambda: _get(base, "/data/plugin/scalars/scalars", run="run", tag="loss"),
+            lambda rows: len(rows) == 3,
+        )
+        tags = _get(base, "/data/plugin/scalars/tags")
+        assert "run" in _get(base, "/data/runs")  # named after the run's folder, not "."
+        run_tags = set(tags["run"])
+        # the readable tags, each equal (float32) to the event it shows, at its step
+        shown = {
+            "loss": "loss",
+            "grad/fc2/norm": "gradient.pre_step/fc2/l2",
+            "act/fc3/zero_fraction": "activation.forward/fc3/zero_fraction",
+            "param/fc1/absmax": "parameter.pre_step/fc1/absmax",
+        }
+        assert set(shown) <= run_tags
+        for tag, name in shown.items():
+            want = {s: v for (n, s), v in scalars.items() if n == name}
+            got = _get(base, "/data/plugin/scalars/scalars", run="run", tag=tag)
             got_by_step = {int(step): float(v) for _, step, v in got}  # JSON says "NaN"
             assert sorted(got_by_step) == sorted(want)
             np.testing.assert_array_equal(  # float32 of the logged value, NaN where NaN
                 [got_by_step[s] for s in sorted(want)],
                 [np.float32(want[s]) for s in sorted(want)],
             )
-        # the NaN injected into fc2 at step 2: its output counts are scalars the UI shows
-        nan_tag = "activation.forward/fc2/nan_count"
-        got = _get(base, "/data/plugin/scalars/scalars", run="events-test", tag=nan_tag)
-        spine_nonfinite = next(  # the spine kernel's count, independent of the histogram's
-            e.value
-            for e in scalars
-            if e.name == "activation.forward/fc2/nonfinite_count" and e.optimizer_step == 2
-        )
-        nan_by_step = {int(s): v for _, s, v in got}
-        assert spine_nonfinite > 0 and nan_by_step == {0: 0.0, 1: 0.0, 2: spine_nonfinite}
+        # the NaN injected into fc2 at step 2: its output's non-finite count is shown on the
+        # step that has it (never a flat line of zeros), and the step's total beside it
+        got = _get(base, "/data/plugin/scalars/scalars", run="run", tag="act/fc2/nonfinite")
+        spine_nonfinite = scalars[("activation.forward/fc2/nonfinite_count", 2)]
+        assert spine_nonfinite > 0 and {int(s): v for _, s, v in got} == {2: spine_nonfinite}
+        got = _get(base, "/data/plugin/scalars/scalars", run="run", tag="health/nonfinite")
+        total = {
+            s: sum(v for (n, t), v in scalars.items() if t == s and n.endswith("/nonfinite_count"))
+            for s in range(3)
+        }
+        assert {int(s): v for _, s, v in got} == total and total[0] == 0 < total[2]
 
-        htags = _get(base, "/data/plugin/histograms/tags")["events-test"]
-        assert {e.name for e in hists} <= set(htags)
-        assert "activation.forward/fc2/nonfinite" in htags
+        htags = _get(base, "/data/plugin/histograms/tags")["run"]
+        assert "act/fc2/nonfinite_bands" in htags
         assert any(t.endswith("/exponent_view/positive") for t in htags)
         e = hists[0]
-        got = _get(base, "/data/plugin/histograms/histograms", run="events-test", tag=e.name)
+        got = _get(base, "/data/plugin/histograms/histograms", run="run", tag=f"act/{e.site}")
         by_step = {int(step): buckets for _, step, buckets in got}
         counts = sum(c for _, _, c in by_step[e.optimizer_step])
         assert counts == pytest.approx(e.histogram.stats().finite)
 
-        tag = "stepscope/run_record/text_summary"
-        assert tag in _get(base, "/data/plugin/text/tags")["events-test"]
-        (entry,) = _get(base, "/data/plugin/text/text", run="events-test", tag=tag)
+        tag = "run/record/text_summary"
+        assert _get(base, "/data/plugin/text/tags")["run"] == [tag]  # no axis note, no hparams
+        (entry,) = _get(base, "/data/plugin/text/text", run="run", tag=tag)
         assert "events-test" in entry["text"] and "histogram_descriptor" in entry["text"]
+        hparams = _get(base, "/data/plugins_listing").get("hparams", {})
+        assert not hparams.get("enabled", False)

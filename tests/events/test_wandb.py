@@ -114,15 +114,31 @@ def test_offline_run_holds_one_row_per_step_on_the_optimizer_step_axis(ev, tmp_p
     assert [r["examples_seen"] for r in rows] == [16, 32, 48]
     for row, events in zip(rows, run.events):
         scalars = {e.name: e.value for e in events if e.kind is EventKind.SCALAR}
-        assert {k: row[k] for k in scalars} == scalars  # every scalar, exactly
+        # the readable tags (docs/events.md), full float64, from the events' own numbers
+        assert row["loss"] == scalars["loss"]
+        for site in ev.LINEARS:
+            assert row[f"grad/{site}/norm"] == scalars[f"gradient.pre_step/{site}/l2"]
+            assert row[f"param/{site}/absmax"] == scalars[f"parameter.pre_step/{site}/absmax"]
+            ratio = (
+                scalars[f"update.post_step/{site}/l2"] / scalars[f"parameter.pre_step/{site}/l2"]
+            )
+            assert row[f"update/{site}/ratio"] == pytest.approx(ratio, rel=1e-15)
+        mean, std = (
+            scalars["activation.forward/relu1/mean"],
+            scalars["activation.forward/relu1/std"],
+        )
+        assert row["act/relu1/rms"] == pytest.approx(np.hypot(mean, std), rel=1e-15)
+        assert row["act/relu1/zero_fraction"] == scalars["activation.forward/relu1/zero_fraction"]
+        assert not any(k.endswith(("/mean", "/std", "/min", "/max")) for k in row)  # full only
         hist = next(e for e in events if e.kind is EventKind.HISTOGRAM_COUNTS)
         counts, edges = np_histogram(hist.histogram)
-        key = hist.name + "/exponent_view"
+        tag = f"act/{hist.site}"
+        key = tag + "/exponent_view"
         stored = {k.rsplit("/", 1)[-1]: v for k, v in row.items() if k.startswith(key + "/")}
         assert stored["_type"] == "histogram"
         assert stored["values"] == counts.tolist() and stored["bins"] == edges.tolist()
         # beside it, the value axis: the exact finite bins TensorBoard gets, min to max
-        pre = hist.name + "/"
+        pre = tag + "/"
         value = {
             k[len(pre) :]: v
             for k, v in row.items()
@@ -225,7 +241,7 @@ def test_rows_are_batched_per_step_and_watch_is_never_called(ev, tmp_path, monke
     logs = [c[1] for c in run.calls if c[0] == "log"]
     assert [r["examples_seen"] for r in logs] == [16, 32, 48, 64]
     assert all(r["optimizer_step"] == i for i, r in enumerate(logs))
-    counts, edges = logs[0]["activation.forward/fc1/exponent_view"][1]
+    counts, edges = logs[0]["act/fc1/exponent_view"][1]
     assert len(counts) + 1 == len(edges) <= 513 and sum(counts) == 16 * 16
 
 

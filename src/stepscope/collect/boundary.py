@@ -36,6 +36,7 @@ from stepscope.collect.store import Store
 from stepscope.collect.warmup import WarmupMeter
 from stepscope.errors import Refusal
 from stepscope.events.convert import events_from_step
+from stepscope.events.live import LiveStream, open_live
 from stepscope.history import (
     CloseReport,
     ObservationBatch,
@@ -113,6 +114,10 @@ class StepBoundary:
         self.meter, self.settings = meter, settings
         self._plans: dict[str, StreamPlan] = {}  # each stream's rows and arrays, between steps
         self._truths: dict[tuple[Any, ...], StepTruth] = {}  # step facts seen, by their inputs
+        # live streaming to TensorBoard/W&B (settings.tensorboard/wandb), rank 0 only
+        self.live: LiveStream | None = None
+        if store.run.rank == 0:
+            self.live = open_live(settings, store.run, settings.output_dir)
 
     def write(
         self,
@@ -218,6 +223,8 @@ class StepBoundary:
             if at < next_step:
                 self.rows.write_scalar(name, at, value)
         self.pending.clear()
+        if self.live is not None:
+            self.live.close()  # sends what is queued; never raises
         write_clock_rows(self.rows, self.clock.resolve(block=True))
         if self.store.writer is None:
             return None
@@ -232,8 +239,10 @@ class StepBoundary:
 
         ``merged``: rank 0 of a live merge publishes the ranks' merged rows instead of its own.
         """
+        sites, descriptor = self.store.catalog.sites, self.settings.descriptor
+        block, batches = merged or (written.block, written.batches)
+        if self.live is not None:  # queued for the streaming thread; never waits
+            self.live.submit(block, batches, sites, descriptor, written.scalars)
         stream = self.settings.event_stream
         if stream is not None and stream.active:
-            sites, descriptor = self.store.catalog.sites, self.settings.descriptor
-            block, batches = merged or (written.block, written.batches)
             stream.publish(events_from_step(block, batches, sites, descriptor, written.scalars))

@@ -255,6 +255,12 @@ class HistoryCollector(UserLog):
         return None if self._meter is None else self._meter.decision
 
     @property
+    def live(self) -> Any:
+        """The live stream to TensorBoard/W&B (``WatchSettings(tensorboard=..., wandb=...)``), or
+        ``None``: a :class:`~stepscope.events.LiveStream` (``.counts``, ``.destinations``)."""
+        return self._boundary.live
+
+    @property
     def sites(self) -> list:
         """The site catalog (:class:`~stepscope.history.SiteRecord` list)."""
         return self.catalog.sites

@@ -207,6 +207,25 @@ def _check_types(s: Any) -> None:
             raise TypeError(f"WatchSettings.{name} must be {what} or None, not {type(v).__name__}")
 
 
+def _check_live(tensorboard: Any, wandb: Any) -> None:
+    """``tensorboard``: a directory or a tracker; ``wandb``: a bool or a tracker (else TypeError)."""
+
+    def tracker(v: Any) -> bool:
+        return callable(getattr(v, "on_events", None))
+
+    if not (
+        tensorboard is None or isinstance(tensorboard, (str, os.PathLike)) or tracker(tensorboard)
+    ):
+        raise TypeError(
+            "WatchSettings.tensorboard must be a log directory or a TensorBoardTracker, "
+            f"not {type(tensorboard).__name__}"
+        )
+    if not (isinstance(wandb, bool) or tracker(wandb)):
+        raise TypeError(
+            f"WatchSettings.wandb must be a bool or a WandbTracker, not {type(wandb).__name__}"
+        )
+
+
 def check_streams(streams: Iterable[str]) -> list[str]:
     """``streams`` without repeats, in order; refuses ``stream_unknown`` for any other name."""
     out = list(dict.fromkeys(streams))
@@ -281,6 +300,14 @@ class WatchSettings:
         Under a ``torch.distributed`` group of more than one rank, gather every logged step's
         rows to rank 0 in one collective and publish the merged rows there (see
         :mod:`stepscope.collect.livemerge`); ``False``: no communication at all.
+    tensorboard
+        Stream every written step to TensorBoard while training runs: a log directory (the run
+        goes to ``DIR/<run name>``, the output directory's name) or a
+        :class:`~stepscope.events.TensorBoardTracker`. From a background thread that never
+        blocks the step (see :mod:`stepscope.events.live`; rank 0 only).
+    wandb
+        ``True``: stream to a W&B run named after the run (``WANDB_MODE``, ``WANDB_PROJECT``
+        honoured); or a :class:`~stepscope.events.WandbTracker`.
 
     Raises
     ------
@@ -308,9 +335,12 @@ class WatchSettings:
     resume_step: int | None = None
     resume_examples_seen: int | None = None
     live_merge: bool = True
+    tensorboard: Any = None
+    wandb: Any = False
 
     def __post_init__(self) -> None:
         _check_types(self)
+        _check_live(self.tensorboard, self.wandb)
         problems = []
         if self.commit_steps < 1:
             problems.append(f"commit_steps must be >= 1, not {self.commit_steps}")

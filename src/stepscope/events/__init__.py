@@ -6,7 +6,10 @@ the resulting :class:`ObserverEvent` s (one frozen class per kind: :class:`Scala
 and :class:`Subject` value objects) go out on an :class:`EventStream` to checks
 (:class:`NonFiniteCheck`, :class:`ZeroFractionCheck`, :class:`GradientNormCheck`,
 :class:`UpdateRatioCheck`) and trackers (:class:`TensorBoardTracker`, :class:`WandbTracker`,
-:class:`JsonlTracker`). :func:`export_run` replays a finished artifact through the same path.
+:class:`JsonlTracker`). :func:`export_run` replays a finished artifact through the same path;
+:class:`LiveStream` sends a collector's steps to the trackers from a background thread while it
+trains (``WatchSettings(tensorboard=..., wandb=...)``). The trackers that draw share one layout of
+readable tags, :class:`TagLayout` (``act/<site>/rms``, ``grad/<site>/norm``, ...).
 """
 
 from stepscope.events.checks import (
@@ -31,6 +34,7 @@ from stepscope.events.event import (
     VerdictEvent,
 )
 from stepscope.events.export import ExportReport, export_run, replay, step_events
+from stepscope.events.live import LiveCounts, LiveStream, LiveStreamWarning
 from stepscope.events.payload import HistogramPayload, Verdict
 from stepscope.events.stream import (
     MAX_CONSECUTIVE_FAILURES,
@@ -41,6 +45,7 @@ from stepscope.events.stream import (
     SubscriberLike,
     SubscriberStatus,
 )
+from stepscope.events.tags import Detail, TagLayout, run_name
 from stepscope.events.trackers import (
     JsonlTracker,
     TensorBoardTracker,
@@ -70,6 +75,7 @@ __all__ = [
     "CheckAction",
     "CheckFailed",
     "CheckWarning",
+    "Detail",
     "EventKind",
     "EventSource",
     "EventStream",
@@ -80,6 +86,9 @@ __all__ = [
     "HistogramEvent",
     "HistogramPayload",
     "JsonlTracker",
+    "LiveCounts",
+    "LiveStream",
+    "LiveStreamWarning",
     "NonFiniteCheck",
     "ObserverEvent",
     "ScalarEvent",
@@ -89,6 +98,7 @@ __all__ = [
     "SubscriberFailureWarning",
     "SubscriberLike",
     "SubscriberStatus",
+    "TagLayout",
     "TensorBoardTracker",
     "Tracker",
     "TrackerCounts",
@@ -110,6 +120,7 @@ __all__ = [
     "np_histogram",
     "read_jsonl",
     "replay",
+    "run_name",
     "spine_scalars",
     "step_events",
     "tensorboard_raw",

@@ -19,9 +19,9 @@ from stepscope.events.coordinates import Axis
 
 EPILOG = """\
 examples:
-  stepscope export runs/demo --tensorboard tb          # writes tb/<run id>/
+  stepscope export runs/demo --tensorboard tb          # writes tb/<run name>/ (the run's folder name)
   tensorboard --logdir tb                               # then open the Scalars page
-  stepscope export runs/demo --tensorboard tb --overwrite
+  stepscope export runs/demo --tensorboard tb --name baseline --detail full --overwrite
   stepscope export runs/demo --jsonl demo.jsonl --wandb wb && wandb sync wb/wandb/offline-run-*
 
 exit codes: 0 exported, 1 a tracker failed, 3 refused (e.g. export_exists)
@@ -41,7 +41,18 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--tensorboard",
         metavar="DIR",
-        help="TensorBoard log directory; the run is written to DIR/<run id>",
+        help="TensorBoard log directory; the run is written to DIR/<run name>",
+    )
+    p.add_argument(
+        "--name",
+        metavar="NAME",
+        help="the run's name in TensorBoard and W&B (default: the run's folder name)",
+    )
+    p.add_argument(
+        "--detail",
+        choices=["default", "full"],
+        default="default",
+        help="default: a few readable quantities per site; full: every quantity (default: default)",
     )
     p.add_argument("--jsonl", metavar="FILE", help="JSONL file, one event per line")
     p.add_argument("--wandb", metavar="DIR", help="directory for an offline W&B run")
@@ -78,13 +89,18 @@ def _export(args: argparse.Namespace) -> int:
         jsonl=args.jsonl,
         wandb=args.wandb,
         axis=args.axis,
+        name=args.name,
+        detail=args.detail,
         wandb_project=args.wandb_project,
         exponent_view=not args.no_exponent_view,
         overwrite=args.overwrite,
         progress=None if args.no_progress else progress_bar("export"),
     )
     kinds = ", ".join(f"{k} {n}" for k, n in sorted(report.by_kind.items()))
-    print(f"exported run {report.run_id}: {report.steps} steps, {report.events} events ({kinds})")
+    print(
+        f"exported run {report.name} (id {report.run_id}): {report.steps} steps, "
+        f"{report.events} events ({kinds})"
+    )
     print(f"  x-axis: {report.axis}")
     for kind, dest in report.outputs.items():
         print(f"  {kind}: {dest}")

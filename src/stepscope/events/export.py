@@ -5,9 +5,11 @@ step, exactly the events :func:`events_from_step` makes during training — same
 trackers — so a run can be sent to TensorBoard / W&B / JSONL later. :func:`export_run` builds the
 trackers from paths (the ``stepscope export`` command).
 
-TensorBoard output goes to ``DIR/<run_id>`` (one run directory per exported run, so
-TensorBoard names the run after it and several runs share one ``--logdir``), with the run record
-as a text entry and hparams. Exporting into a run directory that already holds event files
+TensorBoard output goes to ``DIR/<name>`` (one run directory per exported run, so
+TensorBoard names the run after it and several runs share one ``--logdir``); the name is
+``name=`` (``--name``) or the run's name, :func:`~stepscope.events.tags.run_name` (its
+directory's name, not its hex id). The run record is the text entry ``run/record``. Tags are the
+readable layout of :mod:`stepscope.events.tags` (``detail="full"``: every quantity). Exporting into a run directory that already holds event files
 refuses ``export_exists`` (it would double every series) unless ``overwrite=True``, which
 replaces it.
 
@@ -38,6 +40,7 @@ from stepscope.events.convert import events_from_step
 from stepscope.events.coordinates import Axis
 from stepscope.events.event import ObserverEvent
 from stepscope.events.stream import EventStream
+from stepscope.events.tags import Detail, run_name
 from stepscope.history import HistoryReader, StepBlockRecord, open_history
 from stepscope.history.decode import batches_from_rows
 
@@ -56,7 +59,10 @@ ProgressCallback = Callable[[int, int], None]
 
 @dataclass(frozen=True)
 class ExportReport:
-    """What an export did: steps replayed, events per kind, the axis, failing subscribers."""
+    """What an export did: steps replayed, events per kind, the axis, failing subscribers.
+
+    ``name`` is the run's name in TensorBoard and W&B (``run_id`` its id).
+    """
 
     run_id: str
     steps: int
@@ -65,6 +71,7 @@ class ExportReport:
     axis: str
     outputs: dict[str, str] = field(default_factory=dict)
     subscriber_failures: dict[str, int] = field(default_factory=dict)
+    name: str = ""
 
 
 def _steps_of(
@@ -143,6 +150,8 @@ def export_run(
     jsonl: str | os.PathLike[str] | None = None,
     wandb: str | os.PathLike[str] | None = None,
     axis: Axis | str = Axis.OPTIMIZER_STEP,
+    name: str | None = None,
+    detail: Detail | str = Detail.DEFAULT,
     wandb_project: str = "stepscope",
     wandb_mode: str = "offline",
     exponent_view: bool = True,
@@ -156,10 +165,16 @@ def export_run(
     path
         The artifact directory.
     tensorboard, jsonl, wandb
-        A TensorBoard log directory (the run goes to ``tensorboard/<run_id>``), a JSONL file, a
+        A TensorBoard log directory (the run goes to ``tensorboard/<name>``), a JSONL file, a
         W&B directory (``wandb_mode`` run, offline by default: send it later with ``wandb sync``).
     axis
         The x-axis of TensorBoard and W&B (JSONL lines carry all three axes).
+    name
+        The run's name in TensorBoard and W&B (default: :func:`~stepscope.events.tags.run_name`,
+        the artifact directory's name).
+    detail
+        ``"default"`` (the readable tag set) or ``"full"`` (every quantity); JSONL always has
+        every event.
     overwrite
         Replace an earlier TensorBoard export of this run (otherwise refuse ``export_exists``).
     progress
@@ -172,15 +187,19 @@ def export_run(
             ["pass --tensorboard DIR, --jsonl FILE or --wandb DIR"],
         )
     record = open_history(path).run  # refuses before any output is created
-    run_id = record.run_id
-    tb_run_dir = None if tensorboard is None else tensorboard_run_dir(tensorboard, run_id)
+    label = name if name is not None else run_name(record, path)
+    tb_run_dir = None if tensorboard is None else tensorboard_run_dir(tensorboard, label)
     if tb_run_dir is not None and tb_run_dir.exists() and any(tb_run_dir.iterdir()):
         if not overwrite:
             raise Refusal(
                 "export_exists",
-                f"{tb_run_dir} already holds a TensorBoard export of run {run_id!r}; writing "
+                f"{tb_run_dir} already holds a TensorBoard export of run {label!r}; writing "
                 "again would double every series.",
-                ["pass --overwrite (overwrite=True) to replace it", "export into another DIR"],
+                [
+                    "pass --overwrite (overwrite=True) to replace it",
+                    "export under another name: --name NAME (name=...)",
+                    "export into another DIR",
+                ],
             )
         shutil.rmtree(tb_run_dir)
     outputs: dict[str, str] = {}
@@ -188,8 +207,10 @@ def export_run(
         if tb_run_dir is not None:
             from stepscope.events.trackers.tensorboard import TensorBoardTracker
 
-            tb = TensorBoardTracker(tb_run_dir, axis=axis, exponent_view=exponent_view)
-            tb.write_run_record(record.to_dict())
+            tb = TensorBoardTracker(
+                tb_run_dir, axis=axis, detail=detail, exponent_view=exponent_view
+            )
+            tb.write_run_record(record.to_dict(), label)
             stream.subscribe(tb)
             outputs["tensorboard"] = str(tb_run_dir)
         if jsonl is not None:
@@ -203,10 +224,11 @@ def export_run(
             stream.subscribe(
                 WandbTracker(
                     axis=axis,
+                    detail=detail,
                     project=wandb_project,
                     dir=wandb,
                     mode=wandb_mode,
-                    name=run_id,
+                    name=label,
                     config={"stepscope_run_record": record.to_dict()},
                 )
             )
@@ -220,20 +242,25 @@ def export_run(
         axis=report.axis,
         outputs=outputs,
         subscriber_failures=report.subscriber_failures,
+        name=label,
     )
 
 
-def tensorboard_run_dir(log_dir: str | os.PathLike[str], run_id: str) -> Path:
-    """``log_dir/<run_id>``: where :func:`export_run` writes a run's TensorBoard events.
+def tensorboard_run_dir(log_dir: str | os.PathLike[str], name: str) -> Path:
+    """``log_dir/<name>``: where :func:`export_run` writes a run's TensorBoard events.
 
-    >>> tensorboard_run_dir("tb", "demo-1").as_posix()
-    'tb/demo-1'
+    ``name`` may have ``/``-separated parts (``exp/version_3``), none of them empty, ``.`` or
+    ``..``; otherwise it refuses ``export_run_name_invalid``.
+
+    >>> tensorboard_run_dir("tb", "demo-1").as_posix(), tensorboard_run_dir("tb", "a/version_0").as_posix()
+    ('tb/demo-1', 'tb/a/version_0')
     """
-    name = str(run_id)
-    if not name or name in {".", ".."} or "/" in name or os.sep in name:
+    text = str(name)
+    parts = text.split("/")
+    if not text or any(p in {"", ".", ".."} or os.sep in p or "\\" in p for p in parts):
         raise Refusal(
             "export_run_name_invalid",
-            f"run id {run_id!r} cannot name a directory.",
-            ["export a run whose run_id has no path separators"],
+            f"run name {name!r} cannot name a directory below the log directory.",
+            ["pass --name NAME (name=...) made of folder names, e.g. --name exp1"],
         )
-    return Path(log_dir) / name
+    return Path(log_dir).joinpath(*parts)

@@ -141,4 +141,3 @@ class Verdict:
             float_from_json(d.get("lower")),
             float_from_json(d.get("upper")),
         )
-

@@ -18,6 +18,8 @@
   Exact zeros are not on a log axis (they are the ``zero_fraction`` scalar).
 * :func:`nonfinite_counts` / :func:`nonfinite_raw` — the exact NaN, +inf and -inf counts, as
   scalars and as a three-band histogram (``-1`` = -inf, ``0`` = NaN, ``+1`` = +inf).
+* :func:`confusion_image` — a confusion matrix as an RGB image (rows: true class, columns:
+  predicted class, shade: the row's fraction, white 0 to dark blue 1).
 
 NaN and +-inf have no place on a value or exponent axis; they have their own counts and bands.
 
@@ -48,6 +50,7 @@ from stepscope.stats import SPECIAL_FIELDS
 
 __all__ = [
     "NONFINITE_FIELDS",
+    "confusion_image",
     "exponent_view",
     "exponent_view_raw",
     "log2_abs_view_raw",
@@ -215,3 +218,30 @@ def nonfinite_raw(payload: HistogramPayload) -> dict[str, Any] | None:
         return None
     index = np.array([-1.0, 0.0, 1.0])
     return _raw_args(index[sl][0] - 0.5, index[sl][-1] + 0.5, index, index + 0.5, counts)
+
+
+def confusion_image(counts: np.ndarray, size: int = 256) -> np.ndarray:
+    """``counts[true, predicted]`` as an ``(H, W, 3)`` uint8 image, about ``size`` px square.
+
+    Each cell is shaded by its share of its row (``counts[t, p] / counts[t].sum()``, the recall
+    of true class ``t`` on the diagonal): white is 0, dark blue is 1; an empty row stays white.
+    Cells are square blocks of ``max(4, size // n)`` pixels with a one-pixel grey grid.
+
+    >>> img = confusion_image(np.array([[3, 1], [0, 4]]), size=8)
+    >>> img.shape, img.dtype.name, img[1, 1].tolist(), img[1, 5].tolist()
+    ((9, 9, 3), 'uint8', [70, 100, 144], [193, 203, 218])
+    """
+    c = np.asarray(counts, dtype=np.float64)
+    n = c.shape[0]
+    totals = c.sum(axis=1, keepdims=True)
+    share = np.divide(c, totals, out=np.zeros_like(c), where=totals > 0)
+    white, blue = np.array([255.0, 255.0, 255.0]), np.array([8.0, 48.0, 107.0])
+    cells = white + share[..., None] * (blue - white)  # (n, n, 3)
+    k = max(4, size // max(n, 1))
+    img = np.repeat(np.repeat(cells, k, axis=0), k, axis=1)
+    out = np.full((n * k + 1, n * k + 1, 3), 160.0)  # the grid colour
+    out[1:, 1:] = img
+    grid = np.arange(0, n * k + 1, k)
+    out[grid, :] = 160.0
+    out[:, grid] = 160.0
+    return np.rint(out).astype(np.uint8)

@@ -317,7 +317,8 @@ class Histogram:
                 "bucket_counts": [],
             }
         rows = rows[nz[0] : nz[-1] + 1]
-        limits = [float(np.clip(up, -_F32_MAX, _F32_MAX)) for _, up, _ in rows]
+        # min/max of Python floats: np.clip per bucket cost ~7 us each, 2 ms per histogram
+        limits = [min(max(float(up), -_F32_MAX), _F32_MAX) for _, up, _ in rows]
         counts = [c for _, _, c in rows]
         if stats is not None and stats.finite:
             tb = stats.to_tensorboard()

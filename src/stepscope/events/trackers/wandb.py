@@ -7,18 +7,22 @@ tracker declares its :class:`~stepscope.events.Axis` with ``define_metric(axis)`
 the axis value changes (the logging boundary) or on :meth:`flush`/:meth:`close`. It never calls
 ``wandb.watch`` (no tensor hooks: the collector already reduced everything).
 
-Logged keys (``{name}`` is the event name):
+Logged keys come from :class:`~stepscope.events.tags.TagLayout`, the same tags TensorBoard gets
+(``act/<site>/rms``, ``grad/<site>/norm``, ``update/<site>/ratio``, user scalars by name, ...;
+``detail="full"`` for every quantity):
 
-* scalar events — ``{name}: value`` (full float64);
-* ``{name}`` — a ``wandb.Histogram`` on the **value** axis built from our exact bins
-  (:func:`~stepscope.events.views.value_np_histogram`, <= 512 bins, finite values only);
-* ``{name}/exponent_view`` — the same counts on the signed log2 bin-index axis
+* a scalar — ``tag: value`` (full float64);
+* a histogram ``<stream>/<site>`` — a ``wandb.Histogram`` on the **value** axis built from our
+  exact bins (:func:`~stepscope.events.views.value_np_histogram`, <= 512 bins, finite values
+  only) and ``<tag>/exponent_view``, the same counts on the signed log2 bin-index axis
   (:func:`~stepscope.events.views.np_histogram`, <= 512 bins);
-* verdicts — ``{name}: "[action] message"``;
+* a confusion matrix ``<p>/confusion`` — a ``wandb.Table`` with columns ``true, predicted,
+  count`` (one row per non-zero cell);
+* verdicts — ``tag: "[action] message"``;
 * ``optimizer_step``, ``examples_seen``, ``epoch`` — the axes, where known, in every row.
 
-The run's ``config`` holds ``stepscope_x_axis`` and, when given (``stepscope export`` does),
-``stepscope_run_record``.
+The run's ``config`` holds ``stepscope_x_axis`` and, when given (``stepscope export`` and live
+streaming do), ``stepscope_run_record``.
 
 A failing ``wandb.log`` is caught, counted in :attr:`WandbTracker.failed_rows`, warned about once
 (:class:`WandbLogWarning`) and never raised: training goes on and the local history artifact,
@@ -38,8 +42,8 @@ import warnings
 from typing import Any
 
 from stepscope.errors import require_extra
-from stepscope.events.coordinates import Axis
-from stepscope.events.event import HistogramEvent, ObserverEvent, ScalarEvent, VerdictEvent
+from stepscope.events.coordinates import Axes, Axis
+from stepscope.events.tags import Detail, HistogramRecord, MatrixRecord, ScalarRecord, TextRecord
 from stepscope.events.trackers.base import Tracker
 from stepscope.events.views import np_histogram, value_np_histogram
 
@@ -60,6 +64,8 @@ class WandbTracker(Tracker):
         is started with ``project``, ``dir``, ``mode`` (e.g. ``"offline"``), ``name``, ``config``.
     axis
         The x-axis declared with ``define_metric``.
+    detail
+        ``"default"`` (the readable set) or ``"full"`` (every quantity).
     histograms
         Send histogram events as ``wandb.Histogram`` (value axis and index axis).
     wandb_module
@@ -71,6 +77,7 @@ class WandbTracker(Tracker):
         run: Any = None,
         *,
         axis: Axis | str = Axis.OPTIMIZER_STEP,
+        detail: Detail | str = Detail.DEFAULT,
         histograms: bool = True,
         project: str | None = None,
         dir: str | os.PathLike[str] | None = None,
@@ -79,7 +86,7 @@ class WandbTracker(Tracker):
         config: dict[str, Any] | None = None,
         wandb_module: Any = None,
     ) -> None:
-        super().__init__(axis)
+        super().__init__(axis, detail)
         self._wandb = wandb_module or require_extra("wandb", "wandb", "the W&B tracker")
         self._owns = run is None
         if run is None:
@@ -103,38 +110,44 @@ class WandbTracker(Tracker):
         self.last_error: str | None = None
         self._warned = False
 
-    def _row_for(self, event: ObserverEvent, x: int) -> dict[str, Any]:
+    def _row_for(self, axes: Axes, x: int) -> dict[str, Any]:
         if self._row_x is not None and x != self._row_x:
             self.flush()
         if not self._row:
             self._row_x = x
             for a in Axis:
-                v = event.axis(a)
+                v = axes.of(a)
                 if v is not None:
                     self._row[a.value] = v
         return self._row
 
-    def write_scalar(self, event: ScalarEvent, x: int) -> None:
-        """Add ``name: value`` to the row of axis value ``x``."""
-        self._row_for(event, x)[event.name] = event.value
+    def write_scalar(self, record: ScalarRecord, x: int) -> None:
+        """Add ``tag: value`` to the row of axis value ``x``."""
+        self._row_for(record.axes, x)[record.tag] = record.value
 
-    def write_histogram(self, event: HistogramEvent, x: int) -> None:
-        """Add ``name`` (value axis) and ``name/exponent_view`` (index axis) ``wandb.Histogram`` s."""
+    def write_histogram(self, record: HistogramRecord, x: int) -> None:
+        """Add ``tag`` (value axis) and ``tag/exponent_view`` (index axis) ``wandb.Histogram`` s."""
         if not self.histograms:
             return
         for key, h in (
-            (event.name, value_np_histogram(event.histogram)),
-            (event.name + "/exponent_view", np_histogram(event.histogram)),
+            (record.tag, value_np_histogram(record.histogram)),
+            (record.tag + "/exponent_view", np_histogram(record.histogram)),
         ):
             if h is not None:
                 counts, edges = h
                 hist = self._wandb.Histogram(np_histogram=(counts.tolist(), edges.tolist()))
-                self._row_for(event, x)[key] = hist
+                self._row_for(record.axes, x)[key] = hist
 
-    def write_verdict(self, event: VerdictEvent, x: int) -> None:
+    def write_matrix(self, record: MatrixRecord, x: int) -> None:
+        """Add the confusion matrix as a ``wandb.Table`` (``true, predicted, count``)."""
+        c = record.counts
+        data = [[int(t), int(p), int(c[t, p])] for t, p in zip(*c.nonzero())]
+        table = self._wandb.Table(columns=["true", "predicted", "count"], data=data)
+        self._row_for(record.axes, x)[record.tag] = table
+
+    def write_text(self, record: TextRecord, x: int) -> None:
         """Add the verdict message (a string) to the row."""
-        v = event.verdict
-        self._row_for(event, x)[event.name] = f"[{v.action}] {v.message}"
+        self._row_for(record.axes, x)[record.tag] = record.text
 
     def flush(self) -> None:
         """Send the buffered row with one ``wandb.log`` call; failures are caught and counted."""
