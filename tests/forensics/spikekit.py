@@ -21,6 +21,8 @@ from tests.collect.models import TinyGPT
 
 VOCAB = 40
 INJECTED = "h.0.mlp.0"  # the first MLP linear of the first block
+#: called with the step after each step (the crash test's child waits there to be killed)
+AFTER_STEP: Any = None
 
 
 @dataclass
@@ -42,9 +44,10 @@ def _first_tensor(out: Any) -> torch.Tensor | None:
     return None
 
 
-def independent_hooks(model: torch.nn.Module, opt: torch.optim.Optimizer) -> tuple[Independent, list]:
+def independent_hooks(
+    model: torch.nn.Module, opt: torch.optim.Optimizer, rec: Independent
+) -> tuple[Independent, list]:
     """Register the test's own float64 readers of gradients, updates, parameters, activations."""
-    rec = Independent()
     names = {id(p): n for n, p in model.named_parameters()}  # tied weight: its first name
     before: dict[int, torch.Tensor] = {}
 
@@ -104,7 +107,7 @@ def train(
     rest = [p for p in model.parameters() if id(p) not in own]
     lr = 1e-3
     opt = torch.optim.AdamW([{"params": rest}, {"params": list(injected.parameters())}], lr=lr)
-    rec, handles = independent_hooks(model, opt)
+    rec, handles = independent_hooks(model, opt, Independent())
     data = torch.Generator().manual_seed(seed + 1)
     losses = []
     try:
@@ -123,6 +126,8 @@ def train(
                     opt.step()
                     c.log("loss", loss.detach())
                 losses.append(float(loss.detach()))
+                if AFTER_STEP is not None:
+                    AFTER_STEP(step)
     finally:
         for h in handles:
             h.remove()
