@@ -3,7 +3,9 @@
 :class:`SiteReader` reads, at every step and independently of the collector's cadence,
 
 * at each watched optimizer's step pre-hook: the gradient norms (one fused ``_foreach_norm``
-  per device and dtype) and a copy of each parameter's seeded update subvector;
+  per device and dtype; with ``optimizer.step(closure)`` at the post-hook instead, since the
+  closure's backward runs inside the step) and a copy of each parameter's seeded update
+  subvector;
 * at its step post-hook: the same subvectors after the step (their differences are the update),
   and the parameters' norms;
 * at each selected module's forward hook during a training forward: the output's ``max |a|``
@@ -154,16 +156,24 @@ class SiteReader:
         # float16/bfloat16: the difference after - before is taken in float32 (never rounded)
         return s.float() if s.dtype in (torch.float16, torch.bfloat16) else s
 
-    def _pre_step(self, optimizer: Any, *_args: Any) -> None:
+    def _read_gradients(self, owned: Sequence[int]) -> None:
+        gi = [i for i in owned if self.params[i].grad is not None and i not in self._grad]
+        for i, n in zip(gi, _norms([local(self.params[i].grad) for i in gi])):  # type: ignore[arg-type]
+            self._grad[i] = n
+
+    def _pre_step(self, optimizer: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         if not self.live or id(optimizer) in self._pre_done:
             return
         self._pre_done.add(id(optimizer))
         owned = self._owned_by(optimizer)
+        # optimizer.step(closure) (Lightning): the backward runs inside step(), so the gradients
+        # it consumed are read at the post-hook (torch's optimizers never write .grad)
+        closure = args[0] if args else kwargs.get("closure")
+        if closure is not None:
+            self._after_closure.add(id(optimizer))
         with torch.no_grad():
-            if "gradient" in self.streams:
-                gi = [i for i in owned if self.params[i].grad is not None and i not in self._grad]
-                for i, n in zip(gi, _norms([local(self.params[i].grad) for i in gi])):  # type: ignore[arg-type]
-                    self._grad[i] = n
+            if "gradient" in self.streams and closure is None:
+                self._read_gradients(owned)
             if "update" in self.streams:
                 for i in owned:
                     self._before.setdefault(i, self._sample(i))
@@ -174,6 +184,8 @@ class SiteReader:
         self._post_done.add(id(optimizer))
         owned = self._owned_by(optimizer)
         with torch.no_grad():
+            if "gradient" in self.streams and id(optimizer) in self._after_closure:
+                self._read_gradients(owned)
             if "update" in self.streams:
                 ui = [i for i in owned if i in self._before and i not in self._update]
                 before = [self._before[i] for i in ui]
@@ -201,6 +213,7 @@ class SiteReader:
         """Forget the previous step's readings."""
         self._pre_done: set[int] = set()
         self._post_done: set[int] = set()
+        self._after_closure: set[int] = set()  # optimizers stepped with a closure
         self._grad: dict[int, torch.Tensor] = {}
         self._before: dict[int, torch.Tensor] = {}
         self._update: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
