@@ -44,8 +44,8 @@ def open_flight(
     if config is None:
         return None
     rows = build_rows(list(modules), ["gradient"], None if owners is None else list(owners))
-    params = [(r.site, r.param) for r in rows if r.param is not None]
-    acts = [(name or ROOT_SITE, m) for name, m in modules]
+    params = [(r.site, r.param) for r in rows if r.param is not None and config.reads(r.site)]
+    acts = [(name or ROOT_SITE, m) for name, m in modules if config.reads(name or ROOT_SITE)]
     channels = build_channels([n for n, _ in params], [n for n, _ in acts], config.streams)
     size, seed = settings.update_sample_size, settings.update_seed
     keys = sites.keys
@@ -57,7 +57,14 @@ def open_flight(
         return module_output(output, keys.get(site))[0]
 
     reader = SiteReader(
-        params, acts, config.streams, channels, sample_index, select, sites.training_forward
+        params,
+        acts,
+        config.streams,
+        channels,
+        sample_index,
+        select,
+        sites.training_forward,
+        native=settings.kernel_backend != "torch",
     )
     flight = Flight(
         config, reader, channels, path, rank, world, settings.event_stream, settings.durable

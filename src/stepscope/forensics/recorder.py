@@ -30,7 +30,8 @@ Example
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import fnmatch
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -63,6 +64,12 @@ class FlightRecorder:
     lookback
         Attribution: how many steps before a trigger are searched for the layers that moved
         first (each compared with its own ``trailing`` earlier steps).
+    sites
+        Which of the collector's sites the recorder reads: ``None`` (all), a glob or list of
+        globs over site names (parameters ``"h.0.mlp.0.weight"``, modules ``"h.0.mlp.0"``), or a
+        predicate ``name -> bool``. On CPU, where the cost is mostly per site, reading fewer
+        sites is how the recorder is sampled (e.g. ``sites="*.weight"``: no biases, no
+        normalization scales' siblings, no module outputs).
     """
 
     window: int = 64
@@ -70,6 +77,7 @@ class FlightRecorder:
     triggers: Sequence[Trigger] | None = None
     dense_steps: int = 32
     lookback: int = 16
+    sites: str | Sequence[str] | Callable[[str], bool] | None = None
     _triggers: tuple[Trigger, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -83,6 +91,14 @@ class FlightRecorder:
         if unknown or not streams:
             bad.append(f"streams {unknown or list(streams)} not among {list(RECORDER_STREAMS)}")
         triggers = default_triggers() if self.triggers is None else tuple(self.triggers)
+        sites = self.sites
+        if not (
+            sites is None
+            or callable(sites)
+            or isinstance(sites, str)
+            or (isinstance(sites, (list, tuple)) and all(isinstance(g, str) for g in sites))
+        ):
+            bad.append(f"sites={sites!r} must be None, a glob, a list of globs or a predicate")
         if not all(isinstance(t, Trigger) for t in triggers):
             bad.append("triggers must be stepscope.forensics Trigger objects")
         if bad:
@@ -93,6 +109,16 @@ class FlightRecorder:
             )
         object.__setattr__(self, "streams", tuple(dict.fromkeys(streams)))
         object.__setattr__(self, "_triggers", triggers)
+
+    def reads(self, site: str) -> bool:
+        """Whether the recorder reads the site named ``site``."""
+        sites = self.sites
+        if sites is None:
+            return True
+        if callable(sites):
+            return bool(sites(site))
+        globs = (sites,) if isinstance(sites, str) else sites
+        return any(fnmatch.fnmatchcase(site, g) for g in globs)
 
     @property
     def active_triggers(self) -> tuple[Trigger, ...]:
@@ -106,5 +132,8 @@ class FlightRecorder:
             "streams": list(self.streams),
             "dense_steps": self.dense_steps,
             "lookback": self.lookback,
+            "sites": getattr(self.sites, "__name__", "predicate")
+            if callable(self.sites)
+            else self.sites,
             "triggers": [t.describe() for t in self._triggers],
         }
