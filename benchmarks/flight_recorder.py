@@ -6,9 +6,9 @@ Run:  .venv/bin/python -m benchmarks.flight_recorder [--models gpt resnet] [--st
 Arms, each on its own same-seed model copy, on the same batches, taking turns step by step
 (the order rotates every step, so machine drift hits all alike): the unobserved control; a
 collector at the default cadence; the same with ``WatchSettings(flight_recorder=FlightRecorder())``
-(default streams: gradient, update, activation, read every step); and with
-``FlightRecorder(streams=("gradient", "update"))`` (no activation hooks); and the same on the
-weights only (``sites="*.weight"``: the CPU remedy, fewer sites). Models from
+(default streams: gradient and update, read every step); the same on the weights only
+(``sites="*.weight"``: the CPU remedy, fewer sites); and with the activation stream added
+(``streams=("gradient", "update", "activation")``: a forward hook per module). Models from
 ``benchmarks/overhead.py`` (GPT-like decoder and ResNet-like CNN, SGD momentum, CPU).
 
 Printed: extra CPU time of the training thread (``time.thread_time``, immune to other processes)
@@ -32,9 +32,9 @@ from stepscope.forensics import FlightRecorder
 
 ARMS: dict[str, FlightRecorder | None] = {
     "default cadence": None,
-    "+ flight recorder": FlightRecorder(),
-    "+ recorder, no activations": FlightRecorder(streams=("gradient", "update")),
-    "+ recorder, weights only": FlightRecorder(streams=("gradient", "update"), sites="*.weight"),
+    "+ flight recorder (default)": FlightRecorder(),
+    "+ recorder, weights only": FlightRecorder(sites="*.weight"),
+    "+ recorder with activations": FlightRecorder(streams=("gradient", "update", "activation")),
 }
 
 
@@ -77,7 +77,11 @@ def measure(key: str, steps: int, warmup: int, tmp: str) -> list[str]:
     out = []
     for name in ARMS:
         x_cpu, x_wall = cpu[name] / cpu["control"] - 1, wall[name] / wall["control"] - 1
-        own = "" if name == "default cadence" else f"{x_cpu - base_cpu:+.1%} / {x_wall - base_wall:+.1%}"
+        own = (
+            ""
+            if name == "default cadence"
+            else f"{x_cpu - base_cpu:+.1%} / {x_wall - base_wall:+.1%}"
+        )
         out.append(f"| {key} ({ms:.1f} ms/step) | {name} | {x_cpu:.1%} | {x_wall:.1%} | {own} |")
     return out
 

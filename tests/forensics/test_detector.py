@@ -46,7 +46,7 @@ def test_robust_z_is_the_median_and_mad_by_brute_force() -> None:
     z, center, scale = robust_z(h, 7.0, log=False)
     assert center == med and scale == pytest.approx(1.4826 * mad)
     assert z == pytest.approx((7.0 - med) / (1.4826 * mad))
-    zl, cl, _ = robust_z(h, 7.0, log=True)
+    _, cl, _ = robust_z(h, 7.0, log=True)
     assert cl == pytest.approx(float(np.median(np.log(h))))
 
 

@@ -34,7 +34,8 @@ def injected(tmp_path_factory: pytest.TempPathFactory):
             return []
 
     events.subscribe(Keep())
-    rec = ss.FlightRecorder(window=64, dense_steps=M)
+    every = ("gradient", "update", "parameter", "activation")  # every field the recorder has
+    rec = ss.FlightRecorder(window=64, dense_steps=M, streams=every)
     settings = ss.WatchSettings(output_dir=str(path), flight_recorder=rec, event_stream=events)
     trained = train(STEPS, settings, inject_at=K)
     return path, trained, seen

@@ -32,7 +32,9 @@ def run(recorder: ss.FlightRecorder | None, steps: int = 30, nan_at: int | None 
         ctx = c.step(opt) if c is not None else None
         if ctx is not None:
             ctx.__enter__()
-        loss = torch.nn.functional.cross_entropy(model(x).reshape(-1, 40), x.roll(-1, 1).reshape(-1))
+        loss = torch.nn.functional.cross_entropy(
+            model(x).reshape(-1, 40), x.roll(-1, 1).reshape(-1)
+        )
         opt.zero_grad()
         loss.backward()
         if step == nan_at:

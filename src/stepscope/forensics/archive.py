@@ -79,7 +79,9 @@ def decode_window(data: bytes, width: int, where: str) -> WindowRows:
     try:
         table = np.load(io.BytesIO(data), allow_pickle=False)
     except (ValueError, OSError, EOFError) as e:
-        raise Refusal("history_artifact_corrupt", f"{where} is not a readable .npy ({e}).") from None
+        raise Refusal(
+            "history_artifact_corrupt", f"{where} is not a readable .npy ({e})."
+        ) from None
     if table.dtype != np.float64 or table.ndim != 2 or table.shape[1] != 1 + 2 * width:
         raise Refusal(
             "history_artifact_corrupt",
@@ -101,7 +103,9 @@ class ForensicsFiles:
         self.durable = durable
 
     # ------------------------------------------------------------------ writing
-    def open(self, channels: Sequence[Channel], recorder: dict[str, Any], rank: int, world: int) -> None:
+    def open(
+        self, channels: Sequence[Channel], recorder: dict[str, Any], rank: int, world: int
+    ) -> None:
         """Create the folder and write ``channels.json``."""
         self.dir.mkdir(parents=True, exist_ok=True)
         atomic_write_json(

@@ -147,7 +147,9 @@ def first_movers(
             x = float(values[i, j])
             z, center, _ = robust_z(values[before, j], x, log)
             if z > threshold:
-                m = Mover(ch.site, ch.field, int(steps[i]), z, x, math.exp(center) if log else center)
+                m = Mover(
+                    ch.site, ch.field, int(steps[i]), z, x, math.exp(center) if log else center
+                )
                 cur = best.get(ch.site)
                 if cur is None or (m.step, -abs(m.z)) < (cur.step, -abs(cur.z)):
                     best[ch.site] = m

@@ -307,7 +307,8 @@ class NonFinite(Trigger):
     ) -> list[Crossing]:
         bad = np.flatnonzero(reading.present & ~np.isfinite(reading.values))
         return [
-            Crossing(self.name, reading.channels[j].label, float(reading.values[j])) for j in bad
+            Crossing(self.name, reading.channels[int(j)].label, float(reading.values[j]))
+            for j in bad
         ]
 
 

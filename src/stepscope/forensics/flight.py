@@ -22,11 +22,10 @@ import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import numpy as np
 import torch
 
-from stepscope.events.event import VerdictEvent
 from stepscope.events.coordinates import Axes
+from stepscope.events.event import VerdictEvent
 from stepscope.events.payload import Verdict
 from stepscope.forensics.archive import ForensicsFiles
 from stepscope.forensics.attribution import Spike, spike_from_row
@@ -156,9 +155,8 @@ class Flight:
     ) -> None:
         m = self.config.dense_steps
         names = list(dict.fromkeys(c.trigger for c in crossings)) or ["another_rank"]
-        reason = (
-            f"flight recorder trigger {', '.join(names)} at step {step}"
-            + (" (on another rank)" if other_rank else "")
+        reason = f"flight recorder trigger {', '.join(names)} at step {step}" + (
+            " (on another rank)" if other_rank else ""
         )
         self.dense_to = step + m if m else step
         row: dict[str, Any] = {
@@ -221,12 +219,16 @@ class Flight:
         """The triggers so far (attribution from the windows in memory)."""
         out = []
         for row in self.rows:
-            window = row.get("_window")
-            if window is None:
-                assert self.files is not None
+            window = row.get("_window")  # RAM only: the window itself; else its file
+            if window is None and self.files is not None:
                 w = self.files.window(row, len(self.channels))
                 window = (w.steps, w.values, w.present)
-            out.append(spike_from_row(row, *window, self.channels, self.config.lookback))
+            if window is None:
+                continue
+            steps, values, present = window
+            out.append(
+                spike_from_row(row, steps, values, present, self.channels, self.config.lookback)
+            )
         return out
 
     def close(self) -> None:

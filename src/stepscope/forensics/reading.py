@@ -19,7 +19,6 @@ step reads is written. The fields are defined in :mod:`stepscope.forensics.chann
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
