@@ -1,4 +1,4 @@
-"""The flight recorder's cost beside the default cadence alone (spike forensics, issue 34).
+"""The flight recorder's cost beside the default cadence alone (spike forensics).
 
 Run:  .venv/bin/python -m benchmarks.flight_recorder [--models gpt resnet] [--steps 40]
                                                      [--warmup 12] [--threads 1]

@@ -1,4 +1,4 @@
-"""Spike forensics end to end on the GPT-like test model (issue 34's acceptance).
+"""Spike forensics end to end on the GPT-like test model.
 
 A one-step learning-rate x100 on one layer (``h.0.mlp.0``) at step ``K``: the trigger fires at
 ``K``, the saved window's rows equal the test's own float64 every-step reading of the same

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+import pytest
 import torch
 
 import stepscope as ss
@@ -86,3 +88,46 @@ def test_a_nan_gradient_fires_non_finite_at_its_step_naming_the_parameter() -> N
     assert rows and rows[0]["step"] == 20
     channels = {x["channel"] for x in rows[0]["crossings"] if x["trigger"] == "non_finite"}
     assert "h.1.mlp.2.weight/grad_rms" in channels
+
+
+def test_the_implicit_spelling_reads_each_step_into_its_own_row() -> None:
+    """``HistoryCollector(optimizer=opt)`` ends a step in the optimizer's post-hook: the
+    recorder's post-hook runs before it, so each update lands in its own step's row."""
+    from tests.forensics.spikekit import Independent, independent_hooks
+
+    torch.manual_seed(0)
+    model = TinyGPT()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    rec, handles = independent_hooks(model, opt, Independent())
+    fire = Predicate(lambda r: r.step == 9, name="at_9")
+    settings = ss.WatchSettings(flight_recorder=ss.FlightRecorder(window=16, triggers=(fire,)))
+    c = ss.HistoryCollector(model, optimizer=opt, settings=settings)
+    data = torch.Generator().manual_seed(1)
+    for step in range(12):
+        rec.step = step
+        x = torch.randint(0, 40, (4, 16), generator=data)
+        out = model(x).reshape(-1, 40)
+        loss = torch.nn.functional.cross_entropy(out, x.roll(-1, 1).reshape(-1))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    c.close()
+    for h in handles:
+        h.remove()
+    (spike,) = c.forensics.spikes()
+    steps, got = spike.column("h.0.mlp.0.weight", "update_rms")
+    assert steps.tolist() == list(range(10))
+    want = [rec.values[("h.0.mlp.0.weight", "update_rms")][s] for s in range(10)]
+    np.testing.assert_allclose(got, want, rtol=2e-5, equal_nan=False)
+
+
+def test_a_failing_hook_stops_the_recorder_with_one_warning_never_the_step(monkeypatch) -> None:
+    from stepscope.forensics.reading import SiteReader
+
+    def broken(self, *a):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(SiteReader, "_post_step_body", broken)
+    with pytest.warns(RuntimeWarning, match="flight recorder stopped"):
+        _, _, losses, c = run(ss.FlightRecorder(window=8), steps=4)
+    assert c is not None and not c.forensics.live and len(losses) == 4

@@ -244,7 +244,7 @@ class HistoryCollector(UserLog):
         # spike forensics (WatchSettings(flight_recorder=...)); None: off
         self.forensics = open_flight(
             self.settings, self.modules, owners, self._sites, self.path, self.run.rank,
-            self.run.world_size,
+            self.run.world_size, self._charge,
         )  # fmt: skip
         try:
             self._sites.attach()

@@ -33,12 +33,14 @@ def open_flight(
     path: Path | None,
     rank: int,
     world: int,
+    charge: Any = None,
 ) -> Flight | None:
     """The collector's flight recorder (``None`` without ``settings.flight_recorder``).
 
     ``modules``/``owners`` are the collector's selection and parameter holders, ``sites`` its
     :class:`~stepscope.collect.activations.ActivationSites` (output keys, training forwards),
-    ``path`` its artifact directory.
+    ``path`` its artifact directory, ``charge(seconds)`` its telemetry clock (the recorder's
+    hooks are telemetry).
     """
     config = settings.flight_recorder
     if config is None:
@@ -65,6 +67,7 @@ def open_flight(
         select,
         sites.training_forward,
         native=settings.kernel_backend != "torch",
+        charge=charge,
     )
     flight = Flight(
         config, reader, channels, path, rank, world, settings.event_stream, settings.durable

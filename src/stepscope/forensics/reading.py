@@ -19,6 +19,8 @@ step reads is written. The fields are defined in :mod:`stepscope.forensics.chann
 
 from __future__ import annotations
 
+import time
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -83,6 +85,8 @@ class SiteReader:
     native
         Sample the plain contiguous CPU float32/float64 parameters with one native call per
         direction (:class:`~stepscope.stats.gather.SampleGather`); the others one by one.
+    charge
+        Called with the seconds each hook took (the collector counts them as telemetry).
     """
 
     def __init__(
@@ -95,7 +99,9 @@ class SiteReader:
         select: Select,
         training_forward: Callable[[], bool],
         native: bool = True,
+        charge: Callable[[float], None] | None = None,
     ) -> None:
+        self.charge = charge or (lambda seconds: None)
         self.params = [p for _, p in params]
         self._lib = _native.loaded() if native else None
         # per optimizer: (its owned indices, the gatherable ones, their SampleGather)
@@ -193,7 +199,45 @@ class SiteReader:
             self._grad.update(gi)
             self._parts.append(("grad", gi, _norms([local(self.params[i].grad) for i in gi])))  # type: ignore[arg-type]
 
+    def _fail(self, e: BaseException) -> None:
+        """A hook failed: every hook returns at once from now on (warned once)."""
+        if self.live:
+            self.live = False
+            warnings.warn(
+                f"stepscope: the flight recorder stopped ({type(e).__name__}: {e}); the "
+                "collector carries on without it.",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+
     def _pre_step(self, optimizer: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        t0 = time.perf_counter()
+        try:
+            self._pre_step_body(optimizer, args, kwargs)
+        except Exception as e:  # telemetry never raises into the training step
+            self._fail(e)
+        finally:
+            self.charge(time.perf_counter() - t0)
+
+    def _post_step(self, optimizer: Any, *args: Any) -> None:
+        t0 = time.perf_counter()
+        try:
+            self._post_step_body(optimizer, *args)
+        except Exception as e:  # telemetry never raises into the training step
+            self._fail(e)
+        finally:
+            self.charge(time.perf_counter() - t0)
+
+    def _forward_hook(self, module: torch.nn.Module, inputs: Any, output: Any) -> None:
+        t0 = time.perf_counter()
+        try:
+            self._forward_hook_body(module, inputs, output)
+        except Exception as e:  # telemetry never raises into the training step
+            self._fail(e)
+        finally:
+            self.charge(time.perf_counter() - t0)
+
+    def _pre_step_body(self, optimizer: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         if not self.live or id(optimizer) in self._pre_done:
             return
         self._pre_done.add(id(optimizer))
@@ -216,7 +260,7 @@ class SiteReader:
                     if i not in self._before:
                         self._before[i] = self._sample(i)
 
-    def _post_step(self, optimizer: Any, *_args: Any) -> None:
+    def _post_step_body(self, optimizer: Any, *_args: Any) -> None:
         if not self.live or id(optimizer) in self._post_done:
             return
         self._post_done.add(id(optimizer))
@@ -248,7 +292,7 @@ class SiteReader:
                     self._param.update(pi)
                     self._parts.append(("param", pi, _norms([local(self.params[i]) for i in pi])))
 
-    def _forward_hook(self, module: torch.nn.Module, _inputs: Any, output: Any) -> None:
+    def _forward_hook_body(self, module: torch.nn.Module, _inputs: Any, output: Any) -> None:
         if not self.live or torch.compiler.is_compiling() or not self.training_forward():
             return
         j = self._mod_index[id(module)]
