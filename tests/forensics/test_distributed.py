@@ -17,6 +17,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 import stepscope as ss
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -57,6 +59,7 @@ CHILD = textwrap.dedent(
 )
 
 
+@pytest.mark.slow  # two processes train TinyGPT (about 15 s on an idle 2-core machine)
 def test_ranks_agree_on_a_trigger_and_each_records_its_own_window(tmp_path: Path) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
