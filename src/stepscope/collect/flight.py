@@ -46,7 +46,11 @@ def open_flight(
     if config is None:
         return None
     rows = build_rows(list(modules), ["gradient"], None if owners is None else list(owners))
-    params = [(r.site, r.param) for r in rows if r.param is not None and config.reads(r.site)]
+    params = [
+        (r.site, r.param)
+        for r in rows
+        if r.param is not None and local(r.param).numel() > 0 and config.reads(r.site)
+    ]  # an empty parameter has no RMS (never 0/0 = NaN, which would read as non-finite)
     acts = [(name or ROOT_SITE, m) for name, m in modules if config.reads(name or ROOT_SITE)]
     channels = build_channels([n for n, _ in params], [n for n, _ in acts], config.streams)
     size, seed = settings.update_sample_size, settings.update_seed
