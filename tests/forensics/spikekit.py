@@ -2,7 +2,8 @@
 
 :func:`train` runs ``TinyGPT`` (AdamW, the injected layer in its own parameter group) for a number
 of steps and, optionally, multiplies that layer's learning rate by ``factor`` for the one step
-``inject_at``. The test's own hooks (torch's optimizer step hooks and forward hooks, float64)
+``inject_at`` (or scales the logits of the batch ``corrupt_at`` by 30, a corrupted batch). The
+test's own hooks (torch's optimizer step hooks and forward hooks, float64)
 read the same quantities as the recorder at every step, from the tensors themselves:
 ``Independent.values[(site, field)][step]``.
 """
@@ -98,6 +99,7 @@ def train(
     seed: int = 0,
     batch: int = 8,
     streams: Sequence[str] = ("activation", "gradient", "parameter", "update"),
+    corrupt_at: int | None = None,
 ) -> Trained:
     """Train ``TinyGPT`` with ``settings`` (a flight recorder in them) and the test's own hooks."""
     torch.manual_seed(seed)
@@ -117,6 +119,8 @@ def train(
                 x = torch.randint(0, VOCAB, (batch, 16), generator=data)
                 with c.step(opt, examples=batch):
                     logits = model(x)
+                    if step == corrupt_at:  # a corrupted batch: its logits 30x too confident
+                        logits = logits * 30.0
                     loss = torch.nn.functional.cross_entropy(
                         logits.reshape(-1, VOCAB), x.roll(-1, 1).reshape(-1)
                     )

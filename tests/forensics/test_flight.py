@@ -139,3 +139,14 @@ def test_ram_only_run_keeps_its_triggers_in_memory() -> None:
     spikes = trained.collector.forensics.spikes()
     assert [s.step for s in spikes] == [40]
     assert spikes[0].first[0].site.startswith(INJECTED)
+
+
+def test_a_corrupted_batch_fires_the_loss_spike_at_its_own_step() -> None:
+    """The batch of step 60 has its logits scaled by 30: its loss jumps at that very step."""
+    rec = ss.FlightRecorder(window=64, dense_steps=4, triggers=(ss.forensics.LossSpike(),))
+    settings = ss.WatchSettings(ram_policy="drop_oldest", flight_recorder=rec)
+    trained = train(64, settings, corrupt_at=60)
+    (spike,) = trained.collector.forensics.spikes()
+    assert spike.step == 60 and spike.triggers == ["loss_spike"]
+    (c,) = spike.crossings
+    assert c.channel == "<run>/loss" and c.value == trained.losses[60] > c.limit
