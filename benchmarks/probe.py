@@ -6,6 +6,7 @@ Run (from the repository root)::
     .venv/bin/python benchmarks/probe.py --widths 784,1000,500,10 --repeats 3
     .venv/bin/python benchmarks/probe.py --transformer 128,512   # GPT-style block, 16 sequences
     .venv/bin/python benchmarks/probe.py --vocab-head 50257      # peak RSS, 50,257-class LM head
+    .venv/bin/python benchmarks/probe.py --llama 64,128          # LLaMA block vs Opacus
 
 Every method sees the same model weights and the same 128 examples, in the same process, with
 interleaved repeats; the table reports the median seconds and the ratio to the baseline, one
@@ -27,6 +28,13 @@ not applicable (it has no rule for attention's matmuls / LayerNorm in a custom m
 ``--vocab-head C``: peak resident memory (``ru_maxrss``, each in a fresh subprocess) of one
 forward+backward and of one ``DenseProbe.measure`` of a tied-embedding LM with a ``C``-class head,
 with the size of one ``C x C`` int64 confusion matrix (what the probe no longer allocates) for scale.
+
+``--llama T1,T2``: one HF ``LlamaForCausalLM`` layer (RMSNorm, rotary grouped-query attention,
+SwiGLU, untied head) from a tiny config; the probe beside Opacus ``GradSampleModule`` (one
+backward materialising every per-sample gradient) and Opacus ghost clipping
+(``GradSampleModuleFastGradientClipping``: a backward for the per-sample norms, then the clipped
+backward, as ``DPLossFastGradientClipping.backward`` runs them). The probe's one-time broadcast
+test (:mod:`stepscope.probe.calls`) is run before timing.
 
 Timings are wall-clock medians on a shared CPU: compare ratios, not seconds.
 """
@@ -207,6 +215,116 @@ def transformer_main(args: argparse.Namespace) -> int:
     return 0
 
 
+class LlamaLogits(nn.Module):
+    """HF ``LlamaForCausalLM`` as ``idx -> logits`` (what the probe and Opacus both call)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        return self.model(idx).logits
+
+
+def llama_block(vocab: int, d: int) -> nn.Module:
+    """One LLaMA block from a tiny config: RMSNorm, rotary GQA attention, SwiGLU MLP, LM head."""
+    import transformers
+
+    cfg = transformers.LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=d,
+        intermediate_size=int(8 * d / 3),
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+        tie_word_embeddings=False,
+    )
+    cfg._attn_implementation = "eager"
+    return LlamaLogits(transformers.LlamaForCausalLM(cfg))
+
+
+def per_token_losses(logits: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """``(n,)`` per-sequence summed next-token losses."""
+    n = idx.shape[0]
+    return lm_loss(logits, idx, "none").reshape(n, -1).sum(1)
+
+
+def llama_main(args: argparse.Namespace) -> int:
+    """Probe vs one forward+backward vs Opacus per-sample and ghost clipping on a LLaMA block."""
+    from opacus import GradSampleModule
+    from opacus.grad_sample import GradSampleModuleFastGradientClipping
+
+    torch.set_num_threads(args.threads)
+    print(f"command: {' '.join([sys.executable, *sys.argv])}")
+    warnings.filterwarnings("ignore")
+    for t in (int(v) for v in args.llama.split(",")):
+        torch.manual_seed(0)
+        model = llama_block(args.lm_vocab, args.lm_width).eval()
+        n_params = sum(p.numel() for p in model.parameters())
+        idx = torch.randint(
+            0, args.lm_vocab, (args.lm_batch, t), generator=torch.Generator().manual_seed(1)
+        )
+        probe = DenseProbe(idx, idx, size=args.lm_batch, seed=0, next_token=True)
+        probe.measure(model, step=0, examples_seen=0, epoch=0, resnapshot=False)  # layout test
+        per_sample = GradSampleModule(
+            copy.deepcopy(model), batch_first=True, loss_reduction="sum", strict=False
+        ).train()  # Opacus hooks record in train mode only (no dropout in this config)
+        ghost = GradSampleModuleFastGradientClipping(
+            copy.deepcopy(model),
+            batch_first=True,
+            loss_reduction="sum",
+            strict=False,
+            max_grad_norm=1.0,
+            use_ghost_clipping=True,
+        ).train()
+
+        def fwd_bwd(model: nn.Module = model, idx: torch.Tensor = idx) -> None:
+            model.zero_grad(set_to_none=True)
+            lm_loss(model(idx), idx, "sum").backward()
+
+        def opacus_per_sample(m: nn.Module = per_sample, idx: torch.Tensor = idx) -> None:
+            m.zero_grad(set_to_none=True)
+            lm_loss(m(idx), idx, "sum").backward()  # grad_sample of every parameter
+            for p in m.parameters():
+                p.grad_sample = None
+
+        def opacus_ghost(m: nn.Module = ghost, idx: torch.Tensor = idx) -> None:
+            # what DPLossFastGradientClipping.backward does: norms, then the clipped backward
+            m.zero_grad(set_to_none=True)
+            losses = per_token_losses(m(idx), idx)
+            losses.sum().backward(retain_graph=True)
+            m.zero_grad(set_to_none=True)
+            coeff = m.get_clipping_coef()
+            m.disable_hooks()
+            (coeff * losses).sum().backward()
+            m.enable_hooks()
+
+        methods = {
+            "forward+backward (baseline)": (fwd_bwd, args.repeats),
+            "stepscope DenseProbe.measure (all 12 blocks, all moments)": (
+                lambda probe=probe, model=model: probe.measure(
+                    model, step=0, examples_seen=0, epoch=0, resnapshot=False
+                ),
+                args.repeats,
+            ),
+            "Opacus GradSampleModule (per-sample grads)": (opacus_per_sample, args.repeats),
+            "Opacus ghost clipping (norms + clipped backward)": (opacus_ghost, args.repeats),
+        }
+        times = run_table(methods)
+        med = {k: statistics.median(v) for k, v in times.items()}
+        base = med["forward+backward (baseline)"]
+        print(
+            f"\nLLaMA block (HF LlamaForCausalLM, 1 layer, GQA 4/2 heads, SwiGLU), T={t}, "
+            f"{args.lm_batch} sequences, d={args.lm_width}, vocab {args.lm_vocab} "
+            f"({n_params:,} parameters), torch {torch.__version__}, threads {args.threads}"
+        )
+        print(f"{'method':58s} {'median s':>10s} {'x fwd+bwd':>10s} {'repeats':>8s}")
+        for name in methods:
+            print(f"{name:58s} {med[name]:10.4f} {med[name] / base:10.2f} {len(times[name]):8d}")
+    return 0
+
+
 def rss_child(what: str, vocab: int, batch: int, t: int) -> None:
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -264,6 +382,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cockpit-max-gb", type=float, default=6.0)
     ap.add_argument("--skip", default="", help="comma list of: vmap,backpack,cockpit")
     ap.add_argument("--transformer", default="", help="sequence lengths, e.g. 128,512")
+    ap.add_argument("--llama", default="", help="LLaMA block vs Opacus at sequence lengths")
     ap.add_argument("--lm-batch", type=int, default=16)
     ap.add_argument("--lm-width", type=int, default=128)
     ap.add_argument("--lm-vocab", type=int, default=512)
@@ -278,6 +397,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.transformer:
         return transformer_main(args)
+    if args.llama:
+        return llama_main(args)
     if args.vocab_head:
         return vocab_main(args)
     skip = set(filter(None, args.skip.split(",")))

@@ -51,7 +51,9 @@ import torch
 
 __all__ = ["OuterStepHooks", "StepHook", "user_stacklevel"]
 
-#: ``hook(optimizer, args, kwargs)``, as torch calls step hooks (the return value is ignored).
+#: ``hook(optimizer, args, kwargs)``, as torch calls step hooks. A pre-hook may return
+#: ``(args, kwargs)`` to replace ``step``'s arguments (torch's rule; e.g. to wrap a closure), or
+#: ``None``; a post-hook's return value is ignored.
 StepHook = Callable[[torch.optim.Optimizer, tuple[Any, ...], dict[str, Any]], Any]
 
 
@@ -107,7 +109,8 @@ class OuterStepHooks:
     optimizer
         A constructed ``torch.optim.Optimizer``.
     pre, post
-        Called as ``hook(optimizer, args, kwargs)`` before and after the outermost ``step()``.
+        Called as ``hook(optimizer, args, kwargs)`` before and after the outermost ``step()``;
+        what ``pre`` returns is returned to torch (``(args, kwargs)`` replaces the arguments).
     """
 
     def __init__(
@@ -137,20 +140,21 @@ class OuterStepHooks:
             if hooks is not None and handle.id in hooks:
                 hooks[handle.id] = torch.compiler.disable(hook)
 
-    def _pre(self, optimizer: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    def _pre(self, optimizer: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if torch.compiler.is_compiling():  # traced before ensure_eager() could swap
-            return
+            return None
         self.ensure_eager()
         if _can_nest(type(optimizer)):  # else no frame is looked at, nor held
             caller = _step_frame()  # torch's step wrapper, running the hooks
             if self._outer is not None and caller is not None:
                 if _on_stack(self._outer, caller.f_back):
                     self._nested += 1
-                    return
+                    return None
             self._outer = caller  # (replacing a stale frame: that call raised, no post-hook)
         self._nested = 0
         if self._pre_hook is not None:
-            self._pre_hook(optimizer, args, kwargs)
+            return self._pre_hook(optimizer, args, kwargs)  # (args, kwargs) replaces them
+        return None
 
     def _post(self, optimizer: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         if torch.compiler.is_compiling():

@@ -502,7 +502,9 @@ class HookOracle:
     def after_step(self) -> None:
         for site, p in self.params:
             self._add(site, "parameter", p)
-            self._add(site, "update", p.detach() - self._before.pop(site))
+            before = self._before.pop(site)
+            if p.grad is not None:  # torch optimizers skip a parameter without a gradient
+                self._add(site, "update", p.detach() - before)
         self.step += 1
 
     def numbers(self, site: str, stream: str, step: int) -> Numbers | None:

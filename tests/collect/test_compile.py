@@ -54,7 +54,9 @@ def test_compiled_models_train_without_graph_breaks_from_the_collector(order):
     assert act.row_disclosures == (("unsupported:torch_compile",),) * 3
     grad = by_stream["gradient"]
     assert all(member_of(Presence, p) is Presence.OBSERVED for p in grad.presence)
-    assert grad.spines[0][11] == grads[-1]  # sum_squares of 0.weight's gradient
+    # sum_squares of 0.weight's gradient: the kernel's 16-lane float64 sum against torch's own
+    # order (its thread count decides it), equal within the documented n * 2**-52 bound
+    assert grad.spines[0][11] == pytest.approx(grads[-1], rel=32 * 2**-52, abs=0)
 
 
 def test_a_model_compiled_on_a_quiet_step_still_reads_unsupported_when_due():
@@ -136,7 +138,7 @@ def test_a_compiled_optimizer_step_records_true_rows_and_does_not_crash(case, wh
     A child process: a crash is a failed test, not a dead test session."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     done = subprocess.run([sys.executable, "-c", COMPILED_STEP, case, when], capture_output=True,
-                          text=True, timeout=300, env=env, cwd=ROOT)
+                          text=True, timeout=1800, env=env, cwd=ROOT)  # a hang fails, load does not
     assert done.returncode == 0, (done.returncode, done.stderr[-3000:])
     out = json.loads(done.stdout.strip().splitlines()[-1])
     assert len(out["got"]) == 3

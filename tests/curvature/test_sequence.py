@@ -139,7 +139,9 @@ def test_expand_and_reduce_differ_with_positions_and_agree_without(analysed):
 def test_tied_head_and_reused_block_refuse_naming_the_module_unless_left_out():
     x, y, output, next_token = _data("gpt")
     with pytest.raises(ss.Refusal, match=r"'lm_head' shares a parameter with module 'wte'") as err:
-        ss.analyze_curvature(make_transformer("gpt"), x, y, output=output, next_token=next_token)
+        ss.analyze_curvature(
+            make_transformer("gpt"), x, y, output=output, next_token=next_token, layers=["lm_head"]
+        )
     assert err.value.code == "curvature_weight_shared"
     out = ss.analyze_curvature(
         make_transformer("gpt"),

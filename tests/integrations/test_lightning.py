@@ -20,7 +20,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import stepscope as ss
 from stepscope.cli import main
-from stepscope.integrations import IntegrationStoppedWarning, ProbePlan
+from stepscope.integrations import ProbePlan
 from stepscope.integrations.lightning import StepscopeCallback
 from stepscope.integrations.session import PROBE_TIMING_STEPS
 from tests.integrations.integrations_testkit import (
@@ -382,8 +382,10 @@ class TwoStepsPerBatch(TinyCNN):
         return loss
 
 
-def test_a_step_count_disagreement_stops_recording_without_stopping_training(tmp_path):
-    cb = StepscopeCallback(settings=ss.WatchSettings(durable=False))
+def test_manual_optimization_stepping_twice_per_batch_records_each_optimizer_step(tmp_path):
+    """It used to stop recording (integration_step_mismatch); each optimizer step is now a step
+    (see docs/trainers.md), numbered as trainer.global_step counts them."""
+    cb = StepscopeCallback(settings=ss.WatchSettings(durable=False), cadence=1)
     trainer = pl.Trainer(
         max_epochs=1,
         logger=False,
@@ -394,9 +396,10 @@ def test_a_step_count_disagreement_stops_recording_without_stopping_training(tmp
         callbacks=[cb],
     )
     train, _ = loaders()
-    with pytest.warns(IntegrationStoppedWarning, match="integration_step_mismatch"):
-        trainer.fit(TwoStepsPerBatch(), train)
+    trainer.fit(TwoStepsPerBatch(), train)
     assert trainer.global_step == 2 * BATCHES  # training ran to the end
     reader = ss.open_history(tmp_path / "stepscope")
-    assert reader.steps.tolist() == []  # the first batch held two steps: nothing false written
-    assert cb.session.collector.closed
+    assert reader.steps.tolist() == list(range(2 * BATCHES))
+    blocks = reader.step_blocks()
+    assert [b.truth.applied.value for b in blocks] == ["yes"] * (2 * BATCHES)
+    assert [b.examples_seen for b in blocks] == [BATCH * (1 + i // 2) for i in range(2 * BATCHES)]

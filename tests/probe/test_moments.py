@@ -100,3 +100,16 @@ def test_outer_and_gram_agree_with_explicit_sums_for_any_shape(n, d, o, position
     expected = _explicit(a, b)
     torch.testing.assert_close(per_example_sq_norms(a, b, "outer"), expected)
     torch.testing.assert_close(per_example_sq_norms(a, b, "gram"), expected)
+
+
+def test_the_float32_cancellation_number_is_named_a_floor_not_a_bound():
+    """Issue 32 finding 11: at cov/fisher = 2e-9 the estimate (2.8) is below the true error (47)."""
+    import numpy as np
+
+    from stepscope.probe.moments import gradient_moments
+
+    sq = np.full(8, 1.0)
+    sq[0] += 8 * 2e-9  # covariance 2e-9 of a fisher trace of 1
+    m = gradient_moments(sq, 1.0, dtype="float32")
+    assert m.validity["covariance_relative_error_kind"] == "operand_rounding_floor_not_a_bound"
+    assert m.validity["covariance_cancellation_suspect"] is True

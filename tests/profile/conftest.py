@@ -2,15 +2,17 @@
 
 The traces are test data of HolisticTraceAnalysis
 (https://github.com/facebookresearch/HolisticTraceAnalysis, MIT licence, copyright Meta Platforms,
-Inc. and affiliates), commit ``f4d0062c``, folder ``tests/data``. They are not copied into this
-repository (the copy this workspace keeps says not to); :data:`KINETO_TRACES` names each file the
-tests read, its path in that repository and its SHA-256 (checked before use). Looked up in order:
+Inc. and affiliates), commit ``f4d0062c``, folder ``tests/data``. They are vendored in
+``tests/fixtures/kineto/`` with their licence; :data:`KINETO_TRACES` names each file the tests
+read, its path in that repository and its SHA-256 (checked before use). Each file is looked up in
+order:
 
 1. ``$STEPSCOPE_FIXTURES``: a HolisticTraceAnalysis checkout at that commit, or a folder holding
    the files under the names below (directly or in its ``kineto/``);
-2. ``shared/fixtures/kineto`` in the folder that holds this checkout (the development workspace).
+2. ``tests/fixtures/kineto`` in this checkout;
+3. ``shared/fixtures/kineto`` in the folder that holds this checkout (the development workspace).
 
-Without them the tests that read them skip, saying how to get them::
+A test whose file is found nowhere skips (:func:`kineto_trace`), saying how to get it::
 
     git clone https://github.com/facebookresearch/HolisticTraceAnalysis hta
     git -C hta checkout f4d0062c
@@ -63,35 +65,41 @@ KINETO_TRACES = {
 
 MISSING = (
     "recorded Kineto traces not found. They are test data of HolisticTraceAnalysis "
-    f"({HTA_URL}, MIT licence), commit {HTA_COMMIT}, folder tests/data, not copied into this "
-    f"repository. To run these tests: git clone {HTA_URL} hta && git -C hta checkout "
+    f"({HTA_URL}, MIT licence), commit {HTA_COMMIT}, folder tests/data, not found in "
+    f"tests/fixtures/kineto. To run these tests: git clone {HTA_URL} hta && git -C hta checkout "
     f"{HTA_COMMIT}, then set STEPSCOPE_FIXTURES to that checkout (tests/profile/conftest.py "
     "lists the files and their hashes)"
 )
 
 
-def trace_files() -> dict[str, Path] | None:
-    """Each name of :data:`KINETO_TRACES` -> its file, or ``None`` when no candidate holds all."""
+def trace_files() -> dict[str, Path]:
+    """Each name of :data:`KINETO_TRACES` found somewhere -> its file (first candidate wins)."""
     env = os.environ.get("STEPSCOPE_FIXTURES")
     candidates: list[dict[str, Path]] = []
     if env:
         root = Path(env)
         candidates.append({n: root / p for n, (p, _) in KINETO_TRACES.items()})  # an HTA checkout
         candidates += [{n: d / n for n in KINETO_TRACES} for d in (root / "kineto", root)]
-    shared = REPO_ROOT.parent / "shared" / "fixtures" / "kineto"
-    candidates.append({n: shared / n for n in KINETO_TRACES})
+    for folder in (
+        REPO_ROOT / "tests" / "fixtures" / "kineto",
+        REPO_ROOT.parent / "shared" / "fixtures" / "kineto",
+    ):
+        candidates.append({n: folder / n for n in KINETO_TRACES})
+    found: dict[str, Path] = {}
     for files in candidates:
-        if all(p.is_file() for p in files.values()):
-            return files
-    return None
+        for name, path in files.items():
+            if name not in found and path.is_file():
+                found[name] = path
+    return found
 
 
 @pytest.fixture(scope="session")
 def kineto_fixtures(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A folder holding every trace of :data:`KINETO_TRACES` under its test name (hash-checked)."""
+    """A folder holding every trace of :data:`KINETO_TRACES` that was found (hash-checked)."""
     files = trace_files()
-    if files is None:
+    if not files:
         pytest.skip(MISSING)
+    out = tmp_path_factory.mktemp("kineto-traces")
     for name, path in files.items():
         want = KINETO_TRACES[name][1]
         got = hashlib.sha256(path.read_bytes()).hexdigest()
@@ -100,10 +108,13 @@ def kineto_fixtures(tmp_path_factory: pytest.TempPathFactory) -> Path:
                 f"{path} is not {name} of HolisticTraceAnalysis {HTA_COMMIT} "
                 f"(sha256 {got[:12]}..., expected {want[:12]}...): check out {HTA_COMMIT}"
             )
-    folders = {p.parent for p in files.values()}
-    if len(folders) == 1 and all(p.name == n for n, p in files.items()):
-        return folders.pop()
-    out = tmp_path_factory.mktemp("kineto-traces")
-    for name, path in files.items():
         (out / name).symlink_to(path.resolve())
     return out
+
+
+def kineto_trace(folder: Path, name: str) -> Path:
+    """``folder / name``, or skip the test with how to get that one file."""
+    path = folder / name
+    if not path.exists():
+        pytest.skip(f"{name}: {MISSING}")
+    return path

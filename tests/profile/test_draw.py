@@ -20,6 +20,7 @@ from torch import nn
 import stepscope as ss
 from stepscope.errors import Refusal
 from stepscope.profile import call_tree, load_trace
+from tests.profile.conftest import kineto_trace
 
 pytest.importorskip("matplotlib")
 
@@ -59,7 +60,7 @@ def _outermost_device_ns(path) -> dict[str, int]:
 
 
 def test_top_level_device_time_matches_the_raw_trace(kineto_fixtures):
-    path = kineto_fixtures / "cuda_alexnet_2023.json.gz"
+    path = kineto_trace(kineto_fixtures, "cuda_alexnet_2023.json.gz")
     result = load_trace(path)
     tree = call_tree(result)
     want = _outermost_device_ns(path)
@@ -75,7 +76,7 @@ def test_top_level_device_time_matches_the_raw_trace(kineto_fixtures):
     ["cuda_alexnet_2023", "cuda_ns_resolution_2024", "cuda_multi_stream_event_sync", "cpu_only"],
 )
 def test_every_node_is_its_self_time_plus_its_children(kineto_fixtures, name):
-    tree = call_tree(load_trace(kineto_fixtures / f"{name}.json.gz"))
+    tree = call_tree(load_trace(kineto_trace(kineto_fixtures, f"{name}.json.gz")))
     for node in tree.walk():
         for metric in ("device_time", "cpu_time"):
             assert node.inclusive[metric] == node.self_time[metric] + sum(
@@ -85,7 +86,7 @@ def test_every_node_is_its_self_time_plus_its_children(kineto_fixtures, name):
 
 
 def test_draw_writes_svg_and_png_coloured_by_device_time(kineto_fixtures, tmp_path):
-    result = load_trace(kineto_fixtures / "cuda_ns_resolution_2024.json.gz")
+    result = load_trace(kineto_trace(kineto_fixtures, "cuda_ns_resolution_2024.json.gz"))
     ss.draw(result, tmp_path / "tree.svg", color_by="device_time", size_by="device_time")
     root = ET.parse(tmp_path / "tree.svg").getroot()
     texts = [t.text or "" for t in root.iter() if t.tag.endswith("}text")]  # real <text>
@@ -98,7 +99,7 @@ def test_draw_writes_svg_and_png_coloured_by_device_time(kineto_fixtures, tmp_pa
 
 
 def test_device_time_on_a_cpu_trace_refuses_and_auto_uses_cpu_time(kineto_fixtures, tmp_path):
-    result = load_trace(kineto_fixtures / "cpu_only.json.gz")
+    result = load_trace(kineto_trace(kineto_fixtures, "cpu_only.json.gz"))
     with pytest.raises(Refusal) as err:
         ss.draw(result, color_by="device_time")
     assert err.value.code == "device_time_unavailable"

@@ -12,6 +12,7 @@ import pytest
 
 from stepscope import Refusal
 from stepscope.profile import Availability, load_trace
+from tests.profile.conftest import kineto_trace
 
 DEVICE_TRACES = [
     "cuda_simple_add_2023.json.gz",
@@ -56,7 +57,7 @@ def independent_busy_ns(events) -> int:
 
 @pytest.mark.parametrize("name", DEVICE_TRACES)
 def test_device_time_is_joined_and_busy_time_is_the_interval_union(kineto_fixtures, name):
-    path = kineto_fixtures / name
+    path = kineto_trace(kineto_fixtures, name)
     result = _loaded(path)
     raw = _raw(path)
     acc = result.join.accounting
@@ -73,7 +74,7 @@ def test_device_time_is_joined_and_busy_time_is_the_interval_union(kineto_fixtur
 
 @pytest.mark.parametrize("name", ["cuda_simple_add_2023.json.gz", "cuda_alexnet_2023.json.gz"])
 def test_2023_traces_join_through_the_launch_not_the_kernel_external_id(kineto_fixtures, name):
-    result = _loaded(kineto_fixtures / name)
+    result = _loaded(kineto_trace(kineto_fixtures, name))
     events = result.join.events
     kernels = [a for a in result.join.device if events[a.event].category == "kernel"]
     assert kernels
@@ -91,7 +92,7 @@ def test_2023_traces_join_through_the_launch_not_the_kernel_external_id(kineto_f
 
 
 def test_hand_checked_owners_in_the_2023_trace(kineto_fixtures):
-    result = _loaded(kineto_fixtures / "cuda_simple_add_2023.json.gz")
+    result = _loaded(kineto_trace(kineto_fixtures, "cuda_simple_add_2023.json.gz"))
     events = result.join.events
     owner_of = {events[a.event].correlation: events[a.owner].name for a in result.join.device}
     # Read off the raw trace by hand: kernel 218's launch sits in aten::uniform_ (inside
@@ -109,24 +110,24 @@ def test_hand_checked_owners_in_the_2023_trace(kineto_fixtures):
     ],
 )
 def test_external_id_cross_check_agrees_on_newer_traces(kineto_fixtures, name):
-    result = _loaded(kineto_fixtures / name)
+    result = _loaded(kineto_trace(kineto_fixtures, name))
     cc = result.join.cross_check
     assert cc.disagree == 0 and cc.agree == result.join.accounting.device_event_count
 
 
 def test_rocm_and_driver_launches_join(kineto_fixtures):
-    rocm = _loaded(kineto_fixtures / "rocm_mi250_minitoy.json.gz")
+    rocm = _loaded(kineto_trace(kineto_fixtures, "rocm_mi250_minitoy.json.gz"))
     ev = rocm.join.events
     launches = {ev[a.launch].name for a in rocm.join.device}
     assert {"hipLaunchKernel", "hipExtModuleLaunchKernel"} <= launches
-    triton = _loaded(kineto_fixtures / "cuda_triton_example.json.gz")
+    triton = _loaded(kineto_trace(kineto_fixtures, "cuda_triton_example.json.gz"))
     (only,) = triton.join.device
     assert triton.join.events[only.launch].name == "cuLaunchKernel"
     assert triton.join.events[only.owner].name == "triton_poi_fused_add_cos_sin_0"
 
 
 def test_cpu_only_trace_refuses_device_time_but_serves_cpu_time(kineto_fixtures):
-    result = _loaded(kineto_fixtures / "cpu_only.json.gz")
+    result = _loaded(kineto_trace(kineto_fixtures, "cpu_only.json.gz"))
     assert result.availability is Availability.UNAVAILABLE
     assert result.join.accounting.joined_fraction is None
     for view in (lambda: result.hot_path(by="device_time"), result.require_device_time):
@@ -134,14 +135,18 @@ def test_cpu_only_trace_refuses_device_time_but_serves_cpu_time(kineto_fixtures)
             view()
         assert err.value.code == "device_time_unavailable" and err.value.remedies
     rows = result.hot_path(by="cpu_time", top=50)
-    raw = [e for e in _raw(kineto_fixtures / "cpu_only.json.gz") if e.get("cat") == "cpu_op"]
+    raw = [
+        e
+        for e in _raw(kineto_trace(kineto_fixtures, "cpu_only.json.gz"))
+        if e.get("cat") == "cpu_op"
+    ]
     assert {r.key for r in rows} >= {e["name"] for e in raw}
     assert all(r.device_self_ns is None for r in rows)  # missing, not zero
     assert "n/a" in result.table(by="cpu_time")
 
 
 def test_export_round_trips_and_the_sidecar_maps_ids_exactly(kineto_fixtures, tmp_path):
-    path = kineto_fixtures / "rocm_mi250_minitoy.json.gz"
+    path = kineto_trace(kineto_fixtures, "rocm_mi250_minitoy.json.gz")
     result = _loaded(path)
     trace, sidecar = result.export_chrome_trace(tmp_path / "t.json")
     again = load_trace(trace)

@@ -4,11 +4,19 @@ Which forwards count
 --------------------
 A forward belongs to the step's ``activation`` / ``activation_grad`` rows when it is a
 *training* forward: grad mode on and not ``inference_mode`` where the model itself was called
-(read by a pre-hook on the model, so the ``no_grad`` forward of a reentrant checkpoint inside a
-training forward still counts), not inside a backward (the recompute of activation
-checkpointing runs there), not inside :meth:`HistoryCollector.telemetry` (probes), and the model
-is in training mode or an explicit step transaction is open. Several training forwards of one
+(read by a pre-hook on the model, so the ``no_grad`` forward of a reentrant checkpoint, or a
+teacher forward under ``no_grad``/``inference_mode``, inside a training forward still counts),
+not inside a backward (the recompute of activation checkpointing runs there), not inside
+:meth:`HistoryCollector.telemetry` (probes), and the model is in training mode or an explicit
+step transaction is open. Several training forwards of one
 step (micro-batches, a module called twice) merge exactly into one row.
+
+``torch.func`` transforms
+-------------------------
+A module called inside ``torch.func.vmap``/``grad``/``jvp`` outputs a functorch-wrapped tensor
+(no storage of its own to reduce): that call is skipped. The row is ``unsupported:torch_func``
+when no other call of the step was observed, else observed with the disclosure
+``skipped_calls:torch_func`` (its statistics cover the other calls only).
 
 Compiled regions
 ----------------
@@ -46,7 +54,7 @@ from typing import Any, Protocol
 
 import torch
 
-from stepscope.collect.capture import in_backward, module_output
+from stepscope.collect.capture import TORCH_FUNC, in_backward, module_output, under_transform
 from stepscope.collect.sites import (
     ACTIVATION_STREAMS,
     NO_TENSOR,
@@ -178,9 +186,12 @@ class ActivationSites:
 
     def training_forward(self) -> bool:
         """Whether a forward running now is a training forward of the current step."""
-        if in_backward() or torch.is_inference_mode_enabled():
+        if in_backward():
             return False
-        grad = self._root_grad if self._depth else torch.is_grad_enabled()
+        if self._depth:  # inside the model's call: its mode decides (docs/sites.md)
+            grad = self._root_grad
+        else:
+            grad = torch.is_grad_enabled() and not torch.is_inference_mode_enabled()
         return grad and self.host._forward_may_count()
 
     def _forward_hook(self, module: torch.nn.Module, _inputs: Any, output: Any) -> None:
@@ -220,6 +231,11 @@ class ActivationSites:
             self.bind(rows.values(), NO_TENSOR, state.step)
             for r in rows.values():
                 state.unsupported[r.index] = reason or "no_tensor_output"
+            return
+        if under_transform(t):  # this call is not reduced; the step's other calls are
+            for r in rows.values():
+                state.unsupported[r.index] = TORCH_FUNC  # when no other call was observed
+                state.row_notes[r.index] = f"skipped_calls:{TORCH_FUNC}"
             return
         key = (t.dtype, t.dim())
         sig = self._signatures.get(key)

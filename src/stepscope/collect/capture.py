@@ -44,6 +44,7 @@ from stepscope.collect.sharded import local_part
 
 MAX_DEPTH = 4
 
+
 def _children(value: Any) -> list[Any] | None:
     if isinstance(value, Mapping):
         return list(value.values())
@@ -132,6 +133,23 @@ def reducible(t: torch.Tensor) -> tuple[torch.Tensor | None, str | None]:
     if t.device.type == "meta":
         return None, "meta_tensor"
     return t, note
+
+
+#: Unsupported reason (and ``skipped_calls:`` disclosure) of a call under a ``torch.func`` transform.
+TORCH_FUNC = "torch_func"
+
+_functorch = getattr(torch._C, "_functorch", None)
+
+
+def under_transform(t: torch.Tensor) -> bool:
+    """Whether ``t`` is a ``torch.func`` (functorch) wrapper: a module called inside ``vmap``,
+    ``grad`` or ``jvp``. Its values live in the transform's batched view, not in a storage a
+    kernel may read."""
+    return (
+        _functorch is not None
+        and _functorch.peek_interpreter_stack() is not None
+        and _functorch.is_functorch_wrapped_tensor(t)
+    )
 
 
 _graph_task_id = getattr(torch._C, "_current_graph_task_id", lambda: -1)

@@ -248,11 +248,9 @@ class HistoryCollector(UserLog):
         )  # fmt: skip
         try:
             self._sites.attach()
-            if optimizer is not None:
-                self._steps.attach(optimizer)
+            if optimizer is not None:  # implicit: iterations end at update() with a scaler
+                self._steps.attach_implicit(model, optimizer, scaler, self._sites)
                 self._flight_optimizers()
-                if scaler is not None:  # implicit + GradScaler: iterations end at update()
-                    self._steps.attach_scaler(model, scaler, self._sites)
         except BaseException:
             self.close()
             raise

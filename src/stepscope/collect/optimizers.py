@@ -8,13 +8,14 @@
   and ``update`` rows of the parameters in its ``param_groups``. Each optimizer reduces only
   its own rows, so with two optimizers neither writes (fake, zero) updates of the other's
   parameters.
-* Gradient timing. Without a closure, the pre-step hook reads the gradients: after the step's
-  last backward, before the optimizer changes anything. With ``optimizer.step(closure)``
-  (LBFGS, Lightning's automatic optimization) the backward runs *inside* the step, after the
-  pre-step hook; the hook then arms post-accumulate-grad hooks on the owned parameters, each of
-  which re-reads its gradient after every accumulation, so the row holds the gradient of the
-  step's last backward (for LBFGS with several closure evaluations per step: the last one's).
-  They are removed by the post-step hook.
+* Gradient timing: the rows hold the ``.grad`` the optimizer consumes. Without a closure, the
+  pre-step hook reads them (after the step's last backward and any clipping or unscaling done
+  before ``step()``). With ``optimizer.step(closure)`` (LBFGS, Lightning's automatic and manual
+  optimization, whose precision plugin wraps the user's closure with its clipping) the backward,
+  clipping and unscaling run *inside* the step: the pre-step hook hands torch the closure
+  wrapped by :func:`read_after`, which reads the gradients right after the closure returns and
+  before the optimizer reads ``.grad`` (for LBFGS with several closure evaluations per step:
+  each evaluation replaces the rows, the last one's stays).
 
 Example
 -------
@@ -38,7 +39,7 @@ from stepscope.collect.sites import PARAM_STREAMS, Row
 from stepscope.errors import Refusal
 from stepscope.stephooks import OuterStepHooks
 
-__all__ = ["OptimizerWatch", "closure_of", "unwrap_optimizer"]
+__all__ = ["OptimizerWatch", "closure_of", "read_after", "unwrap_optimizer", "with_closure"]
 
 _WRAPPER_ATTRS = ("optimizer", "_optimizer")
 
@@ -99,6 +100,43 @@ def closure_of(
     return closure if callable(closure) else None
 
 
+def with_closure(
+    optimizer: Any, args: tuple[Any, ...], kwargs: dict[str, Any], closure: Callable[[], Any]
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """``step``'s ``(args, kwargs)`` with its closure (as :func:`closure_of` found it) replaced.
+
+    >>> opt, old, new = object(), (lambda: 1), (lambda: 2)
+    >>> with_closure(opt, (opt, old), {}, new)[0][1] is new
+    True
+    >>> with_closure(opt, (opt,), {"closure": old}, new)[1]["closure"] is new
+    True
+    """
+    lead = 1 if args and args[0] is optimizer else 0
+    if len(args) > lead:
+        return (*args[:lead], closure, *args[lead + 1 :]), kwargs
+    return args, {**kwargs, "closure": closure}
+
+
+def read_after(closure: Callable[[], Any], read: Callable[[], None]) -> Callable[[], Any]:
+    """``closure`` followed by ``read()``: what the optimizer calls instead of ``closure``.
+
+    The closure's result is returned unchanged; ``read`` must never raise (the collector's
+    telemetry guard is inside it).
+
+    >>> seen = []
+    >>> wrapped = read_after(lambda: seen.append("backward") or 1.5, lambda: seen.append("read"))
+    >>> wrapped(), seen
+    (1.5, ['backward', 'read'])
+    """
+
+    def closure_then_read() -> Any:
+        result = closure()
+        read()
+        return result
+
+    return closure_then_read
+
+
 class OptimizerWatch:
     """One optimizer's step hooks and the parameter rows it owns.
 
@@ -109,14 +147,16 @@ class OptimizerWatch:
     rows
         All rows of the collector; the ones of parameters in ``optimizer.param_groups`` are owned.
     on_pre, on_post
-        Called as ``on_pre(watch, closure)`` and ``on_post(watch)`` from the step hooks.
+        Called as ``on_pre(watch, closure)`` and ``on_post(watch)`` from the step hooks;
+        ``on_pre`` may return a closure to run in place of the step's own (see
+        :func:`read_after`), or ``None``.
     """
 
     def __init__(
         self,
         optimizer: torch.optim.Optimizer,
         rows: Sequence[Row],
-        on_pre: Callable[[OptimizerWatch, Callable[[], Any] | None], None],
+        on_pre: Callable[[OptimizerWatch, Callable[[], Any] | None], Callable[[], Any] | None],
         on_post: Callable[[OptimizerWatch], None],
     ) -> None:
         self.optimizer = optimizer
@@ -125,12 +165,19 @@ class OptimizerWatch:
         self.rows: dict[str, list[Row]] = {}
         self.param_ids: frozenset[int] = frozenset()  # ids of the parameters it steps
         self.refresh()
-        self._grad_handles: list[Any] = []
+        self._on_pre = on_pre
         self.hooks = OuterStepHooks(  # once per step() call, also when it nests super().step()
-            optimizer,
-            pre=lambda o, a, k: on_pre(self, closure_of(o, a, k)),
-            post=lambda _o, _a, _k: on_post(self),
+            optimizer, pre=self._pre, post=lambda _o, _a, _k: on_post(self)
         )
+
+    def _pre(
+        self, optimizer: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
+        closure = closure_of(optimizer, args, kwargs)
+        replacement = self._on_pre(self, closure)
+        if replacement is None or closure is None:
+            return None
+        return with_closure(optimizer, args, kwargs, replacement)
 
     def refresh(self) -> None:
         """Recompute ownership when the optimizer's parameter list changed (add_param_group)."""
@@ -154,27 +201,6 @@ class OptimizerWatch:
         self.refresh()
         return self.rows[stream]
 
-    def arm_gradient_hooks(self, on_grad: Callable[[Row, torch.Tensor], None]) -> None:
-        """Read each owned gradient after every accumulation (a closure's backward)."""
-        self.disarm_gradient_hooks()
-        for row in self.owned("gradient"):
-            param = row.param
-            if param is not None and param.requires_grad:
-                self._grad_handles.append(
-                    param.register_post_accumulate_grad_hook(
-                        lambda p, row=row: on_grad(row, p.grad) if p.grad is not None else None
-                    )
-                )
-
-    def disarm_gradient_hooks(self) -> None:
-        """Remove the closure's gradient hooks (idempotent)."""
-        handles, self._grad_handles = self._grad_handles, []
-        for h in handles:
-            h.remove()
-
     def remove(self) -> None:
         """Remove every hook of this watch (idempotent)."""
-        try:
-            self.disarm_gradient_hooks()
-        finally:
-            self.hooks.remove()
+        self.hooks.remove()

@@ -3,18 +3,23 @@
 :class:`OptimizerSteps` holds the :class:`~stepscope.collect.optimizers.OptimizerWatch` of every
 optimizer the collector saw and decides, at each step hook, what is read:
 
-* pre-step: the owned ``gradient`` rows (after the step's last backward, before the optimizer
-  changes anything; with ``optimizer.step(closure)`` post-accumulate-grad hooks read them after
-  the closure's backward instead) and the pre-step sample of the owned ``update`` rows;
-* post-step: the owned ``update`` rows (after - before on the sampled indices) and ``parameter``
-  rows; in the implicit spelling the optimizer step then ends the collector's step.
+* pre-step: the owned ``gradient`` rows, as the optimizer consumes them (after the step's last
+  backward and any clipping/unscaling; with ``optimizer.step(closure)`` right after the closure
+  returns, inside the step: see :mod:`.optimizers`) and the pre-step sample of the owned
+  ``update`` rows;
+* post-step: the owned ``update`` rows (after - before on the sampled indices) of the
+  parameters the optimizer stepped, and ``parameter`` rows; in the implicit spelling the
+  optimizer step then ends the collector's step. A parameter whose ``.grad`` is ``None`` after
+  the step was skipped by the optimizer (frozen, a LoRA base weight, an expert no token reached,
+  a branch not used): its update row is ``site_absent`` with the disclosure
+  :data:`NOT_STEPPED`, never an observed zero.
 
 Which steps count: once an explicit transaction was used (or the collector resumes), a bare
 ``optimizer.step()`` outside one is not recorded (:meth:`OptimizerSteps.post_step` drops what
 its iteration staged and warns; the next transaction refuses ``step_transaction_required``).
 In the implicit spelling with a ``GradScaler``, an iteration whose optimizer step the scaler
-skipped is ended at the next training forward (:meth:`OptimizerSteps.iteration_hook`) or at
-:meth:`~stepscope.HistoryCollector.close` as its own step with ``applied=no``.
+skipped is ended at the next training forward or at :meth:`~stepscope.HistoryCollector.close`
+as its own step with ``applied=no`` (:mod:`.iterations`).
 """
 
 from __future__ import annotations
@@ -27,12 +32,13 @@ from typing import Any, Protocol
 import torch
 
 from stepscope.collect.activations import ActivationSites
-from stepscope.collect.optimizers import OptimizerWatch, unwrap_optimizer
+from stepscope.collect.iterations import ImplicitIterations
+from stepscope.collect.optimizers import OptimizerWatch, read_after, unwrap_optimizer
 from stepscope.collect.reduce import Reducer
-from stepscope.collect.scaler import grad_scale_status, scale_in_force, update_marker
+from stepscope.collect.scaler import grad_scale_status, update_marker
 from stepscope.collect.sites import Row
 from stepscope.collect.stepstate import StepState
-from stepscope.collect.updates import UpdateSampler
+from stepscope.collect.updates import UpdateSampler, stepped_only
 from stepscope.errors import Refusal
 from stepscope.history import StepProvenance
 from stepscope.profile.scope import internal_scope
@@ -42,6 +48,8 @@ __all__ = ["OptimizerSteps", "StepHost"]
 
 #: Disclosure (and unsupported reason of update rows) of a parameter stepped twice in one step.
 AGAIN = "several_optimizer_steps"
+#: Disclosure of the ``site_absent`` update row of a parameter the optimizer skipped (no grad).
+NOT_STEPPED = "not_stepped:grad_none"
 
 
 class StepHost(Protocol):
@@ -87,9 +95,7 @@ class OptimizerSteps:
         self.stray_step: int | None = None  # a bare optimizer step after explicit ones
         self.watches: dict[int, OptimizerWatch] = {}
         self.updates = UpdateSampler(reducer.backend)
-        self.implicit_scaler: Any = None
-        self._sites: ActivationSites | None = None
-        self._handles: list[Any] = []
+        self.implicit: ImplicitIterations | None = None  # the implicit spelling's iterations
         self._warned_repeat = False  # a parameter stepped twice in one step (warned once)
         self._shared: frozenset[int] = frozenset()  # parameters several optimizers own
         self._shared_key: tuple[tuple[int, int], ...] = ()
@@ -108,10 +114,24 @@ class OptimizerSteps:
             self.watches[id(opt)] = watch
         return watch
 
-    def attach_scaler(self, model: torch.nn.Module, scaler: Any, sites: ActivationSites) -> None:
-        """Implicit spelling with a ``GradScaler``: iterations end at its ``update()``."""
-        self.implicit_scaler, self._sites = scaler, sites
-        self._handles.append(model.register_forward_pre_hook(self.iteration_hook))
+    def attach_implicit(
+        self, model: torch.nn.Module, optimizer: Any, scaler: Any, sites: ActivationSites
+    ) -> None:
+        """Implicit spelling: the optimizer's step hooks end each step; where an iteration
+        ends without one is :class:`~stepscope.collect.iterations.ImplicitIterations`'."""
+        watch = self.attach(optimizer)
+        self.implicit = ImplicitIterations(self.host, sites)
+        self.implicit.attach(model, watch, scaler)
+
+    @property
+    def implicit_scaler(self) -> Any:
+        """The ``scaler=`` of the implicit spelling (``None``: none given)."""
+        return None if self.implicit is None else self.implicit.scaler
+
+    def finish_skipped(self) -> None:
+        """At close: the last iteration's skipped step (implicit + scaler) is still a step."""
+        if self.implicit is not None:
+            self.implicit.finish_skipped()
 
     def invalidate(self) -> None:
         """Rows were rebound (model surgery): recompute every optimizer's ownership."""
@@ -120,10 +140,10 @@ class OptimizerSteps:
 
     def remove(self) -> None:
         """Remove every hook (idempotent)."""
-        handles, watches = self._handles, self.watches
-        self._handles, self.watches = [], {}
-        for h in handles:
-            h.remove()
+        implicit, watches = self.implicit, self.watches
+        self.implicit, self.watches = None, {}
+        if implicit is not None:
+            implicit.remove()
         for watch in watches.values():
             watch.remove()
         self.updates.clear()
@@ -146,8 +166,6 @@ class OptimizerSteps:
     def close_transaction(self, scaler: Any, state: StepState) -> None:
         """A transaction body ended: read the rows of parameters no optimizer stepped
         (gradients as left, values at the step's end)."""
-        for watch in self.watches.values():
-            watch.disarm_gradient_hooks()  # a closure step that raised inside the optimizer
         status = grad_scale_status(scaler, True)
         if scaler is not None and update_marker(scaler) is not state.scaler_marker:
             status = "unscaled"  # scaler.step() unscaled them; update() has reset its stages
@@ -159,22 +177,24 @@ class OptimizerSteps:
         return self.explicit_only and not self.host._txn_open
 
     # ------------------------------------------------------------------ step hooks
-    def pre_step(self, watch: OptimizerWatch, closure: Callable[[], Any] | None) -> None:
-        """Before the optimizer changes anything: gradients (or arm the closure's hooks) and
-        the update sample."""
+    def pre_step(
+        self, watch: OptimizerWatch, closure: Callable[[], Any] | None
+    ) -> Callable[[], Any] | None:
+        """Before the optimizer changes anything: gradients (or, with a closure, the closure to
+        run instead, which reads them after the original returns) and the update sample."""
         state = self.host._recording()
         if state is None or self._outside_transaction():
-            return
+            return None
         t0, charged = time.perf_counter(), state.telemetry_s
         try:
-            self._pre_step(state, watch, closure)
+            return self._pre_step(state, watch, closure)
         finally:  # the hook's own Python, beyond the reductions it charged (auto cadence)
             state.hook_calls += 1
             state.hook_s += time.perf_counter() - t0 - (state.telemetry_s - charged)
 
     def _pre_step(
         self, state: StepState, watch: OptimizerWatch, closure: Callable[[], Any] | None
-    ) -> None:
+    ) -> Callable[[], Any] | None:
         calls = state.optimizer_steps[id(watch)] = state.optimizer_steps.get(id(watch), 0) + 1
         if calls > 1:  # the same optimizer again: every row it owns
             self._step_again(state, watch, set(watch.param_ids), True)
@@ -186,18 +206,11 @@ class OptimizerSteps:
                 state.stepped_params |= mine
                 if again:
                     self._step_again(state, watch, again, False)
-        txn = self.host._txn_open
-        # implicit spelling: known only when the scaler was given to the collector
-        scaler = self.host._scaler if txn else self.implicit_scaler
-        status = grad_scale_status(scaler, txn or scaler is not None)
-        if closure is not None and "gradient" in self.streams and state.spine_due["gradient"]:
-            if not state.grads_taken:
-                state.grads_taken, state.scale_grad = True, status
-            # the backward runs inside step(): rows not reached by it stay absent, never stale
-            state.grad_rows.update(r.index for r in watch.owned("gradient"))
-            watch.arm_gradient_hooks(self.closure_gradient)
-        else:
-            self.take_gradients(watch.owned("gradient"), status)
+        replacement = None
+        if closure is None:
+            self.take_gradients(watch.owned("gradient"), self._scale_status())
+        elif "gradient" in self.streams:  # backward, clipping, unscaling run inside step()
+            replacement = read_after(closure, lambda: self.after_closure(watch))
         if "update" in self.streams and state.spine_due["update"] and calls == 1:
             t0 = time.perf_counter()
             rows = watch.owned("update")
@@ -207,10 +220,37 @@ class OptimizerSteps:
             except Exception as e:  # telemetry never raises into the training step
                 _update_failed(state, rows, e)
             state.charge("update", time.perf_counter() - t0)
+        return replacement
+
+    def _scale_status(self) -> str:
+        """Whether gradients read now are scaled (``unknown`` in the implicit spelling unless
+        the scaler was given to the collector)."""
+        txn = self.host._txn_open
+        scaler = self.host._scaler if txn else self.implicit_scaler
+        return grad_scale_status(scaler, txn or scaler is not None)
+
+    def after_closure(self, watch: OptimizerWatch) -> None:
+        """A step's closure returned: its owned gradients are what the optimizer reads next.
+
+        Each evaluation replaces what an earlier one of the step wrote (LBFGS); a parameter the
+        closure left without a gradient stays ``site_absent``, never a stale read. Telemetry:
+        never raises into the closure's caller (the optimizer).
+        """
+        state = self.host._recording()
+        if state is None or not state.spine_due["gradient"]:
+            return
+        rows = watch.owned("gradient")
+        try:
+            for row in rows:
+                if row.index in state.grad_rows and row.param is not None:
+                    self.reducer.staging(row.param.device).reset_row(row.index)
+                    state.grad_rows.discard(row.index)
+            self.take_gradients(rows, self._scale_status())
+        except Exception as e:  # telemetry never raises into the training step
+            _update_failed(state, rows, e)
 
     def post_step(self, watch: OptimizerWatch) -> None:
         """After the optimizer step: updates and parameter values; ends an implicit step."""
-        watch.disarm_gradient_hooks()
         state = self.host._recording()
         if state is None:
             return
@@ -218,6 +258,8 @@ class OptimizerSteps:
             self._discard_stray_step(watch, state)
             return
         state.stepped = True
+        if self.implicit is not None:
+            self.implicit.stepped()  # this iteration's backward was stepped
         t_hook, charged = time.perf_counter(), state.telemetry_s
         first = state.optimizer_steps.get(id(watch), 1) == 1
         if "update" in self.streams and state.spine_due["update"] and first:
@@ -226,7 +268,7 @@ class OptimizerSteps:
             deltas: list[tuple[Row, torch.Tensor]] = []
             try:
                 with internal_scope("collector.post_step"):
-                    deltas = list(self.updates.deltas(rows))
+                    deltas = stepped_only(self.updates.deltas(rows), state.row_notes, NOT_STEPPED)
             except Exception as e:  # telemetry never raises into the training step
                 _update_failed(state, rows, e)
                 deltas = []
@@ -298,16 +340,6 @@ class OptimizerSteps:
                 else:
                     state.unsupported[row.index] = AGAIN
 
-    def closure_gradient(self, row: Row, grad: torch.Tensor) -> None:
-        """A closure's backward accumulated ``grad``: it replaces what the row held."""
-        state = self.host._recording()
-        if state is None or not state.spine_due["gradient"]:
-            return
-        self.reducer.staging(grad.device).reset_row(row.index)
-        state.grad_rows.add(row.index)
-        state.row_notes[row.index] = "gradient_after_closure_backward"
-        self.reducer.reduce(row, grad)
-
     def take_gradients(self, rows: Sequence[Row], phase_scale: str) -> None:
         """Read the gradients of ``rows`` not read yet this step."""
         state = self.host._state
@@ -355,43 +387,6 @@ class OptimizerSteps:
         self.updates.clear()
         self.host._state = None
         self.host._begin_step()
-
-    # ------------------------------------------------------------------ implicit + GradScaler
-    def iteration_hook(self, _module: torch.nn.Module, _inputs: Any) -> None:
-        """Implicit spelling with a scaler: a training forward after ``scaler.update()``.
-
-        An iteration whose optimizer step the scaler skipped never fires the step hooks; its
-        ``update()`` is seen here, at the next iteration's first forward, and ends it as its
-        own step with ``applied=no``.
-        """
-        state = self.host._state
-        sites = self._sites
-        if state is None or self.host._txn_open or sites is None or not sites.training_forward():
-            return
-        scaler = self.implicit_scaler
-        marker = update_marker(scaler)
-        if state.scaler_marker is not None and marker is not state.scaler_marker:
-            state.skipped = True
-            self.host._finish_step(StepProvenance.IMPLICIT)
-            state = self.host._state
-            if state is None:
-                return
-        if state.scaler_marker is None:
-            state.scaler_marker = marker
-            state.scale_in_force = scale_in_force(scaler)
-
-    def finish_skipped(self) -> None:
-        """At close: the last iteration's skipped step (implicit + scaler) is still a step."""
-        state = self.host._state
-        scaler = self.implicit_scaler
-        if (
-            scaler is not None
-            and state is not None
-            and state.scaler_marker is not None
-            and update_marker(scaler) is not state.scaler_marker
-        ):
-            state.skipped = True
-            self.host._finish_step(StepProvenance.IMPLICIT)
 
 
 def _update_failed(state: StepState, rows: Sequence[Row], error: Exception) -> None:

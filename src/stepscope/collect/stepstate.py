@@ -356,10 +356,9 @@ def _row_notes(
             presence[j] = UNSUPPORTED
             notes.append((f"unsupported:{reason}",))
             continue
-        note: tuple[str, ...] = ()
+        extra = state.row_notes.get(r.index)
+        note: tuple[str, ...] = () if extra is None else (extra,)
         if presence[j] == OBSERVED:
-            extra = state.row_notes.get(r.index)
-            note = () if extra is None else (extra,)
             note = (*note, *plan.sampled[j])
-        notes.append(note)
+        notes.append(note)  # an absent row's note says why (e.g. not_stepped:grad_none)
     return notes

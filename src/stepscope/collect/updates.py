@@ -19,7 +19,7 @@ bit.
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, MutableMapping, Sequence
 
 import torch
 
@@ -57,6 +57,21 @@ def sample(row: Row, index: torch.Tensor | None) -> torch.Tensor:
     if index is None:
         return flat.to(dtype, copy=True)
     return flat.index_select(0, index).to(dtype)  # index_select already copies
+
+
+def stepped_only(
+    deltas: Iterable[tuple[Row, torch.Tensor]], notes: MutableMapping[int, str], note: str
+) -> list[tuple[Row, torch.Tensor]]:
+    """The deltas of parameters the optimizer stepped. Torch optimizers skip a parameter whose
+    ``.grad`` is ``None`` (it stays so after the step): its row is left out, ``notes[row]`` set
+    to ``note`` (recorded ``site_absent`` with that disclosure, never an observed zero)."""
+    kept = []
+    for row, delta in deltas:
+        if row.param is not None and row.param.grad is None:
+            notes[row.index] = note
+        else:
+            kept.append((row, delta))
+    return kept
 
 
 class _Plan:

@@ -84,6 +84,7 @@ from stepscope.curvature.families import (
     place_directions,
 )
 from stepscope.curvature.output_space import DEFAULT_SUPPORT_RTOL, output_space_mismatch
+from stepscope.curvature.precision import watch_precision
 from stepscope.curvature.quotients import layer_directional
 from stepscope.defaults import DEFAULT_SEED
 from stepscope.denominators import RULE
@@ -235,7 +236,6 @@ def analyze_curvature(
         supplied_model_dtype=str(supplied_dtype),
         supplied_input_dtype=str(x.dtype),
         float32_matmul_precision_during_analysis="highest",
-        derivative_dtype="float64",
         reduction_dtype="float64",
     )
     undefined = _undefined_values(result)
@@ -324,9 +324,11 @@ def _analyze(
     for p in work.parameters():
         p.requires_grad_(True)
     xd = x.detach().to(torch.float64) if x.is_floating_point() else x.detach()
-    layers = affine_layers(work, targets.layers)
+    unsupported: dict[str, dict[str, str]] = {}
+    layers = affine_layers(work, targets.layers, unsupported)
     names = dict(layers)
-    raw, captures = capture_forward(work, xd, layers)
+    with watch_precision(work, torch.float64) as lowered:
+        raw, captures = capture_forward(work, xd, layers)
     logits = select_logits(raw, targets.output, "curvature_model_unsupported")
     scored = score_targets(
         logits,
@@ -388,6 +390,7 @@ def _analyze(
                 a,
                 {fam.value: per_family[fam][j].detach() for fam in CurvatureFamily},
                 CurvatureFamily.EMPIRICAL_FISHER.value,
+                approx,
             )
     largest = max(eigenproblems, key=lambda e: e["dimension"])
     predictions = flat.argmax(1)
@@ -395,16 +398,25 @@ def _analyze(
     m = flat.shape[0]
     metadata = {
         "analysis_dtype": "float64",
+        # "mixed" when a module computes below float64 inside the float64 copy (HF float32
+        # norms / softmax): its factors and derivatives are only that precise
+        "derivative_dtype": "mixed" if lowered else "float64",
+        "lower_precision_internals": lowered,
         "model_mode_during_analysis": "eval",
         "num_classes": c,
         "targets": "tokens" if scored.sequence else "classes",
         "next_token": targets.next_token,
         "scored_targets": m,
-        "probe_cross_entropy_mean": float(-log_probs[torch.arange(m), labels].mean()),
-        "probe_accuracy_fraction": float((predictions == labels).double().mean()),
+        # None (counted in undefined_values) when every label is ignored (-100): m == 0
+        "probe_cross_entropy_mean": float(-log_probs[torch.arange(m), labels].mean())
+        if m
+        else None,
+        "probe_accuracy_fraction": float((predictions == labels).double().mean()) if m else None,
         "estimators": {f.value: ESTIMATOR_LABELS[mode][f] for f in CurvatureFamily},
         "backward_passes": passes,
         "layer_shapes": {cap.name: _layer_shape(cap) for cap in captures},
+        # layers left out of the default selection, with the reason (a tied LM head)
+        "unsupported_layers": unsupported,
         # parameters outside the analysed layers (embeddings, norms, ...): not in any block
         "unanalysed_parameter_modules": {
             name: type(module).__name__
@@ -442,5 +454,5 @@ def _analyze(
         "metadata": metadata,
         "layers": layers_out,
         "directional": directional if include_directional else None,
-        "output_space": output_space_mismatch(flat, labels),
+        "output_space": output_space_mismatch(flat, labels) if m else None,
     }

@@ -30,12 +30,12 @@ from enum import Enum
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 from torch.func import functional_call
 
 from stepscope.codec import parse_enum
 from stepscope.errors import Refusal
+from stepscope.probe.crossentropy import ce_logit_gradient, stable_cross_entropy
 from stepscope.probe.outputs import OutputSelector, score_targets, select_logits
 
 
@@ -196,12 +196,13 @@ class CurvatureOperator:
     def mean_loss(self, params: dict[str, Tensor] | None = None) -> Tensor:
         """The mean over examples of each example's cross-entropy (summed over its tokens)."""
         rows, scored = self._scored_logits(params)
-        return F.cross_entropy(rows, scored.labels, reduction="sum") / self.x.shape[0]
+        # cancellation-free in value, gradient and Hessian (F.cross_entropy's are 0 when p_y == 1)
+        return stable_cross_entropy(rows, scored.labels).sum() / self.x.shape[0]
 
     def example_losses(self, params: dict[str, Tensor] | None = None) -> Tensor:
         """``(n,)`` per-example losses (a sequence's loss sums its scored tokens)."""
         rows, scored = self._scored_logits(params)
-        per_row = F.cross_entropy(rows, scored.labels, reduction="none")
+        per_row = stable_cross_entropy(rows, scored.labels)
         if scored.keep is None:
             return per_row
         return per_row.new_zeros(self.x.shape[0]).index_add(0, scored.owner, per_row)
@@ -209,8 +210,15 @@ class CurvatureOperator:
     def mean_gradient(self) -> list[Tensor]:
         """:math:`\\nabla_\\theta L` on the probe batch (one backward; counted in ``gradients_used``)."""
         start = self._now()
+        rows, scored = self._scored_logits(None)
+        # the cancellation-free CE logit gradient, not F.cross_entropy's p_y - 1
+        cotangent = ce_logit_gradient(rows, scored.labels) / self.x.shape[0]
         grads = torch.autograd.grad(
-            self.mean_loss(), list(self.params.values()), allow_unused=True, materialize_grads=True
+            rows,
+            list(self.params.values()),
+            grad_outputs=cotangent,
+            allow_unused=True,
+            materialize_grads=True,
         )
         self.gradients_used += 1
         self.seconds += self._now() - start

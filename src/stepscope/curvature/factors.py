@@ -106,18 +106,22 @@ def out_features(module: AffineLayer) -> int:
 
 
 def affine_layers(
-    model: nn.Module, names: Sequence[str] | None = None
+    model: nn.Module,
+    names: Sequence[str] | None = None,
+    unsupported: dict[str, dict[str, str]] | None = None,
 ) -> list[tuple[str, AffineLayer]]:
     """The model's ``nn.Linear``, HF ``Conv1D`` and ``nn.Conv2d`` layers by qualified name.
 
     ``names`` restricts the analysis to those layers (each must be one of the three types).
+    Without ``names``, a layer whose parameter another module also holds (a tied LM head) is left
+    out and recorded in ``unsupported`` (``name -> {"reason", "detail"}``); the rest is analysed.
 
     Raises
     ------
     Refusal
         ``curvature_model_unsupported`` for other convolutions or no layer;
-        ``curvature_weight_shared`` when an analysed layer's parameter is also held by another
-        module (a tied embedding / LM head), naming both.
+        ``curvature_weight_shared`` when a layer named in ``names`` shares a parameter with
+        another module (a tied embedding / LM head), naming both.
     """
     layers: list[tuple[str, AffineLayer]] = []
     wanted = None if names is None else set(names)
@@ -142,6 +146,16 @@ def affine_layers(
                 f"layer {name!r} is a {type(module).__name__}, not Linear, HF Conv1D or Conv2d",
                 ["name Linear, Conv1D or Conv2d modules in layers=[...]"],
             )
+    if wanted is None:
+        shared = _shared_with(model, layers)
+        for owner, other in shared.items():
+            if unsupported is not None:
+                unsupported[owner] = {
+                    "reason": "curvature_weight_shared",
+                    "detail": f"shares a parameter with module {other!r} (tied weights); its "
+                    "block would miss the other use",
+                }
+        layers = [(n, m) for n, m in layers if n not in shared]
     missing = sorted((wanted or set()) - {n for n, _ in layers})
     if missing or not layers:
         raise Refusal(
@@ -155,21 +169,29 @@ def affine_layers(
     return layers
 
 
-def _refuse_shared(model: nn.Module, layers: Sequence[tuple[str, AffineLayer]]) -> None:
+def _shared_with(model: nn.Module, layers: Sequence[tuple[str, AffineLayer]]) -> dict[str, str]:
+    """Layer -> the first other module holding one of its parameters."""
     mine = {id(p): name for name, m in layers for p in m.parameters(recurse=False)}
+    found: dict[str, str] = {}
     for name, module in model.named_modules(remove_duplicate=False):
         for p in module.parameters(recurse=False):
             owner = mine.get(id(p))
             if owner is not None and module is not dict(layers)[owner]:
-                raise Refusal(
-                    "curvature_weight_shared",
-                    f"layer {owner!r} shares a parameter with module {name!r} (tied weights); "
-                    "its curvature block would miss the other use",
-                    [
-                        "untie the weights (e.g. tie_word_embeddings=False)",
-                        f"or leave {owner!r} out via layers=[...]",
-                    ],
-                )
+                found.setdefault(owner, name)
+    return found
+
+
+def _refuse_shared(model: nn.Module, layers: Sequence[tuple[str, AffineLayer]]) -> None:
+    for owner, name in _shared_with(model, layers).items():
+        raise Refusal(
+            "curvature_weight_shared",
+            f"layer {owner!r} shares a parameter with module {name!r} (tied weights); "
+            "its curvature block would miss the other use",
+            [
+                "untie the weights (e.g. tie_word_embeddings=False)",
+                f"or leave {owner!r} out via layers=[...]",
+            ],
+        )
 
 
 def _patches(name: str, module: AffineLayer, a: Tensor, n: int) -> Tensor:

@@ -20,9 +20,10 @@ In ``sampled`` mode the ``C`` rows are replaced by ``samples`` independent per-e
 combinations :math:`r^\\top V_i / \\sqrt{\\text{samples}}` with :math:`\\mathbb{E}[r r^\\top] = I`,
 so :math:`\\mathbb{E}[\\hat Q_i] = Q_i` (unbiased, no :math:`1/C^2` legacy factor).
 
-Numerics: :math:`1 - p_k` is never formed by subtraction; it is the sum of the *other*
-probabilities, so saturated softmax outputs (:math:`p_k` within :math:`10^{-12}` of one) keep
-their relative accuracy.
+Numerics: :math:`1 - p_k` is never formed by subtraction where it cancels; it is the sum of the
+*other* probabilities (:mod:`stepscope.probe.crossentropy`, the one implementation the probe and
+the operators share), so saturated softmax outputs (:math:`p_k` within :math:`10^{-12}` of one)
+keep their relative accuracy.
 
 Example
 -------
@@ -42,6 +43,9 @@ from torch import Tensor
 
 from stepscope.curvature.factors import KfacApprox, kfac_factor_rows
 
+# the one cancellation-free implementation, shared with the probe and the operators
+from stepscope.probe.crossentropy import ce_logit_gradient, softmax_and_complement
+
 
 class CurvatureMode(str, Enum):
     """How the GGN and Jacobian-Gram output directions are chosen."""
@@ -57,47 +61,6 @@ class CurvatureFamily(str, Enum):
     EMPIRICAL_FISHER = "empirical_fisher"
     CE_GGN = "ce_ggn"
     JACOBIAN_GRAM = "jacobian_gram"
-
-
-def softmax_and_complement(logits: Tensor) -> tuple[Tensor, Tensor]:
-    """Softmax probabilities ``p`` and ``q = 1 - p`` computed as the sum of the other entries.
-
-    .. math:: q_{ik} = \\sum_{j \\ne k} p_{ij}
-
-    Parameters
-    ----------
-    logits
-        ``(n, C)`` logits.
-
-    Returns
-    -------
-    tuple of Tensor
-        ``(p, q)``, both ``(n, C)``.
-    """
-    p = torch.softmax(logits, dim=1)
-    # 1 - p_k loses every digit when p_k ~ 1; summing the other (small) entries does not.
-    c = logits.shape[1]
-    off = (~torch.eye(c, dtype=torch.bool, device=logits.device)).to(p.dtype)
-    q = (p.unsqueeze(1) * off).sum(dim=2)
-    return p, q
-
-
-def ce_logit_gradient(logits: Tensor, labels: Tensor) -> Tensor:
-    """Per-example gradient of the summed cross-entropy with respect to the logits.
-
-    .. math:: \\nabla_{f_i} \\ell_i = p_i - e_{y_i},\\quad (p_i - e_{y_i})_{y_i} = -\\sum_{j\\ne
-        y_i} p_{ij}
-
-    Returns
-    -------
-    Tensor
-        ``(n, C)``.
-    """
-    p, q = softmax_and_complement(logits)
-    grad = p.clone()
-    rows = torch.arange(logits.shape[0], device=logits.device)
-    grad[rows, labels] = -q[rows, labels]
-    return grad
 
 
 def ce_hessian_sqrt(logits: Tensor) -> Tensor:

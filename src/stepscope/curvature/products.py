@@ -60,6 +60,7 @@ from stepscope.curvature.base import (
     LossKind,
 )
 from stepscope.errors import Refusal
+from stepscope.probe.crossentropy import ce_hessian_product, ce_logit_gradient
 from stepscope.probe.outputs import OutputSelector
 
 __all__ = [  # the base's names stay importable from here (older imports)
@@ -171,21 +172,36 @@ class GGNOperator(_OutputCurvatureOperator):
         self._probs = torch.softmax(self._out.detach(), dim=1)  # fixed at theta
 
     def _weight(self, jv: Tensor) -> Tensor:
-        # (diag(p) - p p^T) u = p * (u - <p, u>): no 1 - p cancellation at high confidence.
-        p = self._probs
-        return p * (jv - (p * jv).sum(dim=1, keepdim=True)) / self.x.shape[0]
+        # (diag(p) - p p^T) u without the u - <p, u> cancellation at high confidence
+        return ce_hessian_product(self._probs, jv) / self.x.shape[0]
 
 
 class EmpiricalFisherOperator(_OutputCurvatureOperator):
-    """:math:`Fv = \\frac{1}{n} \\sum_i g_i (g_i^\\top v)` through the per-example-loss Jacobian."""
+    """:math:`Fv = \\frac{1}{n} \\sum_i g_i (g_i^\\top v)` through the logits' Jacobian.
+
+    ``g_i = J_i^T r_i`` with ``r_i`` the cancellation-free CE logit gradient
+    (:func:`~stepscope.probe.crossentropy.ce_logit_gradient`, summed over a sequence's scored
+    rows), so a confident prediction keeps its tiny but non-zero gradient.
+    """
 
     kind = CurvatureKind.EMPIRICAL_FISHER
 
     def _outputs(self, params: dict[str, Tensor]) -> Tensor:
-        return self.example_losses(params)
+        return self.logits(params)
+
+    def _setup(self) -> None:
+        super()._setup()
+        assert self._scored is not None  # set by the first logits() call
+        self._rows = ce_logit_gradient(self._out, self._scored.labels)
 
     def _weight(self, jv: Tensor) -> Tensor:
-        return jv / self.x.shape[0]
+        per_row = (self._rows * jv).sum(dim=1)  # <r, J v> per scored row
+        scored = self._scored
+        assert scored is not None
+        if scored.keep is not None:  # a sequence's loss sums its rows
+            per_example = per_row.new_zeros(self.x.shape[0]).index_add(0, scored.owner, per_row)
+            per_row = per_example[scored.owner]
+        return self._rows * per_row.unsqueeze(1) / self.x.shape[0]
 
 
 _OPERATORS: dict[CurvatureKind, type[CurvatureOperator]] = {

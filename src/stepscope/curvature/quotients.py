@@ -43,6 +43,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from stepscope.curvature.factors import KfacApprox, kfac_factor_rows
 from stepscope.denominators import cancellation_error, safe_ratio
 
 _ratio = safe_ratio  # (numerator, denominator, scale of the denominator's terms)
@@ -190,7 +191,10 @@ def directional_metrics_explicit(
 
 
 def layer_directional(
-    inputs: Tensor, family_backprops: dict[str, Tensor], ef_key: str
+    inputs: Tensor,
+    family_backprops: dict[str, Tensor],
+    ef_key: str,
+    approx: KfacApprox = KfacApprox.EXPAND,
 ) -> dict[str, Any]:
     """Gradient moments plus each family's directional metrics for one layer.
 
@@ -202,6 +206,10 @@ def layer_directional(
         Family name -> ``(K, n, P, d_out)`` backprop rows.
     ef_key
         The empirical-Fisher family name (its single row per position is the CE gradient factor).
+    approx
+        The KFAC convention of the factors :math:`\\bar A, \\bar B` with positions
+        (:func:`~stepscope.curvature.factors.kfac_factor_rows`, the analysis's ``kfac_approx``);
+        the per-example gradients are exact either way.
     """
     n, positions = inputs.shape[0], inputs.shape[1]
     if positions == 1:  # rank-one per-example gradients: n x n Grams only
@@ -213,11 +221,11 @@ def layer_directional(
         return out
     ef_b = family_backprops[ef_key][0]  # (n, P, d_out)
     grads = torch.einsum("npo,npd->nod", ef_b, inputs)
-    a_rows = inputs.reshape(-1, inputs.shape[-1])
-    abar = a_rows.T @ a_rows / (n * positions)
+    a_rows, a_norm, _ = kfac_factor_rows(inputs, family_backprops[ef_key], approx)
+    abar = a_rows.T @ a_rows / a_norm
     bbars = {}
     for name, rows in family_backprops.items():
-        flat = rows.reshape(-1, rows.shape[-1])
+        flat = kfac_factor_rows(inputs, rows, approx)[2]
         bbars[name] = flat.T @ flat / n
     mean_grad = grads.mean(0)
     out = {

@@ -18,7 +18,25 @@ Logged Metrics
 Step facts: ``micro_batches`` (training batches of the step), ``examples`` (their batch sizes
 from ``lightning.pytorch.utilities.data.extract_batch_size``), ``epoch`` (``trainer.current_epoch``),
 ``clipped`` (``gradient_clip_val`` set: yes; unset and ``configure_gradient_clipping`` not
-overridden: no), ``scale`` from the precision plugin's ``GradScaler`` (``16-mixed``).
+overridden: no; manual optimization: unknown), ``scale`` from the precision plugin's
+``GradScaler`` (``16-mixed``).
+
+Optimizers and steps
+--------------------
+Every optimizer ``configure_optimizers`` returns is watched (each owns the rows of its own
+parameters). Gradient rows are what the optimizer consumed: Lightning runs backward, unscaling
+and ``gradient_clip_val`` clipping inside the closure it hands to ``optimizer.step``, and the
+collector reads the gradients after that closure returns (post-clip, accumulated over the step's
+micro-batches). Automatic optimization: one step per optimizer step, from the first
+micro-batch's ``on_train_batch_start`` to the ``on_train_batch_end`` after it. Manual
+optimization (``automatic_optimization = False``): **one step per optimizer step**, as
+``trainer.global_step`` counts them: a step ends right after its ``opt.step()`` (a post-step
+hook registered after the collector's) and the next begins there, so a GAN stepping D and then G
+in one batch records two steps (D's gradients and update in the first, G's in the second; the
+batch's forwards fall in the step they ran in, its examples in the first), and a GAN stepping
+them on alternate batches records each batch's optimizer. A manual step whose ``opt.step()`` the
+scaler skipped ends at ``on_train_batch_end`` with ``applied=no``. ``train/loss`` in manual
+optimization: the ``training_step``'s returned loss, if any, on the batch's last step.
 
 Multi-process strategies (DDP): every rank writes ``rank<k>/`` under the run directory with one
 run id (broadcast from rank 0); ``stepscope merge`` merges them. Resuming ``fit(ckpt_path=...)``
@@ -39,9 +57,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from stepscope.collect import DEFAULT_STREAMS, WatchSettings
+from stepscope.collect.optimizers import unwrap_optimizer
 from stepscope.errors import require_extra
 from stepscope.integrations.session import ProbePlan, TrainerSession
 from stepscope.probe import DenseProbe
+from stepscope.stephooks import OuterStepHooks
 
 if TYPE_CHECKING:  # the real types for mypy; at run time a missing extra refuses with a code
     import lightning.pytorch as _pl
@@ -84,6 +104,9 @@ class StepscopeCallback(_pl.Callback):
         self._lrs: list[float] = []
         self._stepped_from = 0
         self._val_before: dict[str, Any] = {}
+        self._last_step: int | None = None  # the last step recorded
+        self._batch_from = 0  # trainer.global_step when the batch began
+        self._step_hooks: list[OuterStepHooks] = []  # manual optimization's step boundaries
         self._val_examples = 0
 
     # ------------------------------------------------------------------ fit lifecycle
@@ -98,30 +121,29 @@ class StepscopeCallback(_pl.Callback):
 
     def on_fit_end(self, trainer: Any, pl_module: Any) -> None:
         """Close the collector (commits what is pending)."""
-        self.session.close()
+        try:
+            self._remove_step_hooks()
+        finally:
+            self.session.close()
 
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
         """Close the collector on any exit path; committed steps are kept."""
-        self.session.abort(exception)
+        try:
+            self._remove_step_hooks()
+        finally:
+            self.session.abort(exception)
 
     # ------------------------------------------------------------------ steps
     def on_train_batch_start(
         self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int
     ) -> None:
         """The first micro-batch of a step opens the step transaction."""
-        session = self.session
-        if not session.in_step:
-            optimizer = trainer.optimizers[0]
-            session.begin_step(
-                optimizer,
-                trainer_step=trainer.global_step,
-                scaler=getattr(trainer.precision_plugin, "scaler", None),
-                epoch=trainer.current_epoch,
-            )
-            self._stepped_from = trainer.global_step
-            self._loss = None
-            self._lrs = [float(g["lr"]) for g in optimizer.param_groups]
-        session.micro_batch(_batch_size(batch))
+        if not self.session.in_step:
+            self._begin(trainer, trainer.global_step)
+        if not pl_module.automatic_optimization:
+            self._watch_manual_steps(trainer, pl_module)
+        self._batch_from = trainer.global_step
+        self.session.micro_batch(_batch_size(batch))
 
     def on_train_batch_end(
         self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
@@ -131,16 +153,71 @@ class StepscopeCallback(_pl.Callback):
         if isinstance(loss, torch.Tensor):
             loss = loss.detach()
             self._loss = loss if self._loss is None else self._loss + loss
-        if trainer.global_step == self._stepped_from:
-            return  # accumulating: the optimizer has not stepped yet
-        scalars: dict[str, Any] = {} if self._loss is None else {"train/loss": self._loss}
+        if pl_module.automatic_optimization:
+            if trainer.global_step != self._stepped_from:  # else accumulating
+                self._end(trainer, pl_module, trainer.global_step)
+            return
+        # manual: steps end at their optimizer's post-step hook; one the scaler skipped (no
+        # hook fired, Lightning counted it) ends here, with applied=no
+        if self.session.in_step and trainer.global_step == self._stepped_from + 1:
+            self._end(trainer, pl_module, trainer.global_step)
+            self._begin(trainer, trainer.global_step)
+        stepped = trainer.global_step > self._batch_from
+        if stepped and self._loss is not None and self._last_step is not None:
+            self.session.log("train/loss", self._loss, step=self._last_step)
+        self._loss = None
+
+    def _begin(self, trainer: Any, trainer_step: int) -> None:
+        optimizers = list(trainer.optimizers)
+        self.session.begin_step(
+            optimizers if len(optimizers) > 1 else optimizers[0],
+            trainer_step=trainer_step,
+            scaler=getattr(trainer.precision_plugin, "scaler", None),
+            epoch=trainer.current_epoch,
+        )
+        self._stepped_from = trainer_step
+        if trainer.lightning_module.automatic_optimization:  # manual: reset at the batch's end
+            self._loss = None
+        self._lrs = [float(g["lr"]) for g in optimizers[0].param_groups]
+
+    def _end(self, trainer: Any, pl_module: Any, trainer_step: int) -> None:
+        automatic = pl_module.automatic_optimization
+        scalars: dict[str, Any] = {}
+        if automatic and self._loss is not None:
+            scalars["train/loss"] = self._loss
         if len(self._lrs) == 1:
             scalars["train/lr"] = self._lrs[0]
         else:
             scalars.update({f"train/lr/group{i}": lr for i, lr in enumerate(self._lrs)})
-        self.session.end_step(
-            clipped=_clipped(trainer, pl_module), scalars=scalars, trainer_step=trainer.global_step
+        clipped = _clipped(trainer, pl_module) if automatic else None
+        self._last_step = self.session.end_step(
+            clipped=clipped, scalars=scalars, trainer_step=trainer_step
         )
+
+    def _watch_manual_steps(self, trainer: Any, pl_module: Any) -> None:
+        """Manual optimization: a post-step hook on every optimizer, registered after the
+        collector's (which the first transaction attached), ends each optimizer step's step."""
+        if self._step_hooks or not self.session.in_step:
+            return
+        for opt in trainer.optimizers:
+            self._step_hooks.append(
+                OuterStepHooks(
+                    unwrap_optimizer(opt),
+                    post=lambda _o, _a, _k: self._after_manual_step(trainer, pl_module),
+                )
+            )
+
+    def _after_manual_step(self, trainer: Any, pl_module: Any) -> None:
+        if not self.session.in_step:
+            return
+        step = trainer.global_step + 1  # Lightning counts the step after torch's post-hooks
+        self._end(trainer, pl_module, step)
+        self._begin(trainer, step)
+
+    def _remove_step_hooks(self) -> None:
+        hooks, self._step_hooks = self._step_hooks, []
+        for h in hooks:
+            h.remove()
 
     # ------------------------------------------------------------------ validation
     def on_validation_start(self, trainer: Any, pl_module: Any) -> None:

@@ -236,8 +236,8 @@ class TrainerSession:
     ) -> None:
         """Enter ``collector.step(...)`` for the trainer's optimizer step ``trainer_step``.
 
-        When the collector would record another step number (e.g. a manual-optimization loop
-        stepping twice per batch), recording stops: the open step is dropped, the collector
+        When the collector would record another step number (the trainer counted optimizer
+        steps the adapter did not see end), recording stops: the open step is dropped, the collector
         closes with everything already committed, and an :class:`IntegrationStoppedWarning`
         (code ``integration_step_mismatch``) says why. Training is never interrupted.
         """

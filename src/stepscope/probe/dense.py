@@ -48,7 +48,13 @@ from stepscope.probe.moments import absent_moments, gradient_moments
 from stepscope.probe.outputs import OutputSelector
 from stepscope.probe.recorder import LayerRecord, ProbeRecord, StepAxes
 from stepscope.probe.selection import ProbeSelection, select_probe
-from stepscope.probe.sequence import check_module, measured_parameters, module_kind
+from stepscope.probe.sequence import (
+    check_module,
+    measured_parameters,
+    module_kind,
+    module_problem,
+    uncovered_parameters,
+)
 from stepscope.probe.state import (
     ParamSnapshot,
     StepUpdate,
@@ -56,6 +62,7 @@ from stepscope.probe.state import (
     capture_update,
     distances,
     refresh_snapshot,
+    state_versions,
     take_snapshot,
 )
 
@@ -68,7 +75,8 @@ CONVENTIONS: dict[str, Any] = {
     "gradient_diversity_legacy_scale": "the seed's fisher_trace / ||G||^2 = n * gradient_diversity",
     "negligible_denominator": RULE,
     "covariance_cancellation": "validity covariance_relative_error_estimate = eps(dtype) * "
-    "(fisher_trace + mean_grad_sq_norm) / |covariance|; > 1% flags covariance_cancellation_suspect",
+    "(fisher_trace + mean_grad_sq_norm) / |covariance|: the operand-rounding floor of the error, "
+    "not a bound (covariance_relative_error_kind); > 1% flags covariance_cancellation_suspect",
     "zero_fraction": "exact zeros (== 0), not legacy <= 0",
     "reductions": "float32 on device for tensors; float64 on host for n-length arrays",
     "example": "one example = one probe row; a sequence's loss sums its scored tokens",
@@ -134,6 +142,8 @@ class DenseProbe:
         self.last_update: StepUpdate | None = None
         self._snapshot_owned = False
         self._device_cache: dict[tuple[str, torch.dtype], tuple[torch.Tensor, torch.Tensor]] = {}
+        #: which calls are broadcast over the batch, per call layout (stepscope.probe.calls)
+        self._layout_cache: dict[tuple, list[bool]] = {}
 
     # -- layers and parameters -------------------------------------------------------------
     def resolve_layers(self, model: torch.nn.Module) -> dict[str, torch.nn.Module]:
@@ -144,11 +154,7 @@ class DenseProbe:
         """
         modules = dict(model.named_modules())
         if self.layer_names is None:
-            found = {
-                n: m
-                for n, m in modules.items()
-                if module_kind(m) and measured_parameters(m) and getattr(m, "groups", 1) == 1
-            }
+            found = {n: m for n, m in modules.items() if module_problem(m) is None}
         else:
             found = {}
             for name in self.layer_names:
@@ -165,7 +171,7 @@ class DenseProbe:
             raise Refusal(
                 "probe_layer_unsupported",
                 "the model has no module the probe measures (Linear, HF Conv1D, Conv1d/Conv2d, "
-                "Embedding, LayerNorm, RMSNorm)",
+                "Embedding, LayerNorm, RMSNorm, LayerNorm-like)",
                 ["pass a model with such layers", "or name them via layers=[...]"],
             )
         return found
@@ -283,8 +289,8 @@ class DenseProbe:
             )
         device = params[0].device if params else torch.device("cpu")
         x, y = self._batch(device, dtype)
-        versions = _versions(model)
-        # .grad is never written (autograd.grad on layer outputs only); _versions checks that
+        versions = state_versions(model)
+        # .grad is never written (autograd.grad on layer outputs only); state_versions checks that
         # instead of cloning every gradient
         with (
             preserved_state(model, restore_grads=False),
@@ -299,8 +305,9 @@ class DenseProbe:
                 output=self.output,
                 next_token=self.next_token,
                 confusion_cap=self.confusion_cap,
+                layout_cache=self._layout_cache,
             )
-        if _versions(model) != versions:
+        if state_versions(model) != versions:
             raise Refusal(
                 "probe_state_changed",
                 "a parameter, buffer or .grad was written during the probe's eval forward/backward",
@@ -376,21 +383,15 @@ class DenseProbe:
             layers=out,
             probe=self.selection.to_dict() | {"dtype": str(fwd.dtype).replace("torch.", "")},
             conventions=dict(CONVENTIONS),
+            uncovered_parameters=uncovered_parameters(model, layers),
             cost={
                 "forward_passes": 1,
-                "backward_passes": 1,
+                "backward_passes": fwd.backward_passes,
                 "init_snapshot_nbytes": self.init_snapshot.nbytes if self.init_snapshot else None,
                 "delta_snapshot_nbytes": self.snapshot.nbytes if self.snapshot else None,
                 "update_snapshot_nbytes": upd.snapshot_nbytes if upd else None,
             },
         )
-
-
-def _versions(model: torch.nn.Module) -> list[Any]:
-    """Parameter, buffer and ``.grad`` versions plus ``.grad`` identities: any write shows."""
-    params = list(model.parameters())
-    grads = [(id(p.grad), p.grad._version) if p.grad is not None else None for p in params]
-    return [t._version for t in params] + [t._version for t in model.buffers()] + grads
 
 
 __all__ = ["DenseProbe"]

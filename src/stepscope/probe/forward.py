@@ -26,19 +26,27 @@ Example
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 from stepscope.errors import Refusal
+from stepscope.probe.calls import (
+    Recorded,
+    broadcast_flags,
+    parameter_owners,
+    per_example_output_grads,
+    record_calls,
+)
+from stepscope.probe.crossentropy import ce_logit_gradient, underflowed_targets
 from stepscope.probe.moments import BlockTensors
 from stepscope.probe.outputs import OutputSelector, ScoredTargets, score_targets, select_logits
 from stepscope.probe.recorder import ModelRecord
 from stepscope.probe.sequence import (
-    check_module,
+    elementwise_affine_mismatch,
     measured_parameters,
+    module_kind,
     module_use,
     parameter_sq_norms_and_sum,
 )
@@ -74,6 +82,9 @@ class ProbeForward:
     top_k: int = CONFUSION_TOP_K
     shared: dict[str, list[str]] = field(default_factory=dict)
     calls: dict[str, int] = field(default_factory=dict)
+    #: backward passes spent: 1, plus the broadcast test (first measurement) and one per example
+    #: when a call is broadcast over the batch (stepscope.probe.calls)
+    backward_passes: int = 1
 
     def _confusion_parts(self) -> tuple[list[torch.Tensor], bool]:
         classes = self.logits.shape[1]
@@ -101,7 +112,13 @@ class ProbeForward:
         top = self.logits.max(1, keepdim=True).values
         ties = ((self.logits == top).sum(1) > 1).sum()
         confusion, bounded = self._confusion_parts()
-        parts: list[torch.Tensor] = [self.loss_sum.reshape(1), ties.reshape(1), *confusion]
+        underflow = underflowed_targets(self.logits, self.labels).reshape(1)
+        parts: list[torch.Tensor] = [
+            self.loss_sum.reshape(1),
+            ties.reshape(1),
+            underflow,
+            *confusion,
+        ]
         layout: list[tuple[str, str, int]] = []
         for name, b in self.blocks.items():
             for part, sq, total in (
@@ -115,8 +132,8 @@ class ProbeForward:
                 layout.append((name, part, sq.numel()))
             parts.append(self.zero_counts[name])
         flat_host = torch.cat([p.detach().to(torch.float64) for p in parts]).cpu().numpy()
-        loss_sum, tie_count = float(flat_host[0]), int(flat_host[1])
-        pos = 2
+        loss_sum, tie_count, underflow_count = (float(v) for v in flat_host[:3])
+        pos = 3
         if bounded:
             predicted = flat_host[pos : pos + classes].astype(np.int64)
             errors = flat_host[pos + classes : pos + 2 * classes].astype(np.int64)
@@ -150,62 +167,21 @@ class ProbeForward:
             pos += 4
         model = ModelRecord(
             loss=loss_sum / m if np.isfinite(loss_sum) and m else None,
-            accuracy_fraction=correct / m if m else 0.0,
+            accuracy_fraction=correct / m if m else None,
             n_examples=int(n),
             n_correct=correct,
             num_classes=int(classes),
             predicted_counts=[int(v) for v in predicted],
             confusion=conf,
-            argmax_tie_count=tie_count,
+            argmax_tie_count=int(tie_count),
             n_targets=int(m),
             confusion_mode="bounded" if bounded else "dense",
             confusion_class_cap=self.confusion_cap,
             per_class_errors=per_class,
             top_confused_pairs=pairs,
+            logit_gradient_underflow_targets=int(underflow_count),
         )
         return HostResults(layers, zero_counts, model)
-
-
-def parameter_owners(
-    model: torch.nn.Module, layers: dict[str, torch.nn.Module]
-) -> tuple[dict[int, list[tuple[str, str]]], dict[str, torch.nn.Module]]:
-    """Every ``(module name, attribute)`` that holds a measured layer's parameters.
-
-    Returns ``param id -> owners`` and the modules to hook (measured layers plus any module that
-    shares one of their parameters, e.g. the token embedding of a tied LM head).
-
-    Raises
-    ------
-    Refusal
-        ``probe_layer_unsupported`` when a sharing module has no per-example rule.
-    """
-    wanted = {
-        id(getattr(m, part)): getattr(m, part)
-        for m in layers.values()
-        for part in measured_parameters(m)
-    }
-    owners: dict[int, list[tuple[str, str]]] = {pid: [] for pid in wanted}
-    hooked: dict[str, torch.nn.Module] = dict(layers)
-    for name, module in model.named_modules():
-        for attr, p in module._parameters.items():
-            if p is None or id(p) not in owners:
-                continue
-            if name not in layers:
-                if attr not in ("weight", "bias"):
-                    raise Refusal(
-                        "probe_layer_unsupported",
-                        f"module {name!r} ({type(module).__name__}) shares a measured parameter "
-                        f"as {attr!r}; its contribution has no per-example rule",
-                        ["exclude the shared parameter's layers via layers=[...]"],
-                    )
-                check_module(name, module)
-                hooked[name] = module
-            owners[id(p)].append((name, attr))
-    return owners, hooked
-
-
-def _input_of(args: tuple, kwargs: dict) -> torch.Tensor:
-    return args[0] if args else next(iter(kwargs.values()))
 
 
 def run_probe_forward(
@@ -217,6 +193,7 @@ def run_probe_forward(
     output: OutputSelector = None,
     next_token: bool = False,
     confusion_cap: int = CONFUSION_CLASS_CAP,
+    layout_cache: dict[tuple, list[bool]] | None = None,
 ) -> ProbeForward:
     """Run one forward and one backward of the probe through ``model`` (already in eval mode).
 
@@ -226,6 +203,9 @@ def run_probe_forward(
         Logit selection and target alignment (:mod:`stepscope.probe.outputs`).
     confusion_cap
         Largest class count recorded as a dense confusion matrix.
+    layout_cache
+        Which calls are broadcast over the batch, per call layout (:mod:`stepscope.probe.calls`;
+        a :class:`~stepscope.probe.dense.DenseProbe` keeps one, so the test runs once).
 
     Raises
     ------
@@ -235,57 +215,58 @@ def run_probe_forward(
         module ran, or a module sharing a measured parameter has no per-example rule.
     """
     owners, hooked = parameter_owners(model, layers)
-    captured: dict[str, list[tuple[torch.Tensor, torch.Tensor, int]]] = {n: [] for n in hooked}
-
     n = x.shape[0]
-
-    def make_hook(name: str) -> Any:
-        def hook(module: torch.nn.Module, args: tuple, kwargs: dict, out: torch.Tensor) -> Any:
-            inp = _input_of(args, kwargs)
-            if out.dim() and out.shape[0] == 1 < n and inp.dim() and inp.shape[0] == 1:
-                # a batch-of-one call broadcast over the batch (HF position ids (1, T)): hand the
-                # network the broadcast it would form anyway, so each example gets its own rows
-                inp = inp.expand(n, *inp.shape[1:])
-                out = out.expand(n, *out.shape[1:])
-            captured[name].append((inp, out, inp._version))
-            return out.clone()  # downstream in-place ops must not overwrite what we differentiate
-
-        return hook
-
-    handles = [m.register_forward_hook(make_hook(n), with_kwargs=True) for n, m in hooked.items()]
-    try:
-        with torch.enable_grad():
-            xin = x.detach().requires_grad_(True) if x.is_floating_point() else x
-            raw = model(xin)
-    finally:
-        for handle in handles:
-            handle.remove()
+    with record_calls(hooked, n) as recorded, torch.enable_grad():
+        xin = x.detach().requires_grad_(True) if x.is_floating_point() else x
+        raw = model(xin)
     scored = score_targets(select_logits(raw, output), y, next_token=next_token)
     calls: list[tuple[str, torch.Tensor, torch.Tensor]] = []  # (module, input, output)
-    batch_shared: set[str] = set()
-    for name, seen in captured.items():
-        for inp, out, version in seen:
-            if inp._version != version:
+    for name, seen in recorded.calls.items():
+        for call in seen:
+            if call.inp._version != call.version:
                 raise Refusal(
                     "probe_layer_unsupported",
                     f"the input of layer {name!r} was modified in place after the layer ran",
                     ["avoid in-place ops on tensors that feed a measured layer"],
                 )
-            if out.dim() == 0 or out.shape[0] != n:
-                batch_shared.add(name)  # one output for the whole batch: not per-example
-            elif out.requires_grad:
-                calls.append((name, inp.detach(), out))
+            if not call.out.requires_grad:
+                continue
+            if module_kind(hooked[name]) == "elementwise_affine":
+                why = elementwise_affine_mismatch(hooked[name], call.inp, call.out)
+                if why is not None:
+                    recorded.refused[name] = why
+                    continue
+            calls.append((name, call.inp.detach(), call.out))
+    live: list[tuple[str, torch.Tensor, torch.Tensor]] = []
+    passes = 0
     with torch.enable_grad():
         loss_sum = F.cross_entropy(scored.logits, scored.labels, reduction="sum")
-        grads = (
-            torch.autograd.grad(loss_sum, [c[2] for c in calls], allow_unused=True)
-            if calls and loss_sum.requires_grad
-            else [None] * len(calls)
-        )
-    live = [(name, inp, g) for (name, inp, _), g in zip(calls, grads) if g is not None]
-    return _reduce(
-        layers, hooked, owners, captured, live, scored, loss_sum, confusion_cap, batch_shared
-    )
+        # the cancellation-free logit gradient (stepscope.probe.crossentropy), not torch's
+        # p_y - 1, which is exactly 0 for a confident prediction
+        logit_grad = ce_logit_gradient(scored.logits, scored.labels)
+        if calls and scored.logits.requires_grad:
+            broadcast, passes = broadcast_flags(
+                scored.logits, logit_grad, scored.owner, calls, n, layout_cache
+            )
+            batched = [c for c, b in zip(calls, broadcast) if not b]
+            spread = [c for c, b in zip(calls, broadcast) if b]
+            grads = torch.autograd.grad(
+                scored.logits,
+                [c[2] for c in batched],
+                grad_outputs=logit_grad,
+                allow_unused=True,
+                retain_graph=bool(spread),
+            )
+            live = [(name, inp, g) for (name, inp, _), g in zip(batched, grads) if g is not None]
+            spread_grads = per_example_output_grads(
+                scored.logits, logit_grad, scored.owner, [c[2] for c in spread], n
+            )
+            for (name, inp, _), g in zip(spread, spread_grads):  # expand the input over the batch
+                live.append((name, inp.expand(n, *inp.shape), g))
+            passes += 1 + (n if spread else 0)
+    fwd = _reduce(layers, hooked, owners, recorded, live, scored, loss_sum, confusion_cap)
+    fwd.backward_passes = passes
+    return fwd
 
 
 def _zero_counts(inp: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
@@ -304,21 +285,32 @@ def _zero_counts(inp: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
     )
 
 
+def _absent_reason(holders: set[str], recorded: Recorded) -> str:
+    """Why a measured layer has no per-example gradient (no live use of any of its parameters)."""
+    refused = [recorded.refused[h] for h in sorted(holders) if h in recorded.refused]
+    if refused:
+        return refused[0]
+    if any(recorded.calls[h] for h in holders):
+        return "no_gradient_path"
+    if any(h in recorded.ran for h in holders):  # an embedding that never gathered its weight
+        return "no_embedding_gather"
+    return "not_executed"
+
+
 def _reduce(
     layers: dict[str, torch.nn.Module],
     hooked: dict[str, torch.nn.Module],
     owners: dict[int, list[tuple[str, str]]],
-    captured: dict[str, list[Any]],
+    recorded: Recorded,
     live: list[tuple[str, torch.Tensor, torch.Tensor]],
     scored: ScoredTargets,
     loss_sum: torch.Tensor,
     confusion_cap: int,
-    batch_shared: set[str],
 ) -> ProbeForward:
     """Per-parameter moments over all uses, mapped back to each measured layer's blocks.
 
-    A parameter with a use whose output is not per-example (one output for the whole batch)
-    has no per-example gradient here: its layers are absent (``batch_shared_call``).
+    Every module that owns a parameter reports its total over all uses, also when the module
+    itself never ran (T5's ``shared``, whose weight the encoder's ``embed_tokens`` uses).
     """
     absent: dict[str, str] = {}
     per_param: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -330,11 +322,9 @@ def _reduce(
         for name, module in layers.items():
             mine = [(inp, g) for owner, inp, g in live if owner == name]
             params = [getattr(module, part) for part in measured_parameters(module)]
-            if {o for p in params for o, _ in owners[id(p)]} & batch_shared:
-                absent[name] = "batch_shared_call"
-                continue
-            if not mine:
-                absent[name] = "not_executed" if not captured[name] else "no_gradient_path"
+            holders = {o for p in params for o, _ in owners[id(p)]}
+            if not any(owner in holders for owner, _, _ in live):
+                absent[name] = _absent_reason(holders, recorded)
                 continue
             n_calls[name] = len(mine)
             parts: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -360,7 +350,10 @@ def _reduce(
                 bias_sq=bias[0] if bias else None,
                 bias_sum=bias[1] if bias else None,
             )
-            zero_counts[name] = torch.stack([_zero_counts(inp, g) for inp, g in mine]).sum(0)
+            if mine:
+                zero_counts[name] = torch.stack([_zero_counts(i, g) for i, g in mine]).sum(0)
+            else:  # a tied owner that never ran: its totals, but no activations of its own
+                zero_counts[name] = torch.zeros(4, dtype=torch.long, device=loss_sum.device)
     return ProbeForward(
         n=scored.n,
         dtype=scored.logits.dtype,

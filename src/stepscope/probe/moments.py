@@ -49,6 +49,8 @@ DIVERSITY_DENOMINATOR_RTOL = NEGLIGIBLE_RTOL
 #: A covariance trace in ``[-COVARIANCE_ROUNDOFF_RTOL * fisher_trace, 0)`` is float32 round-off of
 #: a non-negative quantity and is clipped to 0 (recorded); more negative values are reported None.
 COVARIANCE_ROUNDOFF_RTOL = 1e-5
+#: ``validity['covariance_relative_error_kind']``: the estimate counts operand rounding only
+ERROR_ESTIMATE_KIND = "operand_rounding_floor_not_a_bound"
 #: largest per-example-gradient block (elements) the "outer" method materialises at once
 OUTER_CHUNK_ELEMENTS = 1 << 24
 QUANTILES: dict[str, float] = {"min": 0.0, "q25": 0.25, "median": 0.5, "q75": 0.75, "max": 1.0}
@@ -180,7 +182,11 @@ def gradient_moments(
         The precision both inputs were computed in; it sets the disclosed round-off estimate of
         the covariance trace's cancellation (``validity['covariance_relative_error_estimate']``
         = ``eps * (fisher_trace + mean_grad_sq_norm) / |covariance|``, flagged
-        ``covariance_cancellation_suspect`` above 1%).
+        ``covariance_cancellation_suspect`` above 1%). It is the error the subtraction would
+        have if both operands were correctly rounded: a floor of the true error, not a bound
+        (the float32 reductions forming the operands add to it; at ``cov / fisher = 2e-9`` it
+        reads 2.8 where the error is 47), so ``covariance_relative_error_kind`` says
+        ``"operand_rounding_floor_not_a_bound"``; measure in float64 when it is flagged.
     """
     sq = np.asarray(sq_norms, dtype=np.float64)
     n = int(sq.size)
@@ -207,6 +213,9 @@ def gradient_moments(
     error = cancellation_error(fisher, msq, dtype)
     validity["covariance_computed_dtype"] = dtype
     validity["covariance_relative_error_estimate"] = error
+    # what the number is: the error if both operands were correctly rounded, a floor of the true
+    # error (the float32 reductions that formed them add to it), never a bound on it
+    validity["covariance_relative_error_kind"] = ERROR_ESTIMATE_KIND
     validity["covariance_cancellation_suspect"] = error is None or error > CANCELLATION_FLAG
     covariance: float | None = raw
     if raw < 0.0:

@@ -47,7 +47,8 @@ class ModelRecord:
         Mean cross-entropy per scored target (nats per example for class labels, per token for
         sequences).
     accuracy_fraction
-        Correct / scored targets, in [0, 1].
+        Correct / scored targets, in [0, 1]; ``None`` when no target is scored (``n_targets``
+        0: every label ``-100``), as ``loss``.
     predicted_counts
         Examples predicted per class (argmax; ties go to the lowest index, counted in
         ``argmax_tie_count``).
@@ -60,10 +61,14 @@ class ModelRecord:
         ``"dense"`` (``num_classes <= confusion_class_cap``) or ``"bounded"``: no ``C x C`` matrix,
         ``per_class_errors[c]`` (targets of class ``c`` predicted wrong) and
         ``top_confused_pairs`` (``[true, predicted, count]``, most frequent first) instead.
+    logit_gradient_underflow_targets
+        Scored targets whose label derivative ``-sum_{j != y} p_j`` is exactly 0 in the probe's
+        dtype (every other probability underflowed; the true value never is 0): their gradient
+        contributions are below what the dtype resolves (:mod:`stepscope.probe.crossentropy`).
     """
 
     loss: float | None
-    accuracy_fraction: float
+    accuracy_fraction: float | None
     n_examples: int
     n_correct: int
     num_classes: int
@@ -75,6 +80,7 @@ class ModelRecord:
     confusion_class_cap: int | None = None
     per_class_errors: list[int] | None = None
     top_confused_pairs: list[list[int]] | None = None
+    logit_gradient_underflow_targets: int | None = None
 
 
 @dataclass(frozen=True)
@@ -133,6 +139,9 @@ class ProbeRecord:
     probe: dict[str, Any]
     conventions: dict[str, Any]
     cost: dict[str, Any]
+    #: every parameter the probe does not measure: ``name -> {module_type, reason, detail}``
+    #: (:func:`stepscope.probe.sequence.uncovered_parameters`)
+    uncovered_parameters: dict[str, dict[str, str]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe nested dict (legacy-name map and omitted legacy names included)."""

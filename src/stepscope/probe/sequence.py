@@ -61,13 +61,68 @@ def is_hf_conv1d(module: nn.Module) -> bool:
     return type(module).__name__ == "Conv1D" and hasattr(module, "nf")
 
 
+def is_elementwise_affine(module: nn.Module) -> bool:
+    """An RMSNorm-/LayerNorm-like module by its parameters (HF ``LlamaRMSNorm``, ``T5LayerNorm``).
+
+    The rule: its own parameters are a 1-D ``weight`` and optionally a ``bias`` of the same shape,
+    and no child holds a parameter. Whether the output really is ``weight * xhat + bias`` (with
+    ``xhat`` the output at ``weight = 1, bias = 0``) is checked on every call
+    (:func:`elementwise_affine_mismatch`); a module that fails is absent with its reason.
+    """
+    own = dict(module.named_parameters(recurse=False))
+    weight, bias = own.get("weight"), own.get("bias")
+    return (
+        weight is not None
+        and set(own) <= {"weight", "bias"}
+        and weight.dim() == 1
+        and (bias is None or bias.shape == weight.shape)
+        and not any(True for child in module.children() for _ in child.parameters())
+    )
+
+
 def module_kind(module: nn.Module) -> str | None:
     """The probe's kind label for ``module``, or ``None`` when it has no per-example rule."""
     if is_hf_conv1d(module):
         return "hf_conv1d"
-    return KINDS.get(type(module)) or next(
+    kind = KINDS.get(type(module)) or next(
         (k for t, k in KINDS.items() if isinstance(module, t)), None
     )
+    if kind is None and is_elementwise_affine(module):
+        return "elementwise_affine"
+    return kind
+
+
+def _affine_parameters(module: nn.Module) -> tuple[Tensor, Tensor | None]:
+    """``(weight, bias or None)`` of a LayerNorm-like module."""
+    own = dict(module.named_parameters(recurse=False))
+    return own["weight"], own.get("bias")
+
+
+def _unit_affine(module: nn.Module, inp: Tensor, weight_value: float = 1.0) -> Tensor:
+    """The module's output with ``weight = weight_value`` everywhere and ``bias = 0``."""
+    w, bias = _affine_parameters(module)
+    values = {"weight": torch.full_like(w, weight_value)}
+    if bias is not None:
+        values["bias"] = torch.zeros_like(bias)
+    return torch.func.functional_call(module, values, (inp,))
+
+
+def elementwise_affine_mismatch(module: nn.Module, inp: Tensor, out: Tensor) -> str | None:
+    """``None`` when the call's output is ``weight * xhat + bias`` with ``xhat`` independent of
+    the weight (checked at the weight, at 1 and at 2, to rounding); else why not."""
+    w, b = _affine_parameters(module)
+    if out.shape[-1:] != w.shape:
+        return "weight_not_on_the_last_axis"
+    with torch.no_grad():
+        xhat = _unit_affine(module, inp)
+        bias: Tensor | float = b if b is not None else 0.0
+        eps = torch.finfo(out.dtype).eps * 16
+        scale = float(out.abs().max()) if out.numel() else 0.0
+        if not torch.allclose(out, w * xhat + bias, rtol=eps, atol=eps * scale):
+            return "output_not_weight_times_normalised_input"
+        if not torch.allclose(_unit_affine(module, inp, 2.0), 2 * xhat, rtol=eps, atol=eps * scale):
+            return "output_not_linear_in_weight"
+    return None
 
 
 def measured_parameters(module: nn.Module) -> list[str]:
@@ -79,26 +134,62 @@ def measured_parameters(module: nn.Module) -> list[str]:
 
 def check_module(name: str, module: nn.Module) -> None:
     """Refuse ``probe_layer_unsupported`` for modules or options without a per-example rule."""
-    kind = module_kind(module)
-    problem = None
-    if kind is None:
-        problem = (
-            f"{type(module).__name__} has no per-example gradient rule here; the probe measures "
-            "Linear, HF Conv1D, Conv1d/Conv2d (groups 1), Embedding, LayerNorm and RMSNorm"
-        )
-    elif kind in ("conv1d", "conv2d") and module.groups != 1:
-        problem = f"{type(module).__name__} with groups={module.groups} is not measured"
-    elif kind == "embedding" and (module.max_norm is not None or module.scale_grad_by_freq):
-        problem = "Embedding with max_norm (renormalises the weight in place) or "
-        problem += "scale_grad_by_freq (batch-dependent gradient) is not measured"
-    elif not measured_parameters(module):
-        problem = f"{type(module).__name__} has no weight or bias parameter"
+    problem = module_problem(module)
     if problem:
         raise Refusal(
             "probe_layer_unsupported",
             f"layer {name!r}: {problem}",
             ["exclude this layer via layers=[...]"],
         )
+
+
+def module_problem(module: nn.Module) -> str | None:
+    """Why ``module`` has no per-example rule here (``None``: it has one)."""
+    kind = module_kind(module)
+    if kind is None:
+        return (
+            f"{type(module).__name__} has no per-example gradient rule here; the probe measures "
+            "Linear, HF Conv1D, Conv1d/Conv2d (groups 1), Embedding, LayerNorm, RMSNorm and "
+            "LayerNorm-like modules (a 1-D weight, an optional bias, no child parameters)"
+        )
+    if kind in ("conv1d", "conv2d") and module.groups != 1:
+        return f"{type(module).__name__} with groups={module.groups} is not measured"
+    if kind == "embedding" and (module.max_norm is not None or module.scale_grad_by_freq):
+        return (
+            "Embedding with max_norm (renormalises the weight in place) or "
+            "scale_grad_by_freq (batch-dependent gradient) is not measured"
+        )
+    if not measured_parameters(module):
+        return f"{type(module).__name__} has no weight or bias parameter"
+    return None
+
+
+def uncovered_parameters(
+    model: nn.Module, layers: dict[str, nn.Module]
+) -> dict[str, dict[str, str]]:
+    """Every parameter of ``model`` the probe does not measure, with its module type and reason.
+
+    Reasons: ``not_selected`` (its module has a rule but is outside ``layers=``),
+    ``not_weight_or_bias`` (a parameter such as ViT's ``cls_token`` beside the module's rule),
+    ``no_per_example_rule`` (``detail`` says why). A parameter tied to a measured one is covered.
+    """
+    covered = {id(getattr(m, part)) for m in layers.values() for part in measured_parameters(m)}
+    out: dict[str, dict[str, str]] = {}
+    for name, module in model.named_modules():
+        for attr, p in module.named_parameters(recurse=False):
+            if id(p) in covered:
+                continue
+            covered.add(id(p))  # a tied alias is listed once, under its first owner
+            problem = module_problem(module)
+            if problem is not None:
+                reason, detail = "no_per_example_rule", problem
+            elif attr not in ("weight", "bias"):
+                reason, detail = "not_weight_or_bias", f"parameter {attr!r} has no rule"
+            else:
+                reason, detail = "not_selected", "outside layers=[...]"
+            key = f"{name}.{attr}" if name else attr
+            out[key] = {"module_type": type(module).__name__, "reason": reason, "detail": detail}
+    return out
 
 
 @dataclass(frozen=True)
@@ -168,6 +259,14 @@ def module_use(module: nn.Module, part: str, inp: Tensor, grad: Tensor) -> Use:
     """
     n = grad.shape[0]
     hf_conv1d = is_hf_conv1d(module)  # decided first, as in module_kind
+    if not hf_conv1d and module_kind(module) == "elementwise_affine":
+        d = int(_affine_parameters(module)[0].shape[0])
+        b = grad.reshape(n, -1, d)
+        if part == "bias":
+            return DenseUse(b.sum(1))
+        with torch.no_grad():
+            xhat = _unit_affine(module, inp).reshape(n, -1, d)
+        return DenseUse((b * xhat).sum(1))
     if not hf_conv1d and isinstance(module, (nn.LayerNorm, nn.RMSNorm)):
         shape = module.normalized_shape
         b = grad.reshape(n, -1, *shape)
@@ -272,9 +371,13 @@ __all__ = [
     "KroneckerUse",
     "Use",
     "check_module",
+    "elementwise_affine_mismatch",
+    "is_elementwise_affine",
     "is_hf_conv1d",
     "measured_parameters",
     "module_kind",
+    "module_problem",
     "module_use",
     "parameter_sq_norms_and_sum",
+    "uncovered_parameters",
 ]

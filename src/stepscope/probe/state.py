@@ -28,6 +28,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -181,3 +182,10 @@ def capture_update(
         snapshot_nbytes=snapshot.nbytes,
         steps_verified=optimizer is not None,
     )
+
+
+def state_versions(model: torch.nn.Module) -> list[Any]:
+    """Parameter, buffer and ``.grad`` versions plus ``.grad`` identities: any write shows."""
+    params = list(model.parameters())
+    grads = [(id(p.grad), p.grad._version) if p.grad is not None else None for p in params]
+    return [t._version for t in params] + [t._version for t in model.buffers()] + grads

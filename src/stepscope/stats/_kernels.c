@@ -21,8 +21,8 @@
  * runtime is linked (torch ships its own; two runtimes in one process clash). Threads, when asked
  * for, are plain pthreads. No allocation is left unchecked: a failed one falls back to one thread.
  * Accuracy: every sum accumulates in float64 (float32 inputs widen exactly; 16 independent
- * accumulators per sum, a multiply-add fused where the clone has FMA, which only removes a
- * rounding), so each sum's error is at most n * 2**-52 times the sum of its terms' magnitudes
+ * accumulators per sum in a fixed order, a multiply-add fused where the clone has FMA, which only
+ * removes a rounding), so each sum's error is at most n * 2**-52 times the sum of its terms' magnitudes
  * (sum(|x|); sum(x^2) for sum_squares: the float64 recursive-summation bound); tests check it
  * against math.fsum on adversarial inputs. Counts, min and max are exact.
  */
@@ -91,7 +91,10 @@ static void finish(const part_t *p, int64_t n, double K, double *out) {
         double sd = 0, sd2 = 0, sq = 0, sa = 0;                                               \
         T mn = INFINITY, mx = -INFINITY;                                                      \
         const U signbit = (U)1 << SIGNSHIFT;                                                  \
-        _Pragma("omp simd reduction(+:zero,neg,nan_,pinf,ninf,sd,sd2,sq,sa) reduction(min:mn) reduction(max:mx)") \
+        /* no `omp simd reduction` here: it licenses reassociating the float sums, and GCC then \
+         * vectorized two inlined copies of this loop differently on x86-64-v3 (different bits \
+         * on the fused and the per-tensor paths). Blocks holding a non-finite value and the   \
+         * last < SS_LANES elements come here: summed in element order, on every clone. */     \
         for (int64_t i = lo; i < hi; i++) {                                                   \
             U u;                                                                              \
             memcpy(&u, &x[i], sizeof(u));                                                     \
@@ -188,7 +191,11 @@ static void finish(const part_t *p, int64_t n, double K, double *out) {
 
 /* FMA contraction inside the spine loops only (the clones that have FMA fuse d*d + acc; the
  * merge below stays uncontracted, bit for bit numpy): a fused multiply-add rounds once, so the
- * sums are at least as accurate as with separate operations. */
+ * sums are at least as accurate as with separate operations, and the spine runs ~15% faster
+ * than uncontracted (benchmarks/kernels.py --against). So the x86-64-v4 and x86-64-v3 clones
+ * give the same bits (fixed lanes, the same fused operations), and the baseline clone differs
+ * from them only within the documented float64 bound; tests/stats/test_isa_levels.py checks
+ * both on every level this CPU has. */
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC push_options
 #pragma GCC optimize("fp-contract=fast")
@@ -609,7 +616,9 @@ int stepscope_kernels_version(void) { return 8; }
  * x86-64-v3 clone (AVX2 + FMA), 3 = AVX-512F clone, 2 = AVX2 clone (compilers before GCC 12),
  * 1 = baseline clone, 0 = one portable build (no runtime dispatch on this platform/compiler). */
 int stepscope_kernels_isa(void) {
-#if defined(SS_DISPATCH) && defined(SS_LEVELS)
+#if defined(STEPSCOPE_FORCED_ISA) /* one level only (STEPSCOPE_KERNEL_ISA, see _native.py) */
+    return STEPSCOPE_FORCED_ISA;
+#elif defined(SS_DISPATCH) && defined(SS_LEVELS)
     __builtin_cpu_init();
     return __builtin_cpu_supports("x86-64-v4") ? 5 : __builtin_cpu_supports("x86-64-v3") ? 4 : 1;
 #elif defined(SS_DISPATCH)

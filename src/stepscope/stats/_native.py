@@ -12,6 +12,11 @@ Where the library comes from (``STEPSCOPE_KERNEL``):
   CPU model and flags, so a home directory shared across CPU types never loads a foreign build.
 - ``torch``: always the pure-torch path.
 
+``STEPSCOPE_KERNEL_ISA=baseline|v3|v4`` builds (as ``jit`` does, into the cache) a library of one
+x86-64 level only, with no run-time dispatch: baseline x86-64, x86-64-v3 (AVX2 + FMA) or
+x86-64-v4 (AVX-512 + FMA). It exists so that one machine can run the suite on every clone the
+packaged library may pick elsewhere (CI does); a level this CPU lacks raises instead of crashing.
+
 :func:`backend_info` says which path runs and where the library came from; the collector writes it
 into the run record.
 """
@@ -81,9 +86,39 @@ def _cpu_fingerprint() -> str:
     return text
 
 
+#: ``STEPSCOPE_KERNEL_ISA`` levels: (``-march`` value, the ``stepscope_kernels_isa()`` code).
+LEVELS: dict[str, tuple[str, int]] = {
+    "baseline": ("x86-64", 1),
+    "v3": ("x86-64-v3", 4),
+    "v4": ("x86-64-v4", 5),
+}
+
+
+def _forced_level() -> tuple[str, int] | None:
+    name = os.environ.get("STEPSCOPE_KERNEL_ISA", "")
+    if not name:
+        return None
+    if name not in LEVELS or platform.machine() not in ("x86_64", "AMD64"):
+        raise RuntimeError(
+            f"STEPSCOPE_KERNEL_ISA={name!r}: use one of {sorted(LEVELS)} on x86-64 (or unset it)"
+        )
+    return LEVELS[name]
+
+
+def _cpu_level() -> int:
+    """The highest level this CPU runs, as the packaged (dispatching) library detects it."""
+    return int(ctypes.CDLL(str(_packaged_library())).stepscope_kernels_isa())
+
+
 def _jit_flags() -> list[str]:
     flags = list(_FLAGS)
-    if os.environ.get("STEPSCOPE_NATIVE_ARCH") == "1":
+    forced = _forced_level()
+    if forced is not None:
+        march, code = forced
+        if _cpu_level() < code:
+            raise RuntimeError(f"STEPSCOPE_KERNEL_ISA: this CPU cannot run -march={march}")
+        flags += ["-DSTEPSCOPE_NO_CLONES", f"-march={march}", f"-DSTEPSCOPE_FORCED_ISA={code}"]
+    elif os.environ.get("STEPSCOPE_NATIVE_ARCH") == "1":
         flags.append("-march=native")
     return flags
 
@@ -179,6 +214,8 @@ def load() -> ctypes.CDLL | None:
             return _STATE["lib"]  # type: ignore[return-value]
         lib = None
         mode = os.environ.get("STEPSCOPE_KERNEL", "auto")
+        if mode != "torch" and os.environ.get("STEPSCOPE_KERNEL_ISA"):
+            mode = "jit"  # one forced level is always a build of its own
         _STATE["source"] = "none"
         if mode == "torch":
             _STATE["reason"] = "disabled by STEPSCOPE_KERNEL=torch"
