@@ -43,7 +43,7 @@ LAYERS: list[set[str]] = [
     {"stats"},  # stats.layout (torch-free) is what history builds on, imported at module level
     {"history"},
     {"runlog", "events", "profile"},
-    {"collect", "probe", "curvature"},
+    {"collect", "probe", "curvature", "forensics"},
     {"report"},
     {"demo", "integrations", "cli", "run", "__init__", "__main__"},
 ]
@@ -54,6 +54,7 @@ PEERS: dict[tuple[str, str], str] = {
     ("selection", "errors"): "every module refuses with stepscope.errors",
     ("codec", "errors"): "parse_enum and float_from_json refuse with the caller's code",
     ("curvature", "probe"): "curvature reuses the probe's output selection and layer sequence",
+    ("collect", "forensics"): "the collector runs the flight recorder (spike forensics)",
 }
 
 RANK = {name: i for i, layer in enumerate(LAYERS) for name in layer}

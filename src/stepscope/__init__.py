@@ -35,6 +35,7 @@ if TYPE_CHECKING:  # what the lazy table below resolves to, spelled out for type
     from stepscope.curvature import analyze_curvature as analyze_curvature
     from stepscope.events import EventStream as EventStream
     from stepscope.events import ObserverEvent as ObserverEvent
+    from stepscope.forensics import FlightRecorder as FlightRecorder
     from stepscope.probe import DenseProbe as DenseProbe
     from stepscope.profile import draw as draw
     from stepscope.profile import kernel_profile as kernel_profile
@@ -68,6 +69,7 @@ _EXPORTS: dict[str, str] = {
     "draw": "stepscope.profile:draw",
     "DenseProbe": "stepscope.probe:DenseProbe",
     "analyze_curvature": "stepscope.curvature:analyze_curvature",
+    "FlightRecorder": "stepscope.forensics:FlightRecorder",
 }
 
 __all__ = ["Refusal", "__version__", *_EXPORTS]

@@ -35,6 +35,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "stepscope.report.cli",
     "stepscope.curvature.cli",
     "stepscope.profile.cli",
+    "stepscope.forensics.cli",
 )
 
 

@@ -32,6 +32,7 @@ from __future__ import annotations
 import os
 
 from stepscope.errors import Refusal
+from stepscope.forensics.attribution import Spike, read_spikes
 from stepscope.history.reader import EVAL_LOG, HistoryReader
 from stepscope.history.verify import VerifyReport
 from stepscope.runlog.evals import EvalRecord
@@ -54,6 +55,11 @@ class Run(HistoryReader):
         ``endpoints_only`` keeps the declared endpoints (official-test values belong only there).
         """
         return self.view().evals(split, endpoints_only=endpoints_only)
+
+    def spikes(self) -> list[Spike]:
+        """The flight recorder's triggers, each with the layers that left their own trailing
+        range first (``[]``: no recorder, or nothing fired; see ``docs/forensics.md``)."""
+        return read_spikes(self.path)
 
     def clocks(self) -> Clocks:
         """Cumulative training/telemetry/elapsed seconds per step and the measured overhead.

@@ -53,6 +53,7 @@ from stepscope.collect import stepstate
 from stepscope.collect.activations import ActivationSites
 from stepscope.collect.autocadence import AutoCadence
 from stepscope.collect.boundary import StepBoundary
+from stepscope.collect.flight import open_flight
 from stepscope.collect.livemerge import LiveMerge, safe_merge
 from stepscope.collect.optimizers import OptimizerWatch
 from stepscope.collect.plan import Plan, build_plan
@@ -240,10 +241,16 @@ class HistoryCollector(UserLog):
             self.settings.update_sample_size,
             self.settings.update_seed,
         )
+        # spike forensics (WatchSettings(flight_recorder=...)); None: off
+        self.forensics = open_flight(
+            self.settings, self.modules, owners, self._sites, self.path, self.run.rank,
+            self.run.world_size, self._charge,
+        )  # fmt: skip
         try:
             self._sites.attach()
             if optimizer is not None:  # implicit: iterations end at update() with a scaler
                 self._steps.attach_implicit(model, optimizer, scaler, self._sites)
+                self._flight_optimizers()
         except BaseException:
             self.close()
             raise
@@ -298,6 +305,12 @@ class HistoryCollector(UserLog):
             and (self.model.training or self._txn_open)
         )
 
+    def _flight_optimizers(self) -> None:
+        """The flight recorder reads every watched optimizer's steps (idempotent)."""
+        if self.forensics is not None:
+            for watch in self._steps.watches.values():
+                self.forensics.attach_optimizer(watch.optimizer)
+
     def _check_structure(self) -> None:
         """Model surgery: end the series of replaced or removed modules and parameters."""
         state = self._state
@@ -324,6 +337,8 @@ class HistoryCollector(UserLog):
         if not self._due.matches(self.cadences):  # "auto" decided, or cadences were replaced
             self._due = DueTable(self.cadences, self.streams)
         spine_due, hist_due = self._due.at(step)
+        if self.forensics is not None and self.forensics.dense_at(step):  # after a trigger
+            spine_due = dict.fromkeys(spine_due, True)
         state = StepState(
             step=step, spine_due=spine_due, hist_due=hist_due, started=time.perf_counter()
         )
@@ -380,6 +395,7 @@ class HistoryCollector(UserLog):
             )
         opts = [] if optimizer is None else optimizer
         self._steps.open_transaction(opts if isinstance(opts, (list, tuple)) else [opts])
+        self._flight_optimizers()
         state = self._current()
         if not state.structure_checked:
             self._check_structure()
@@ -419,6 +435,13 @@ class HistoryCollector(UserLog):
         self._examples_seen = written.examples_seen
         self.telemetry_seconds += written.telemetry_s
         self.last_block, self.last_batches = written.block, written.batches
+        if self.forensics is not None:  # the step's every-step readings, triggers
+            self.forensics.end_step(
+                state.step,
+                written.scalars,
+                (written.block.examples_seen, written.block.epoch),
+                None if self.writer is None else self.writer.commits,
+            )
         self.last_merged = None
         if written.any_due:  # a collective: every rank logs the same steps (fixed cadences)
             self._live, self.last_merged = safe_merge(
@@ -484,6 +507,8 @@ class HistoryCollector(UserLog):
             self._state = None
             # disk faults are reported (close_report), not raised
             self.close_report = self._boundary.close(self._next_step)
+            if self.forensics is not None:  # hooks off, the window written a last time
+                self.forensics.close()
 
     @property
     def closed(self) -> bool:
@@ -500,5 +525,7 @@ class HistoryCollector(UserLog):
             if not self._closed:
                 self._sites.remove()
                 self._steps.remove()
+                if self.forensics is not None:
+                    self.forensics.reader.remove()
         except Exception:
             pass

@@ -23,6 +23,7 @@ from typing import Any
 from stepscope.codec import parse_enum
 from stepscope.defaults import DEFAULT_SEED
 from stepscope.errors import Refusal
+from stepscope.forensics.recorder import FlightRecorder
 from stepscope.history.ring import RingPolicy
 from stepscope.history.vocab import Stream
 from stepscope.stats import HistogramDescriptor
@@ -200,6 +201,7 @@ def _check_types(s: Any) -> None:
         ("run_id", (str,), "a str"),
         ("commit_seconds", (int, float), "a number"),
         ("histogram_descriptor", (HistogramDescriptor,), "a HistogramDescriptor"),
+        ("flight_recorder", (FlightRecorder,), "a stepscope.FlightRecorder"),
     ]
     for name, kinds, what in optional:
         v = getattr(s, name)
@@ -308,6 +310,10 @@ class WatchSettings:
     wandb
         ``True``: stream to a W&B run named after the run (``WANDB_MODE``, ``WANDB_PROJECT``
         honoured); or a :class:`~stepscope.events.WandbTracker`.
+    flight_recorder
+        A :class:`~stepscope.forensics.FlightRecorder`: every-step per-site scalars in a RAM
+        window, triggers that save it to the artifact and make the cadence dense for a while
+        (spike forensics, ``docs/forensics.md``). ``None`` (default): off.
 
     Raises
     ------
@@ -337,6 +343,7 @@ class WatchSettings:
     live_merge: bool = True
     tensorboard: Any = None
     wandb: Any = False
+    flight_recorder: FlightRecorder | None = None
 
     def __post_init__(self) -> None:
         _check_types(self)

@@ -37,10 +37,12 @@ from stepscope.report.sections import (
     layers_section,
     moments_section,
 )
+from stepscope.report.spikes import spikes_section
 
 #: Section keys in report order (each is an ``id`` in the HTML).
 SECTION_KEYS: tuple[str, ...] = (
     "curves",
+    "spikes",
     "branch",
     "endpoints",
     "layers",
@@ -84,6 +86,7 @@ def build_sections(
     ends = sorted(set(endpoints)) if endpoints else default_endpoints(runs)
     builders: list[Callable[[], Section]] = [
         lambda: curves_section(runs, ends, overlays),
+        lambda: spikes_section(runs),
         lambda: branch_section(runs),
         lambda: endpoints_section(runs, ends),
         lambda: layers_section(runs),
