@@ -96,7 +96,7 @@ def test_seed_mean_and_interval_exist_only_where_every_run_has_a_value():
     np.testing.assert_array_equal(mean.y, [2.0, 3.0, np.nan, np.nan])
     np.testing.assert_array_equal(mean.band[0], [1.0, 2.0, np.nan, np.nan])
     np.testing.assert_array_equal(mean.band[1], [3.0, 4.0, np.nan, np.nan])
-    assert mean.band_label == "probe · min–max over 3 runs"
+    assert mean.band_label == "shaded: min–max over 3 runs"
     assert {t.group for t in traces} == {"probe"}
 
 
