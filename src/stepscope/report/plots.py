@@ -210,7 +210,8 @@ def _line_plot(
         if t.kind == "overlay":  # sparse historical points: never joined into a curve
             kw = dict(ls="none", marker="D", ms=6, mfc="none", mew=1.4)
         else:
-            kw = dict(marker=".", ms=3 if len(x) > 40 else 5, linestyle=dash, **kw)
+            dots = "." if len(x) <= 60 else ""  # dense lines: markers would hide the line
+            kw = dict(marker=dots, ms=4, linestyle=dash, **kw)
         ax.plot(x, y, color=colour, **kw)
         data[f"{i}:{t.label}"] = (x, y)
         if t.kind == "overlay":
@@ -240,7 +241,7 @@ def _line_plot(
     for x0, label in markers or []:
         ax.axvline(x0, color="#555555", ls=":", lw=1)
         ax.annotate(
-            label, (x0, 1.0), xycoords=("data", "axes fraction"), fontsize=MIN_FONT, va="bottom"
+            label, (x0, 0.98), xycoords=("data", "axes fraction"), fontsize=MIN_FONT, va="top"
         )
     if logy:
         ax.set_yscale("log")
