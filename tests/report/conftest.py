@@ -59,7 +59,9 @@ def quickstart_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("quickstart")
     path = root / "a"
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(784, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10))
+    model = torch.nn.Sequential(
+        torch.nn.Linear(784, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10)
+    )
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     settings = ss.WatchSettings(output_dir=str(path))
     with ss.HistoryCollector(model, sites="*", settings=settings) as c:

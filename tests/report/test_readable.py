@@ -56,7 +56,7 @@ def visible_log_ticks(axis) -> list[tuple[float, str]]:
 
 def test_log_axis_tick_labels_are_plain_numbers_equal_to_their_ticks(saved):
     x = np.arange(5.0)
-    line_plot("decay", "step", "value", [Trace("a", x, 10.0 ** -x)], logy=True)
+    line_plot("decay", "step", "value", [Trace("a", x, 10.0**-x)], logy=True)
     steps = np.arange(4)
     values = np.array([[1e-3, 1e-2, 1e-1, 1.0], [2e-3, 3e-2, 0.5, 2.0]])
     heatmap_plot("grid", ["a", "b"], steps, values, "l2", log=True)

@@ -165,7 +165,9 @@ def _spectrum_traces(layers: dict[str, Any]) -> list[Trace]:
     for name, entry in layers.items():
         ev = np.array(entry["activation_factor"]["eigenvalues"], float)
         x = np.arange(1, len(ev) + 1.0)
-        traces.append(Trace(f"{name} A (activation)", x, ev, group=f"layer {name}", family="A activation"))
+        traces.append(
+            Trace(f"{name} A (activation)", x, ev, group=f"layer {name}", family="A activation")
+        )
         for fam in FAMILIES:
             ev = np.array(entry[fam]["backprop_factor"]["eigenvalues"], float)
             x = np.arange(1, len(ev) + 1.0)
@@ -207,7 +209,10 @@ def curvature_section(runs: list[ReportRun], every_seed: bool = False) -> Sectio
                     f"factor spectra at epoch {d['epoch']} · {r.label}",
                     "eigenvalue index (descending)",
                     "eigenvalue",
-                    [Trace(t.label, t.x, _pos(t.y), group=t.group, family=t.family) for t in traces],
+                    [
+                        Trace(t.label, t.x, _pos(t.y), group=t.group, family=t.family)
+                        for t in traces
+                    ],
                     logy=True,
                     caption=f"mode {meta.get('mode', '?')}, estimators "
                     f"{json.dumps(meta.get('estimators', {}))}, dtype "

@@ -46,8 +46,7 @@ def seed_traces(
     if len(per_run) < 2:
         return [Trace(f"{tag} · {n}", x, y, group=label, family=family) for n, x, y in per_run]
     traces = [
-        Trace(f"{tag} · {n}", x, y, kind="seed", group=label, family=family)
-        for n, x, y in per_run
+        Trace(f"{tag} · {n}", x, y, kind="seed", group=label, family=family) for n, x, y in per_run
     ]
     xs = np.unique(np.concatenate([x[np.isfinite(x)] for _, x, _ in per_run]))
     stack = np.full((len(per_run), len(xs)), np.nan)

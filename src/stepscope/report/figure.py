@@ -10,8 +10,8 @@ Every plot of the report is drawn on a private matplotlib ``Figure`` from :func:
 * renders at :data:`PNG_SCALE` times the displayed size (sharp on HiDPI screens) and stores the
   pixels as an adaptive palette PNG (a few times smaller than RGBA, no visible loss on plots).
 
-Sizes: a figure is :data:`FIG_WIDTH` inches wide at :data:`DPI`, i.e. about 420 CSS pixels, so a
-390-px phone shows it at ~85 % and :data:`MIN_FONT` (9 pt = 11 px) stays ~9.5 px on screen.
+Sizes: a figure is :data:`FIG_WIDTH` inches wide at :data:`DPI`, i.e. about 400 CSS pixels, so a
+390-px phone shows it at ~90 % and :data:`MIN_FONT` (9 pt = 11 px) stays ~9.5 px on screen.
 
 Example
 -------
@@ -33,7 +33,7 @@ DPI = 90
 #: PNGs hold this many pixels per displayed pixel (the HTML shows them at 1/PNG_SCALE size).
 PNG_SCALE = 2
 #: Width of an ordinary figure (inches): ``FIG_WIDTH * DPI`` CSS pixels on the page.
-FIG_WIDTH = 4.7
+FIG_WIDTH = 4.4
 #: Body text of the plots (axis labels, titles), pt.
 FONT = 10
 #: Smallest font size of any tick label, legend entry or annotation (pt).

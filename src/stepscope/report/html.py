@@ -26,9 +26,9 @@ from pathlib import Path
 from stepscope.errors import Refusal
 from stepscope.report.curvature import curvature_section
 from stepscope.report.endpoints import default_endpoints, endpoints_section
+from stepscope.report.figure import PNG_SCALE
 from stepscope.report.model import NO_DATA, Item, Note, ReportRun, Section, Table
 from stepscope.report.overlay import Overlay, load_overlay
-from stepscope.report.figure import PNG_SCALE
 from stepscope.report.plots import Plot
 from stepscope.report.record import record_section
 from stepscope.report.sections import (
@@ -72,7 +72,7 @@ th{background:#f6f6f6;position:sticky;top:0} td{max-width:40em;overflow-wrap:bre
 .missing{font-size:.85em;color:#6b4a00;background:#fff8ec;border-left:3px solid #f0a020;
 padding:.3em .7em;margin:.4em 0}
 details{margin:.5em 0 1em} summary{cursor:pointer;color:#0b57a4;font-size:.95em;padding:.2em 0}
-@media (max-width:40em){body{padding:.5em .6em} .grid{gap:.3em}}
+@media (max-width:40em){body{padding:.5em .4em} .grid{gap:.3em}}
 """
 
 

@@ -116,7 +116,8 @@ def one_per_recipe(runs: list[ReportRun]) -> tuple[list[ReportRun], list[ReportR
     the seeds' spread is in the curves' bands, and a note names the runs left out.
     """
     seen: set[str] = set()
-    shown, left = [], []
+    shown: list[ReportRun] = []
+    left: list[ReportRun] = []
     for r in runs:
         (left if r.group in seen else shown).append(r)
         seen.add(r.group)

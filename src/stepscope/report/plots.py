@@ -26,7 +26,6 @@ True
 
 from __future__ import annotations
 
-import math
 import textwrap
 from dataclasses import dataclass, field
 from typing import Any
@@ -125,7 +124,7 @@ def _legend(ax: Any, handles: list[Any], labels: list[str], width_in: float = FI
     """A legend below the axes that fits the figure's width (labels wrapped, 1 or 2 columns)."""
     if not handles:
         return
-    two = max(len(lab) for lab in labels) <= 30 and len(labels) > 2
+    two = len(labels) > 3
     chars_w = (width_in / (2 if two else 1)) - 0.5
     labels = [_wrap(lab, chars_w, MIN_FONT) for lab in labels]
     ax.legend(
@@ -186,8 +185,8 @@ def _line_plot(
     ax = fig.add_subplot()
     data: dict[str, Any] = {}
     by_family = any(t.family is not None for t in traces)
-    colours: dict[object, str] = {}
-    dashes: dict[object, object] = {}
+    colours: dict[Any, str] = {}
+    dashes: dict[Any, Any] = {}
     handles: dict[str, Any] = {}  # legend label -> handle, in first-drawn order
     seeds = banded = 0
     for i, t in enumerate(traces):
@@ -197,7 +196,9 @@ def _line_plot(
             colour = colours.setdefault(key, PALETTE[len(colours) % len(PALETTE)])
             dash = dashes.setdefault(t.family, LINE_STYLES[len(dashes) % len(LINE_STYLES)])
         else:
-            colour, dash = line_style(len(colours)) if key not in colours else (colours[key], dashes[key])
+            colour, dash = (
+                line_style(len(colours)) if key not in colours else (colours[key], dashes[key])
+            )
             colours.setdefault(key, colour)
             dashes.setdefault(key, dash)
         # matplotlib Line2D keyword arguments (floats and strings mixed)
@@ -230,7 +231,7 @@ def _line_plot(
             if isinstance(key, str) and key in lined:
                 handles.setdefault(key, lines.Line2D([], [], color=colour, lw=2.2))
         for fam, dash in dashes.items():
-            if fam is not None:
+            if isinstance(fam, str):
                 handles.setdefault(fam, lines.Line2D([], [], color="#444444", ls=dash, lw=1.4))
     if seeds:
         handles["thin lines: each seed"] = lines.Line2D([], [], color="#777777", lw=0.7)
@@ -238,11 +239,13 @@ def _line_plot(
         bands = sorted({t.band_label for t in traces if t.band is not None and t.band_label})
         label = bands[0] if len(bands) == 1 else "shaded: min–max over the seeds"
         handles[label] = patches.Patch(color="#777777", alpha=0.3, lw=0)
+    xs = [v for t in traces for v in np.asarray(t.x, float) if np.isfinite(v)]
+    middle = (min(xs) + max(xs)) / 2 if xs else 0.0
     for x0, label in markers or []:
         ax.axvline(x0, color="#555555", ls=":", lw=1)
-        ax.annotate(
-            label, (x0, 0.98), xycoords=("data", "axes fraction"), fontsize=MIN_FONT, va="top"
-        )
+        side = "left" if x0 <= middle else "right"  # the label stays inside the axes
+        ax.annotate(f" {label} ", (x0, 0.98), xycoords=("data", "axes fraction"),
+                    fontsize=MIN_FONT, va="top", ha=side)  # fmt: skip
     if logy:
         ax.set_yscale("log")
         floor = _log_floor(traces)
@@ -322,7 +325,7 @@ def _heatmap(
 ) -> Plot:
     mcolors = require_extra("matplotlib.colors", "report", "drawing report plots")
     longest = max((len(r) for r in rows), default=4)
-    left = min(1.6, 0.25 + 0.075 * longest)  # row names at MIN_FONT
+    left = min(1.4, 0.25 + 0.075 * longest)  # row names at MIN_FONT
     fig = new_figure(height=1.3 + 0.2 * max(len(rows), 2), left=left, right=0.1)
     ax = fig.add_subplot()
     _hatch_gaps(ax)
@@ -392,4 +395,3 @@ def bar_plot(
         if groups:
             ax.legend(fontsize=MIN_FONT)
         return Plot(title, xlabel, encode_png(fig), {"groups": groups}, caption)
-

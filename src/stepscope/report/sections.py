@@ -30,6 +30,7 @@ from stepscope.report.curves import (
     curves_section,
     seed_traces,
 )
+from stepscope.report.histplot import histogram_plot
 from stepscope.report.model import (
     Item,
     Note,
@@ -41,7 +42,6 @@ from stepscope.report.model import (
     no_data,
     one_per_recipe,
 )
-from stepscope.report.histplot import histogram_plot
 from stepscope.report.plots import Plot, Trace, heatmap_plot, line_plot
 
 __all__ = [  # the curves section's names stay importable from here (older imports)
@@ -148,9 +148,10 @@ def layers_section(runs: list[ReportRun], every_seed: bool = False) -> Section:
     sec = Section("layers", "Layer x step heatmaps: dense probe (Plot 3), then training streams")
     shown, left = (runs, []) if every_seed else one_per_recipe(runs)
     for r in shown:
-        items = _probe_heatmaps(r) + _training_heatmaps(r)
+        items: list[Item] = [*_probe_heatmaps(r), *_training_heatmaps(r)]
         plots = [i for i in items if isinstance(i, Plot)]
-        sec.items += [i for i in items if not isinstance(i, Plot)] + plots[:1]
+        sec.items += [i for i in items if not isinstance(i, Plot)]
+        sec.items += plots[:1]
         sec.details += plots[1:]
     note = left_out_note("layer heatmaps", left)
     if note is not None:
@@ -320,7 +321,9 @@ def histograms_section(runs: list[ReportRun], limit: int = 12, every_seed: bool 
                 continue
             left -= 1
             panels.append(histogram_plot(D.histogram_grid(r.reader, site, stream)))
-    bad = [p for p in panels if any(p.data["specials"][k].sum() for k in ("nan", "posinf", "neginf"))]
+    bad = [
+        p for p in panels if any(p.data["specials"][k].sum() for k in ("nan", "posinf", "neginf"))
+    ]
     first = (bad or panels)[:1]
     sec.items += first
     sec.details += [p for p in panels if p not in first]
