@@ -147,6 +147,6 @@ def test_a_quickstart_report_opens_on_what_was_recorded_and_lists_the_rest_in_on
     for key in SECTION_KEYS:  # every section id still resolves (a section or an anchor)
         assert f'id="{key}"' in text, key
     assert "moments" not in p.sections and "curvature" not in p.sections
-    # drawn: histograms of every site's streams, folded after the first (12 panels at most)
+    # drawn: histograms of every site's streams, folded after the first (8 panels at most)
     images = re.findall(r"<img ", text)
-    assert 1 <= len(p.sections["histograms"]["img"]) <= 12 and len(images) <= 40
+    assert 1 <= len(p.sections["histograms"]["img"]) <= 8 and len(images) <= 30

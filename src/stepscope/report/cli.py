@@ -20,7 +20,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="comma-separated optimizer steps for gap/confusion (default: first,last probe step)",
     )
     p.add_argument(
-        "--histogram-limit", type=int, default=12, help="most histogram panels (default: 12)"
+        "--histogram-limit", type=int, default=8, help="most histogram panels (default: 8)"
     )
     p.add_argument(
         "--every-seed",

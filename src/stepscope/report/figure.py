@@ -133,12 +133,12 @@ def encode_png(fig: Any) -> bytes:
     for text in fig.findobj(lambda o: hasattr(o, "set_parse_math")):
         text.set_parse_math(False)  # names are data: "$" is a dollar sign, never math text
     buf = io.BytesIO()
-    # keep legends below the axes whole
+    # bbox "tight": legends below the axes stay whole (matplotlib draws twice to find the box)
     fig.savefig(buf, format="png", dpi=DPI * PNG_SCALE, bbox_inches="tight", facecolor="white")
     image = pil.open(io.BytesIO(buf.getvalue())).convert("RGB")
     palette = image.quantize(
         colors=PALETTE_COLOURS, method=pil.Quantize.FASTOCTREE, dither=pil.Dither.NONE
     )
     out = io.BytesIO()
-    palette.save(out, format="PNG", compress_level=9)
+    palette.save(out, format="PNG", compress_level=7)
     return out.getvalue()

@@ -79,7 +79,7 @@ details{margin:.5em 0 1em} summary{cursor:pointer;color:#0b57a4;font-size:.95em;
 def build_sections(
     runs: Sequence[ReportRun],
     endpoints: Sequence[int] | None = None,
-    histogram_limit: int = 12,
+    histogram_limit: int = 8,
     overlays: Sequence[Overlay] = (),
     progress: Callable[[int, int], None] | None = None,
     every_seed: bool = False,
@@ -237,7 +237,7 @@ def render_report(
     out: str | os.PathLike[str],
     *,
     endpoints: Sequence[int] | None = None,
-    histogram_limit: int = 12,
+    histogram_limit: int = 8,
     overlays: Sequence[str | os.PathLike[str]] = (),
     progress: Callable[[int, int], None] | None = None,
     every_seed: bool = False,

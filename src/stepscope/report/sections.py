@@ -297,7 +297,7 @@ def moments_section(runs: list[ReportRun], every_seed: bool = False) -> Section:
     return sec
 
 
-def histograms_section(runs: list[ReportRun], limit: int = 12, every_seed: bool = False) -> Section:
+def histograms_section(runs: list[ReportRun], limit: int = 8, every_seed: bool = False) -> Section:
     """Each site's histogram over time, one run per recipe (unless ``every_seed``), up to
     ``limit`` panels in all; the panels left out are named in a note (a stated selection, never a
     silent cut). Open: the first panel holding a NaN/inf count (else the first panel)."""
