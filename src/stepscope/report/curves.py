@@ -115,7 +115,11 @@ def curves_section(
     labels = sorted({s for r in runs for s in _sources(r)})
     if not labels:
         sec.items.append(
-            no_data("probe or validation CE/accuracy", "probe/model/*, eval/<split>/*")
+            no_data(
+                "probe or validation CE/accuracy",
+                "probe/model/*, eval/<split>/*",
+                "attach ss.DenseProbe(...) or call collector.log_eval(split, {...})",
+            )
         )
     has_clock = any(D.TRAIN_CLOCK in r.reader.scalar_names for r in runs)
     marks = [(float(e), f"endpoint {e}") for e in endpoints]
