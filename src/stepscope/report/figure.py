@@ -116,16 +116,6 @@ def _plain_log_ticks(fig: Any) -> None:
                 axis.set_minor_formatter(minor)
 
 
-def tick_labels(fig: Any) -> list[list[str]]:
-    """The visible tick label texts of each axes of a drawn figure (x labels, then y labels)."""
-    out = []
-    for ax in fig.axes:
-        labels = [t.get_text() for t in ax.get_xticklabels() + ax.get_yticklabels()]
-        minor = ax.get_xticklabels(minor=True) + ax.get_yticklabels(minor=True)
-        out.append([t for t in labels + [t.get_text() for t in minor] if t])
-    return out
-
-
 def encode_png(fig: Any) -> bytes:
     """The figure as palette-PNG bytes at ``PNG_SCALE`` x its displayed size (text literal)."""
     pil = require_extra("PIL.Image", "report", "compressing report plots")
