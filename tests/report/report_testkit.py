@@ -204,7 +204,8 @@ def plots_titled(section, prefix: str) -> list:
     """Plots of a section whose title starts with ``prefix``."""
     from stepscope.report import Plot
 
-    return [i for i in section.items if isinstance(i, Plot) and i.title.startswith(prefix)]
+    items = section.all_items  # the open summary, then the folded details
+    return [i for i in items if isinstance(i, Plot) and i.title.startswith(prefix)]
 
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -228,7 +229,10 @@ def decode_png(data: bytes) -> tuple[int, int]:
         pos += 12 + length
     assert chunks[0][0] == b"IHDR" and chunks[-1][0] == b"IEND"
     width, height, depth, colour = struct.unpack(">IIBB", chunks[0][1][:10])
-    assert width > 0 and height > 0 and depth == 8
+    assert width > 0 and height > 0 and depth in (1, 2, 4, 8, 16)
+    if colour == 3:  # a palette image carries its palette
+        assert any(kind == b"PLTE" for kind, _ in chunks)
     raw = zlib.decompress(b"".join(body for kind, body in chunks if kind == b"IDAT"))
-    assert len(raw) == height * (1 + width * CHANNELS[colour])
+    row = -(-width * CHANNELS[colour] * depth // 8)  # bytes per row, rounded up
+    assert len(raw) == height * (1 + row)
     return width, height

@@ -23,7 +23,7 @@ def test_panel_draws_real_analyze_curvature_output(runs, tmp_path):
     (tmp_path / "curvature-003.json").write_text(json.dumps(doc))
     assert find_curvature_files(tmp_path) == [tmp_path / "curvature-003.json"]
     sec = curvature_section([ReportRun(tmp_path, open_history(runs["bare"]), "real")])
-    plots = {i.title: i for i in sec.items if isinstance(i, Plot)}
+    plots = {i.title: i for i in sec.all_items if isinstance(i, Plot)}
     spectra = plots["factor spectra at epoch 3 · real"]
     for layer in ("0", "2"):
         (key,) = [k for k in spectra.data if k.endswith(f":{layer} A (activation)")]
@@ -33,7 +33,7 @@ def test_panel_draws_real_analyze_curvature_output(runs, tmp_path):
     (key,) = [k for k in quotient.data if k.endswith(":0 ce_ggn")]
     want = analysis["directional"]["0"]["ce_ggn"]["mean_gradient_rayleigh_quotient"]
     np.testing.assert_array_equal(quotient.data[key][1], [want])
-    tables = {t.title: t for t in sec.items if isinstance(t, Table)}
+    tables = {t.title: t for t in sec.all_items if isinstance(t, Table)}
     (row,) = tables["output-space Lyapunov mismatch · real"].rows
     assert row[1] == str(analysis["output_space"]["support"]["rank"])
     assert len(tables["KFAC ranks · real"].rows) == 2 * 3  # two layers x three families

@@ -15,12 +15,12 @@ from stepscope.report.record import record_section
 def test_record_shows_the_creation_date_and_rounded_numbers(runs):
     view = ReportRun.open(runs["seed0"])
     sec = record_section([view])
-    table = sec.items[0]
+    table = sec.all_items[0]
     rows = dict((r[0], r[1]) for r in table.rows)
     assert "created_unix" not in rows
     want = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(view.reader.run.created_unix))
     assert rows["created"] == want
-    for item in sec.items:  # no float anywhere with more than 4 significant digits
+    for item in sec.all_items:  # no float anywhere with more than 4 significant digits
         for row in getattr(item, "rows", []):
             for cell in row[1:]:
                 for number in re.findall(r"-?\d+\.\d+(?:e[+-]\d+)?", cell):

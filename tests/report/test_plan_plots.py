@@ -38,7 +38,8 @@ PLOT3 = {
 
 
 def test_plot3_heatmaps_are_the_dense_probe_quantities(report, runs):
-    sec = report["sections"]["layers"]
+    # every_seed: run 1's panels too (the report itself draws the first run of each recipe)
+    sec = layers_section(report["views"], every_seed=True)
     assert set(PLOT3) == set(PROBE_LAYER_QUANTITIES)
     for run in (0, 1):
         label = report["views"][run].label
@@ -71,11 +72,11 @@ def six_runs(runs, tmp_path_factory):
         train_run(root / f"seed{seed}", seed, curvature=False)
         paths.append(root / f"seed{seed}")
     views = [ReportRun.open(p) for p in paths]
-    sections = [
-        layers_section(views),
-        moments_section(views),
-        endpoints_section(views, [0, 5]),
-        histograms_section(views, limit=5),
+    sections = [  # every_seed: per-run panels for each seed (the report's --every-seed)
+        layers_section(views, every_seed=True),
+        moments_section(views, every_seed=True),
+        endpoints_section(views, [0, 5], every_seed=True),
+        histograms_section(views, limit=5, every_seed=True),
     ]
     return views, {s.key: s for s in sections}
 
@@ -99,7 +100,7 @@ def test_histogram_selection_is_stated_not_silent(six_runs):
     _, sections = six_runs
     sec = sections["histograms"]
     assert len(plots_titled(sec, "")) == 5
-    (note,) = [i for i in sec.items if isinstance(i, Note)]
+    (note,) = [i for i in sec.all_items if isinstance(i, Note)]
     assert "5 histogram panels drawn" in note.text and "more not drawn" in note.text
 
 
@@ -124,16 +125,16 @@ def test_overlay_is_drawn_in_its_own_style_with_its_regime(runs, tmp_path):
     label = (
         f"historical · {OVERLAY['label']} · {OVERLAY['regime']} · official test (historical val_*)"
     )
-    (key,) = [k for k in acc.data if k.split(":", 1)[1] == label]
+    (key,) = [k for k in acc.data if ":" in k and k.split(":", 1)[1] == label]
     x, y = acc.data[key]
     np.testing.assert_array_equal(x, [0, 4])
     np.testing.assert_allclose(y, [0.098, 0.975])  # percent read as a fraction
     assert acc.data[f"{key}:kind"] == "overlay"  # drawn as isolated markers, not a curve
     # the regime is explained once per section (a note), not as a second caption variant
-    notes = [i.text for i in sections["curves"].items if isinstance(i, Note)]
+    notes = [i.text for i in sections["curves"].all_items if isinstance(i, Note)]
     assert any("different source/recipe/hardware regime" in t for t in notes)
     no_overlay = curves_section(views, [0, 5])
-    assert not any("Hollow diamonds" in i.text for i in no_overlay.items if isinstance(i, Note))
+    assert not any("Hollow diamonds" in i.text for i in no_overlay.all_items if isinstance(i, Note))
     (ce,) = plots_titled(sections["curves"], "cross-entropy vs optimizer step")
     assert any("official test (historical val_*)" in k for k in ce.data)
     # never on the isolated-training-seconds axis: the old run has no such clock
@@ -175,7 +176,7 @@ def test_recorder_fp32_and_offline_fp64_probe_numbers_side_by_side(runs, tmp_pat
     sections = {s.key: s for s in build_sections([ReportRun.open(run)])}
     (table,) = [
         i
-        for i in sections["curvature"].items
+        for i in sections["curvature"].all_items
         if isinstance(i, Table) and i.title.startswith("recorder FP32 vs offline FP64")
     ]
     (row,) = table.rows
@@ -218,7 +219,7 @@ def test_the_run_records_telemetry_accounting_is_shown(runs, tmp_path):
         json.dumps(accounting | {"overall_telemetry_fraction": 0.5})
     )
     sec = record_section([ReportRun.open(run)])
-    (table,) = [i for i in sec.items if isinstance(i, Table) and "telemetry.json" in i.title]
+    (table,) = [i for i in sec.all_items if isinstance(i, Table) and "telemetry.json" in i.title]
     assert dict(map(tuple, table.rows)) == {
         "probe_seconds": "0.25",
         "probe_serialization_seconds": "0.125",
@@ -255,4 +256,4 @@ def test_probe_mean_is_drawn_only_over_runs_of_the_same_probe(tmp_path):
     (ce,) = plots_titled(sec, "cross-entropy vs optimizer step")
     (key,) = [k for k in ce.data if k.endswith(":probe · mean of 2 runs")]
     np.testing.assert_allclose(ce.data[key][1], np.mean(losses, axis=0), rtol=1e-12)
-    assert not any(isinstance(n, Note) and "different examples" in n.text for n in sec.items)
+    assert not any(isinstance(n, Note) and "different examples" in n.text for n in sec.all_items)

@@ -30,9 +30,8 @@ SPECIALS = {
 HIST_STEPS = (0, 2, 6)  # no histogram at step 4: a gap, not an empty column
 
 
-@pytest.fixture(scope="module")
-def hand_run(tmp_path_factory: pytest.TempPathFactory):
-    path = tmp_path_factory.mktemp("hand") / "run"
+def hand_run_at(path):
+    """A hand-written artifact: every special value at steps 0, 2 and 6, a dead ReLU site."""
     with ArtifactWriter(path, durable=False) as w:
         site = w.register_site("fc", "torch.nn.Linear", "f32[*,14]")
         dead = w.register_site("relu", "torch.nn.ReLU", "f32[*,14]")
@@ -46,6 +45,11 @@ def hand_run(tmp_path_factory: pytest.TempPathFactory):
             batch = ObservationBatch.observed("activation", "forward", ids, spines, **kw)
             w.write_step(StepBlockRecord(step, examples_seen=1), [batch])
     return open_history(path)
+
+
+@pytest.fixture(scope="module")
+def hand_run(tmp_path_factory: pytest.TempPathFactory):
+    return hand_run_at(tmp_path_factory.mktemp("hand") / "run")
 
 
 def signed_bin(x: float, lo_exp: int = -48, bpo: int = 4) -> int:
@@ -96,7 +100,7 @@ def test_seed_mean_and_interval_exist_only_where_every_run_has_a_value():
     np.testing.assert_array_equal(mean.y, [2.0, 3.0, np.nan, np.nan])
     np.testing.assert_array_equal(mean.band[0], [1.0, 2.0, np.nan, np.nan])
     np.testing.assert_array_equal(mean.band[1], [3.0, 4.0, np.nan, np.nan])
-    assert mean.band_label == "probe · min–max over 3 runs"
+    assert mean.band_label == "shaded: min–max over 3 runs"
     assert {t.group for t in traces} == {"probe"}
 
 

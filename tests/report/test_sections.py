@@ -18,15 +18,23 @@ STEP_AXIS = np.arange(STEPS)
 def trace(plot, label: str):
     """The arrays a line plot drew for the trace labelled ``label``."""
     for key, value in plot.data.items():
-        if key.split(":", 1)[1] == label:
+        if ":" in key and key.split(":", 1)[1] == label:
             return value
     raise KeyError(f"{label!r} not in {list(plot.data)}")
 
 
 def heatmap(report, title: str, run: int):
-    """The training-stream heatmap (not the dense probe's Plot 3) whose title names ``title``."""
+    """The training-stream heatmap (not the dense probe's Plot 3) whose title names ``title``.
+
+    The report draws one run per recipe (run 0 here); run 1's heatmaps are drawn with
+    ``every_seed``, as ``stepscope report --every-seed`` does.
+    """
+    from stepscope.report.sections import layers_section
+
     label = report["views"][run].label
     sec = report["sections"]["layers"]
+    if run:
+        sec = layers_section(report["views"], every_seed=True)
     found = [p for p in plots_titled(sec, "training-") if f" {title} (" in p.title]
     (plot,) = found[run : run + 1]
     assert plot.title.endswith(label)
@@ -115,7 +123,7 @@ def test_training_seconds_axis_uses_the_isolated_clock_and_throughput_is_example
     x, _ = trace(ce_s, f"probe · {report['views'][0].label}")
     np.testing.assert_array_equal(x, clock.values[list(PROBE_STEPS)])
     (tp,) = plots_titled(report["sections"]["branch"], "measured training throughput")
-    _, rate = trace(tp, report["views"][0].label)
+    _, rate = trace(tp, f"throughput · {report['views'][0].label}")
     want = np.concatenate([[np.nan], 48.0 / np.diff(clock.values)])
     np.testing.assert_allclose(rate, want, rtol=1e-12)
     assert "isolated training second" in tp.caption
@@ -142,7 +150,16 @@ def test_branch_activity_is_plotted_as_logged(report, runs):
 
 
 def test_endpoints_show_the_probe_confusion_class_counts_and_gap(report, runs):
+    from stepscope.report.endpoints import endpoints_section
+
     sec = report["sections"]["endpoints"]
+    assert not plots_titled(sec, f"probe confusion at step 0 · {report['views'][1].label}")
+    assert "first run of each recipe" in " ".join(
+        n.text for n in sec.all_items if isinstance(n, Note)
+    )
+    (last,) = [i for i in sec.items if isinstance(i, Table)]  # open: the last endpoint only
+    assert {r[1] for r in last.rows} == {"5"}
+    sec = endpoints_section(report["views"], [0, 5], every_seed=True)
     for run, view in enumerate(report["views"]):
         truth = runs[f"truth{run}"]
         for step in (0, 5):
@@ -153,7 +170,7 @@ def test_endpoints_show_the_probe_confusion_class_counts_and_gap(report, runs):
             np.testing.assert_array_equal(
                 bars.data["groups"][f"step {step}"], truth.predicted[step]
             )
-    (table,) = [i for i in sec.items if isinstance(i, Table)]
+    (table,) = [i for i in sec.details if isinstance(i, Table)]
     rows = {(r[0], r[1], r[2]): r for r in table.rows}
     row = rows[(report["views"][0].label, "5", "validation")]
     test0 = rows[(report["views"][0].label, "0", "test")]
@@ -177,7 +194,7 @@ def test_probe_moments_are_the_recorded_values_per_layer(report, runs):
             x, y = trace(plot, f"layer {layer}")
             want = [runs["truth0"].probe[s].get(f"probe/{layer}/{key}", np.nan) for s in x]
             np.testing.assert_allclose(y, want, rtol=1e-12)
-    (table,) = [i for i in sec.items if isinstance(i, Table)]
+    (table,) = [i for i in sec.all_items if isinstance(i, Table)]
     assert {r[4] for r in table.rows} == {"16"}  # the probe's sample size is stated
 
 
@@ -213,7 +230,7 @@ def test_curvature_panel_draws_each_checkpoint_json(report, runs):
     assert y[0] == 0.7 and np.isnan(y[1])  # null in the JSON: a gap
     _, y = trace(q, "0 ce_ggn")
     np.testing.assert_array_equal(y, [0.5, 1.0])
-    tables = {t.title: t for t in sec.items if isinstance(t, Table)}
+    tables = {t.title: t for t in sec.all_items if isinstance(t, Table)}
     lyap = tables[f"output-space Lyapunov mismatch · {label}"]
     assert [r[2] for r in lyap.rows] == ["3", "6"]
     ranks = tables[f"KFAC ranks · {label}"]
@@ -221,7 +238,7 @@ def test_curvature_panel_draws_each_checkpoint_json(report, runs):
 
 
 def test_run_record_lists_versions_hashes_and_cadences(report):
-    (table, *_rest) = report["sections"]["record"].items
+    (table, *_rest) = report["sections"]["record"].all_items
     fields = dict(table.rows)
     run = report["views"][0].reader.run
     assert fields["packages.torch"] == torch.__version__
@@ -232,7 +249,7 @@ def test_run_record_lists_versions_hashes_and_cadences(report):
 
 def test_measured_overhead_comes_from_the_runlog_summary(report, runs):
     summary = json.loads((runs["seed0"] / "runlog.json").read_text())
-    tables = [t for t in report["sections"]["record"].items if isinstance(t, Table)]
+    tables = [t for t in report["sections"]["record"].all_items if isinstance(t, Table)]
     (overhead,) = [t for t in tables if t.title.startswith("measured overhead")][:1]
     fields = dict(overhead.rows)
     for key in ("overhead_fraction", "training_seconds"):  # shown to 4 significant digits
@@ -247,12 +264,12 @@ def test_runs_of_different_recipes_are_never_averaged_together(report):
     a, b = report["views"]
     sec = curves_section([replace(a, group="plain"), replace(b, group="residual")], [0, 5])
     (ce,) = plots_titled(sec, "cross-entropy vs optimizer step")
-    labels = [k.split(":", 1)[1] for k in ce.data]
+    labels = [k.split(":", 1)[1] for k in ce.data if ":" in k]
     assert not any("mean of" in lab for lab in labels)
     assert f"probe · plain · {a.label}" in labels and f"probe · residual · {b.label}" in labels
     same = curves_section([replace(a, group="plain"), replace(b, group="plain")], [0, 5])
     (ce,) = plots_titled(same, "cross-entropy vs optimizer step")
-    labels = [k.split(":", 1)[1] for k in ce.data]
+    labels = [k.split(":", 1)[1] for k in ce.data if ":" in k]
     assert "eval/validation · mean of 2 runs" in labels  # one recipe: averaged
     # (the kit's two seeds probe different examples, so their probe curves are not averaged)
     assert "probe · mean of 2 runs" not in labels

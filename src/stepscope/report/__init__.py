@@ -7,6 +7,7 @@ Example
 PosixPath('report.html')
 """
 
+from stepscope.report.histplot import histogram_plot
 from stepscope.report.html import (
     SECTION_KEYS,
     build_sections,
@@ -15,7 +16,7 @@ from stepscope.report.html import (
     write_report,
 )
 from stepscope.report.model import Note, ReportRun, Section, Table
-from stepscope.report.plots import Plot, Trace, heatmap_plot, histogram_plot, line_plot
+from stepscope.report.plots import Plot, Trace, heatmap_plot, line_plot
 
 __all__ = [
     "SECTION_KEYS",

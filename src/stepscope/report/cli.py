@@ -20,7 +20,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="comma-separated optimizer steps for gap/confusion (default: first,last probe step)",
     )
     p.add_argument(
-        "--histogram-limit", type=int, default=40, help="most histogram panels (default: 40)"
+        "--histogram-limit", type=int, default=8, help="most histogram panels (default: 8)"
+    )
+    p.add_argument(
+        "--every-seed",
+        action="store_true",
+        help="draw per-run panels (heatmaps, confusion, histograms, curvature) for every run, "
+        "not only the first run of each recipe",
     )
     p.add_argument(
         "--overlay",
@@ -53,6 +59,7 @@ def _main(args: argparse.Namespace) -> int:
         endpoints=endpoints,
         histogram_limit=args.histogram_limit,
         overlays=args.overlay,
+        every_seed=args.every_seed,
         progress=None if args.no_progress else progress_bar("report"),
     )
     print(f"wrote {out}")

@@ -23,7 +23,15 @@ from typing import Any
 import numpy as np
 
 from stepscope.errors import Refusal
-from stepscope.report.model import ReportRun, Section, Table, fmt, no_data
+from stepscope.report.model import (
+    ReportRun,
+    Section,
+    Table,
+    fmt,
+    left_out_note,
+    no_data,
+    one_per_recipe,
+)
 from stepscope.report.plots import Trace, line_plot
 
 FAMILIES = ("empirical_fisher", "ce_ggn", "jacobian_gram")
@@ -156,10 +164,14 @@ def _spectrum_traces(layers: dict[str, Any]) -> list[Trace]:
     traces = []
     for name, entry in layers.items():
         ev = np.array(entry["activation_factor"]["eigenvalues"], float)
-        traces.append(Trace(f"{name} A (activation)", np.arange(1, len(ev) + 1.0), ev))
+        x = np.arange(1, len(ev) + 1.0)
+        traces.append(
+            Trace(f"{name} A (activation)", x, ev, group=f"layer {name}", family="A activation")
+        )
         for fam in FAMILIES:
             ev = np.array(entry[fam]["backprop_factor"]["eigenvalues"], float)
-            traces.append(Trace(f"{name} B {fam}", np.arange(1, len(ev) + 1.0), ev))
+            x = np.arange(1, len(ev) + 1.0)
+            traces.append(Trace(f"{name} B {fam}", x, ev, group=f"layer {name}", family=f"B {fam}"))
     return traces
 
 
@@ -167,13 +179,21 @@ def _pos(values: np.ndarray) -> np.ndarray:
     return np.where(values > 0, values, np.nan)  # log axis: non-positive values are not drawn
 
 
-def curvature_section(runs: list[ReportRun]) -> Section:
-    """Spectra, ranks, directional quotients and Lyapunov mismatch per checkpoint."""
+def curvature_section(runs: list[ReportRun], every_seed: bool = False) -> Section:
+    """Spectra, ranks, directional quotients and Lyapunov mismatch per checkpoint (one run per
+    recipe unless ``every_seed``). Open: each run's spectra at its last checkpoint."""
     sec = Section("curvature", "Curvature panel (offline, per checkpoint)")
-    for r in runs:
+    shown, left = (runs, []) if every_seed else one_per_recipe(runs)
+    for r in shown:
         files = find_curvature_files(r.path)
         if not files:
-            sec.items.append(no_data(f"curvature · {r.label}", "RUN/curvature/curvature-*.json"))
+            sec.items.append(
+                no_data(
+                    f"curvature · {r.label}",
+                    "RUN/curvature/curvature-*.json",
+                    "run `stepscope curvature` on saved checkpoints",
+                )
+            )
             continue
         docs = [load_checkpoint(p) for p in files]
         ranks: list[list[str]] = []
@@ -184,12 +204,15 @@ def curvature_section(runs: list[ReportRun]) -> Section:
             a = d["analysis"]
             meta = a.get("metadata", {})
             traces = _spectrum_traces(a["layers"])
-            sec.items.append(
+            (sec.items if d is docs[-1] else sec.details).append(
                 line_plot(
                     f"factor spectra at epoch {d['epoch']} · {r.label}",
                     "eigenvalue index (descending)",
                     "eigenvalue",
-                    [Trace(t.label, t.x, _pos(t.y)) for t in traces],
+                    [
+                        Trace(t.label, t.x, _pos(t.y), group=t.group, family=t.family)
+                        for t in traces
+                    ],
                     logy=True,
                     caption=f"mode {meta.get('mode', '?')}, estimators "
                     f"{json.dumps(meta.get('estimators', {}))}, dtype "
@@ -224,28 +247,34 @@ def curvature_section(runs: list[ReportRun]) -> Section:
                 ]
             )
         head = ["epoch", "layer", "family", "KFAC top eig", "effective rank", "stable rank"]
-        sec.items.append(Table(f"KFAC ranks · {r.label}", [*head, "rel. diagonal error"], ranks))
+        sec.details.append(Table(f"KFAC ranks · {r.label}", [*head, "rel. diagonal error"], ranks))
         if quotient:
-            sec.items.append(
+            sec.details.append(
                 line_plot(
                     f"mean-gradient KFAC Rayleigh quotient · {r.label}",
                     "checkpoint epoch",
                     "q(G) / ||G||^2",
-                    [Trace(f"{n} {f}", epochs, np.array(v)) for (n, f), v in quotient.items()],
+                    [
+                        Trace(f"{n} {f}", epochs, np.array(v), group=f"layer {n}", family=f)
+                        for (n, f), v in quotient.items()
+                    ],
                     caption="Gaps: undefined (zero mean gradient), listed in the JSON metadata.",
                 )
             )
         else:
-            sec.items.append(no_data("directional quotients", "analysis.directional"))
-        sec.items.append(precision_table(r, docs))
+            sec.details.append(no_data("directional quotients", "analysis.directional"))
+        sec.details.append(precision_table(r, docs))
         head = ["epoch", "support rank", "rho ambient", "rho support", "Lyapunov/precond. ratio"]
-        sec.items.append(
+        sec.details.append(
             Table(
                 f"output-space Lyapunov mismatch · {r.label}",
                 [*head, "relative residual", "discarded Fisher fraction"],
                 lyap,
             )
         )
+    note = left_out_note("curvature panels", left)
+    if note is not None and sec.has_data:
+        sec.details.append(note)
     return sec
 
 

@@ -32,16 +32,22 @@ PROBE_CE, PROBE_ACC = "probe/model/loss", "probe/model/accuracy_fraction"
 TRAIN_LOSS_NAMES = ("loss", "train/loss")  # user scalars drawn as the minibatch training loss
 
 
-def seed_traces(label: str, per_run: list[tuple[str, np.ndarray, np.ndarray]]) -> list[Trace]:
+def seed_traces(
+    label: str, per_run: list[tuple[str, np.ndarray, np.ndarray]], family: str | None = None
+) -> list[Trace]:
     """Each run's trace, and for several runs a mean with a labelled min–max interval.
 
     The mean and interval are taken only at x values where *every* run has a defined value
     (elsewhere they are NaN gaps): a mean over fewer runs would silently change its meaning.
+    ``family`` (the recipe, when several are drawn) gives the traces a shared line style.
     """
     per_run = [(n, x, y) for n, x, y in per_run if np.isfinite(y).any()]
+    tag = f"{label} · {family}" if family else label
     if len(per_run) < 2:
-        return [Trace(f"{label} · {n}", x, y, group=label) for n, x, y in per_run]
-    traces = [Trace(f"{label} · {n}", x, y, kind="seed", group=label) for n, x, y in per_run]
+        return [Trace(f"{tag} · {n}", x, y, group=label, family=family) for n, x, y in per_run]
+    traces = [
+        Trace(f"{tag} · {n}", x, y, kind="seed", group=label, family=family) for n, x, y in per_run
+    ]
     xs = np.unique(np.concatenate([x[np.isfinite(x)] for _, x, _ in per_run]))
     stack = np.full((len(per_run), len(xs)), np.nan)
     for i, (_, x, y) in enumerate(per_run):
@@ -54,8 +60,10 @@ def seed_traces(label: str, per_run: list[tuple[str, np.ndarray, np.ndarray]]) -
     lo = np.where(full, np.min(np.where(full, stack, np.inf), axis=0), np.nan)
     hi = np.where(full, np.max(np.where(full, stack, -np.inf), axis=0), np.nan)
     n = len(per_run)
-    band = f"{label} · min–max over {n} runs"
-    traces.append(Trace(f"{label} · mean of {n} runs", xs, mean, "mean", (lo, hi), band, label))
+    band = f"shaded: min–max over {n} runs"
+    traces.append(
+        Trace(f"{tag} · mean of {n} runs", xs, mean, "mean", (lo, hi), band, label, family)
+    )
     return traces
 
 
@@ -107,7 +115,11 @@ def curves_section(
     labels = sorted({s for r in runs for s in _sources(r)})
     if not labels:
         sec.items.append(
-            no_data("probe or validation CE/accuracy", "probe/model/*, eval/<split>/*")
+            no_data(
+                "probe or validation CE/accuracy",
+                "probe/model/*, eval/<split>/*",
+                "attach ss.DenseProbe(...) or call collector.log_eval(split, {...})",
+            )
         )
     has_clock = any(D.TRAIN_CLOCK in r.reader.scalar_names for r in runs)
     marks = [(float(e), f"endpoint {e}") for e in endpoints]
@@ -118,6 +130,7 @@ def curves_section(
                 continue
             traces: list[Trace] = []
             for (label, group), members in _by_group(runs, labels):
+                family = group.removeprefix(" · ") or None
                 per_run = []
                 for r in members:
                     src = _sources(r).get(label)
@@ -134,14 +147,17 @@ def curves_section(
                     per_run.append((r.label, x, y))
                 if label == "probe" and not _same_probe(members):
                     # never average probe curves of different examples (docs/probe.md)
-                    traces += [Trace(f"{label}{group} · {n}", x, y) for n, x, y in per_run]
+                    traces += [
+                        Trace(f"{label}{group} · {n}", x, y, group=label, family=family)
+                        for n, x, y in per_run
+                    ]
                     mixed.add(f"probe{group}")
                     continue
-                traces += seed_traces(label + group, per_run)
+                traces += seed_traces(label, per_run, family)
             if axis == "optimizer step":
                 traces += _overlay_traces(overlays, metric)
             if traces:
-                sec.items.append(
+                (sec.items if axis == "optimizer step" else sec.details).append(
                     line_plot(
                         f"{metric} vs {axis}",
                         axis,
@@ -172,12 +188,13 @@ def curves_section(
         )
     if not has_clock:
         sec.items.append(no_data("isolated training seconds", f"scalar rows {D.TRAIN_CLOCK}"))
-    sec.items.append(_elapsed_plot(runs))
+    sec.details.append(_elapsed_plot(runs))
     for name in TRAIN_LOSS_NAMES:
         traces = []
         for (_, group), members in _by_group(runs, [name]):
             loss = [(r.label, *_user_series(r, name)) for r in members]
-            traces += seed_traces(name + group, [x for x in loss if len(x[1])])
+            family = group.removeprefix(" · ") or None
+            traces += seed_traces(name, [x for x in loss if len(x[1])], family)
         if traces:
             sec.items.append(
                 line_plot(

@@ -17,7 +17,16 @@ from __future__ import annotations
 import numpy as np
 
 from stepscope.report import data as D
-from stepscope.report.model import Note, ReportRun, Section, Table, fmt, no_data
+from stepscope.report.model import (
+    Note,
+    ReportRun,
+    Section,
+    Table,
+    fmt,
+    left_out_note,
+    no_data,
+    one_per_recipe,
+)
 from stepscope.report.plots import bar_plot, matrix_plot
 from stepscope.report.sections import PROBE_ACC, PROBE_CE
 
@@ -46,8 +55,14 @@ def default_endpoints(runs: list[ReportRun]) -> list[int]:
     return sorted({int(steps[0]), int(steps[-1])}) if len(steps) else []
 
 
-def endpoints_section(runs: list[ReportRun], endpoints: list[int]) -> Section:
-    """Generalisation gap, predicted-class counts and confusion matrices at the endpoints."""
+def endpoints_section(
+    runs: list[ReportRun], endpoints: list[int], every_seed: bool = False
+) -> Section:
+    """Generalisation gap, predicted-class counts and confusion matrices at the endpoints.
+
+    Open: the gap at the last endpoint; folded: the gap at every endpoint, then class counts and
+    confusion matrices (one run per recipe unless ``every_seed``).
+    """
     from stepscope.probe.sink import read_probe_confusion
 
     sec = Section("endpoints", "Generalisation gap, predicted classes and confusion at endpoints")
@@ -79,7 +94,10 @@ def endpoints_section(runs: list[ReportRun], endpoints: list[int]) -> Section:
     if rows:
         header = ["run", "step", "split", "probe acc", "eval acc", "acc gap (probe - eval)"]
         header += ["probe CE", "eval CE", "CE gap (eval - probe)"]
-        sec.items.append(Table("generalisation gap (probe: a fixed training subset)", header, rows))
+        last = [r for r in rows if r[1] == str(endpoints[-1])]
+        title = "generalisation gap (probe: a fixed training subset)"
+        sec.items.append(Table(f"{title} at step {endpoints[-1]}", header, last))
+        sec.details.append(Table(f"{title}, every endpoint", header, rows))
         if all(r[5] == "not recorded" and r[8] == "not recorded" for r in rows):
             sec.items.append(
                 Note(
@@ -88,9 +106,16 @@ def endpoints_section(runs: list[ReportRun], endpoints: list[int]) -> Section:
                 )
             )
     else:
-        sec.items.append(no_data("generalisation gap", "eval/<split>/* rows at the endpoints"))
+        sec.items.append(
+            no_data(
+                "generalisation gap",
+                "eval/<split>/* rows at the endpoints",
+                "collector.log_eval(split, {...}) records them",
+            )
+        )
     drew = False
-    for r in runs:
+    shown, left = (runs, []) if every_seed else one_per_recipe(runs)
+    for r in shown:
         h = r.reader
         probe_at = set(D.probe_steps(h).tolist())
         counts_names = sorted(
@@ -105,7 +130,7 @@ def endpoints_section(runs: list[ReportRun], endpoints: list[int]) -> Section:
                 [D.scalar_on(h, n, np.array([step]))[0] for n in counts_names]
             )
             drew = True
-            sec.items.append(
+            sec.details.append(
                 matrix_plot(
                     f"probe confusion at step {step} · {r.label}",
                     read_probe_confusion(h, step),
@@ -114,8 +139,8 @@ def endpoints_section(runs: list[ReportRun], endpoints: list[int]) -> Section:
                 )
             )
         if groups:
-            sec.items.insert(
-                len(sec.items) - len(groups),
+            sec.details.insert(
+                len(sec.details) - len(groups),
                 bar_plot(
                     f"probe predicted-class counts · {r.label}",
                     groups,
@@ -126,7 +151,16 @@ def endpoints_section(runs: list[ReportRun], endpoints: list[int]) -> Section:
             )
         drew = _eval_confusions(sec, r, endpoints) or drew
     if not drew:
-        sec.items.append(no_data("predicted-class counts and confusion", "probe/model/* rows"))
+        sec.items.append(
+            no_data(
+                "predicted-class counts and confusion",
+                "probe/model/* rows",
+                "attach ss.DenseProbe(...) or log_eval(split, {'confusion': matrix})",
+            )
+        )
+    note = left_out_note("class counts and confusion matrices", left)
+    if note is not None and drew:
+        sec.details.append(note)
     return sec
 
 
@@ -157,7 +191,7 @@ def _eval_confusions(sec: Section, r: ReportRun, endpoints: list[int]) -> bool:
             if matrix is None:
                 continue
             drew = True
-            sec.items.append(
+            sec.details.append(
                 matrix_plot(
                     f"{split} confusion at step {step} · {r.label}",
                     matrix,

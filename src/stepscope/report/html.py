@@ -26,9 +26,10 @@ from pathlib import Path
 from stepscope.errors import Refusal
 from stepscope.report.curvature import curvature_section
 from stepscope.report.endpoints import default_endpoints, endpoints_section
-from stepscope.report.model import Item, Note, ReportRun, Section, Table
+from stepscope.report.figure import PNG_SCALE
+from stepscope.report.model import NO_DATA, Item, Note, ReportRun, Section, Table
 from stepscope.report.overlay import Overlay, load_overlay
-from stepscope.report.plots import PNG_SCALE, Plot
+from stepscope.report.plots import Plot
 from stepscope.report.record import record_section
 from stepscope.report.sections import (
     branch_section,
@@ -54,33 +55,42 @@ SECTION_KEYS: tuple[str, ...] = (
 
 _CSS = """
 *,*::before,*::after{box-sizing:border-box}
-body{font-family:system-ui,sans-serif;margin:0 auto;padding:1em 1.2em;max-width:72em;color:#222;
-line-height:1.45}
-h1{font-size:1.5em} h2{border-bottom:1px solid #ccc;padding-bottom:.2em;margin-top:2em}
-h3{font-size:1em;margin:1em 0 .3em} p,li,h1,h2,h3,figcaption{overflow-wrap:anywhere}
-figure{margin:.5em 1em .8em 0;display:inline-block;vertical-align:top;max-width:100%}
-figure img{max-width:100%;height:auto;display:block}
-figcaption{font-size:.85em;color:#555;max-width:42em}
-.caption{font-size:.9em;color:#444;max-width:48em}
-.scroll{overflow-x:auto;max-width:100%;margin:.3em 0 1.5em}
+body{font-family:system-ui,sans-serif;margin:0 auto;padding:.8em 1.2em;max-width:80em;color:#222;
+line-height:1.4}
+h1{font-size:1.4em;margin:.3em 0} h2{font-size:1.2em;border-bottom:1px solid #ccc;
+padding-bottom:.15em;margin:1.4em 0 .5em} h3{font-size:1em;margin:.8em 0 .3em}
+p,li,h1,h2,h3,figcaption,summary{overflow-wrap:anywhere}
+nav{font-size:.9em} nav a{margin-right:.9em;display:inline-block}
+.grid{display:grid;grid-template-columns:repeat(auto-fill,minmax(min(100%,400px),1fr));
+gap:.4em 1.4em;align-items:start}
+figure{margin:0 0 .6em;max-width:100%} figure img{max-width:100%;height:auto;display:block}
+figcaption{font-size:.8em;color:#555}
+.caption{font-size:.85em;color:#444;max-width:56em;margin:.2em 0 .5em}
+.scroll{overflow:auto;max-width:100%;max-height:24em;margin:.3em 0 1em}
 table{border-collapse:collapse;font-size:.85em}
-td,th{border:1px solid #ddd;padding:.2em .5em;text-align:left;vertical-align:top}
-th{background:#f6f6f6} td{max-width:40em;overflow-wrap:break-word}  /* words whole: the table scrolls */
-.nodata{background:#fff4e5;border-left:4px solid #f0a020;padding:.4em .8em;font-size:.9em}
-@media (max-width:40em){body{padding:.6em} figure{margin:.5em 0}}
+td,th{border:1px solid #ddd;padding:.15em .45em;text-align:left;vertical-align:top}
+th{background:#f6f6f6;position:sticky;top:0} td{max-width:40em;overflow-wrap:break-word}
+.note{font-size:.85em;color:#444;margin:.3em 0}
+.missing{font-size:.85em;color:#6b4a00;background:#fff8ec;border-left:3px solid #f0a020;
+padding:.3em .7em;margin:.4em 0}
+details{margin:.5em 0 1em} summary{cursor:pointer;color:#0b57a4;font-size:.95em;padding:.2em 0}
+@media (max-width:40em){body{padding:.5em .4em} .grid{gap:.3em}}
 """
 
 
 def build_sections(
     runs: Sequence[ReportRun],
     endpoints: Sequence[int] | None = None,
-    histogram_limit: int = 40,
+    histogram_limit: int = 8,
     overlays: Sequence[Overlay] = (),
     progress: Callable[[int, int], None] | None = None,
+    every_seed: bool = False,
 ) -> list[Section]:
     """Every section of the report, in :data:`SECTION_KEYS` order.
 
-    ``progress(done, total)`` is called after each section when given.
+    Per-run panels (heatmaps, confusion matrices, histograms, curvature) are drawn for the first
+    run of each recipe unless ``every_seed`` (the seeds' spread is in the curves' bands; a note
+    names the runs left out). ``progress(done, total)`` is called after each section when given.
     """
     runs = list(runs)
     ends = sorted(set(endpoints)) if endpoints else default_endpoints(runs)
@@ -88,11 +98,11 @@ def build_sections(
         lambda: curves_section(runs, ends, overlays),
         lambda: spikes_section(runs),
         lambda: branch_section(runs),
-        lambda: endpoints_section(runs, ends),
-        lambda: layers_section(runs),
-        lambda: moments_section(runs),
-        lambda: histograms_section(runs, histogram_limit),
-        lambda: curvature_section(runs),
+        lambda: endpoints_section(runs, ends, every_seed),
+        lambda: layers_section(runs, every_seed),
+        lambda: moments_section(runs, every_seed),
+        lambda: histograms_section(runs, histogram_limit, every_seed),
+        lambda: curvature_section(runs, every_seed),
         lambda: record_section(runs),
     ]
     sections = []
@@ -122,7 +132,7 @@ def _item_html(item: Item, shared: frozenset[str] = frozenset()) -> str:
         w, h = png_size(item.png)
         return (
             f'<figure><img alt="{alt}" src="data:image/png;base64,{data}" '
-            f'width="{w // PNG_SCALE}" height="{h // PNG_SCALE}">'
+            f'width="{w // PNG_SCALE}" height="{h // PNG_SCALE}" decoding="async">'
             f"<figcaption>{cap}</figcaption></figure>"
         )
     if isinstance(item, Table):
@@ -136,31 +146,91 @@ def _item_html(item: Item, shared: frozenset[str] = frozenset()) -> str:
             f"</tr></thead><tbody>{body}</tbody></table></div>"
         )
     if isinstance(item, Note):
-        return f'<p class="nodata">{html.escape(item.text)}</p>'
+        return f'<p class="note">{html.escape(item.text)}</p>'
     raise TypeError(f"unknown report item {type(item).__name__}")
 
 
+def _items_html(items: Sequence[Item]) -> str:
+    """Plots in a responsive grid (side by side where the page is wide), tables and notes below;
+    a caption under several of the plots is printed once, above them."""
+    counts = Counter(i.caption for i in items if isinstance(i, Plot) and i.caption)
+    shared = frozenset(c for c, n in counts.items() if n > 1)
+    lead = "".join(f'<p class="caption">{html.escape(c)}</p>' for c in sorted(shared))
+    plots = "".join(_item_html(i, shared) for i in items if isinstance(i, Plot))
+    rest = "".join(_item_html(i, shared) for i in items if not isinstance(i, Plot | Note))
+    rest += "".join(_item_html(i, shared) for i in items if isinstance(i, Note) and not _absent(i))
+    return lead + (f'<div class="grid">{plots}</div>' if plots else "") + rest
+
+
+def _absent(item: Item) -> bool:
+    return isinstance(item, Note) and item.text.startswith(NO_DATA)
+
+
+def _missing_line(notes: Sequence[Note]) -> str:
+    """One line for every ``no data recorded`` note of a section (what, and how to record it)."""
+    texts = [n.text[len(NO_DATA) :].rstrip(".") for n in notes]
+    return '<p class="missing">Not recorded: ' + html.escape("; ".join(texts)) + ".</p>"
+
+
+def _summary(items: Sequence[Item]) -> str:
+    n_plots = sum(isinstance(i, Plot) for i in items)
+    n_tables = sum(isinstance(i, Table) for i in items)
+    parts = [f"{n_plots} more plot{'s' * (n_plots != 1)}" if n_plots else ""]
+    parts.append(f"{n_tables} table{'s' * (n_tables != 1)}" if n_tables else "")
+    what = ", ".join(p for p in parts if p) or "notes"
+    return f"Details: {what}"
+
+
+def _runs_line(runs: Sequence[ReportRun]) -> str:
+    groups: dict[str, list[ReportRun]] = {}
+    for r in runs:
+        groups.setdefault(r.group, []).append(r)
+    parts = []
+    for g, members in groups.items():
+        steps = [len(r.reader.steps) for r in members]
+        span = f"{min(steps)}" if min(steps) == max(steps) else f"{min(steps)}–{max(steps)}"
+        name = html.escape(g) if g else "runs"
+        labels = ", ".join(html.escape(r.label) for r in members)
+        parts.append(f"<b>{name}</b>: {len(members)} run{'s' * (len(members) != 1)} "
+                     f"({labels}), {span} committed steps")  # fmt: skip
+    return "; ".join(parts)
+
+
 def to_html(sections: Sequence[Section], runs: Sequence[ReportRun]) -> str:
-    """The whole document as a string (no external references)."""
+    """The whole document as a string (no external references).
+
+    Sections with data come in :data:`SECTION_KEYS` order, each with its summary open and its
+    details folded (``<details>``); sections with nothing recorded collapse into one line near
+    the top (``id="not-recorded"``), which names what was looked for and how to record it.
+    """
     names = ", ".join(html.escape(r.label) for r in runs)
-    toc = "".join(f'<li><a href="#{s.key}">{html.escape(s.title)}</a></li>' for s in sections)
+    full = [s for s in sections if s.has_data]
+    empty = [s for s in sections if not s.has_data]
+    toc = "".join(f'<a href="#{s.key}">{html.escape(s.title)}</a>' for s in full)
     parts = [
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
         '<meta name="viewport" content="width=device-width, initial-scale=1">',
         f"<title>stepscope report: {names}</title><style>{_CSS}</style></head><body>",
-        f"<h1>stepscope report</h1><p>Runs: {names}. Generated "
+        f"<h1>stepscope report</h1><p>{_runs_line(runs)}. Generated "
         f"{time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}. Every plot reads the on-disk "
         "artifact; missing observations are gaps, never zeros.</p>",
-        f"<nav><ol>{toc}</ol></nav>",
+        f"<nav>{toc}</nav>" if toc else "",
     ]
-    for s in sections:
-        # a caption under several plots of the section is printed once, above them
-        counts = Counter(i.caption for i in s.items if isinstance(i, Plot) and i.caption)
-        shared = frozenset(c for c, n in counts.items() if n > 1)
-        lead = "".join(f'<p class="caption">{html.escape(c)}</p>' for c in sorted(shared))
-        body = "".join(_item_html(i, shared) for i in s.items)
-        parts.append(f'<section id="{s.key}"><h2>{html.escape(s.title)}</h2>{lead}{body}</section>')
+    if empty:
+        anchors = "".join(f'<span id="{s.key}"></span>' for s in empty)
+        notes = [n for s in empty for n in s.all_items if isinstance(n, Note)]
+        line = _missing_line([n for n in notes if _absent(n)] or notes)
+        parts.append(f'<div id="not-recorded">{anchors}{line}</div>')
+    for s in full:
+        absent = [i for i in s.all_items if isinstance(i, Note) and _absent(i)]
+        body = _items_html(s.items)
+        if absent:
+            body += _missing_line(absent)
+        if any(not isinstance(i, Note) or not _absent(i) for i in s.details):
+            inner = _items_html(s.details)
+            body += f"<details><summary>{_summary(s.details)}</summary>{inner}</details>"
+        parts.append(f'<section id="{s.key}"><h2>{html.escape(s.title)}</h2>{body}</section>')
     parts.append("</body></html>")
     return "\n".join(parts)
 
@@ -170,9 +240,10 @@ def render_report(
     out: str | os.PathLike[str],
     *,
     endpoints: Sequence[int] | None = None,
-    histogram_limit: int = 40,
+    histogram_limit: int = 8,
     overlays: Sequence[str | os.PathLike[str]] = (),
     progress: Callable[[int, int], None] | None = None,
+    every_seed: bool = False,
 ) -> Path:
     """Write one self-contained HTML report over one or more run artifacts.
 
@@ -188,6 +259,9 @@ def render_report(
         (default: the first and last probe step).
     histogram_limit
         At most this many histogram-over-time panels.
+    every_seed
+        Draw the per-run panels (heatmaps, confusion matrices, histograms, curvature) for every
+        run, not only the first run of each recipe.
     overlays
         Historical overlay JSON files (:mod:`stepscope.report.overlay`): sparse evaluation points
         of another regime, drawn as labelled markers on the optimizer-step curves.
@@ -216,7 +290,7 @@ def render_report(
         raise Refusal("report_input_invalid", f"endpoints {list(endpoints)} must be >= 0.", [])
     views = [ReportRun.open(p) for p in runs]
     loaded = [load_overlay(p) for p in overlays]
-    sections = build_sections(views, endpoints, histogram_limit, loaded, progress)
+    sections = build_sections(views, endpoints, histogram_limit, loaded, progress, every_seed)
     return write_report(sections, views, out)
 
 

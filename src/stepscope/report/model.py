@@ -1,10 +1,18 @@
 """The report's document model: sections holding plots, tables and "no data recorded" notes.
 
+A section has a short summary (``items``, shown open) and ``details`` (folded in the page under a
+``<details>`` element); builders choose which is which. A new section is a function returning a
+:class:`Section` with a stable ``key``, added to the report's builder list
+(:func:`stepscope.report.html.build_sections`).
+
 Example
 -------
 >>> s = Section("record", "Run record", [Note("no data recorded: nothing measured")])
 >>> s.has_data
 False
+>>> s.details.append(Table("t", ["a"], [["1"]]))
+>>> s.has_data, len(s.all_items)
+(True, 2)
 """
 
 from __future__ import annotations
@@ -43,16 +51,31 @@ class Section:
     key: str
     title: str
     items: list[Item] = field(default_factory=list)
+    details: list[Item] = field(default_factory=list)
+
+    @property
+    def all_items(self) -> list[Item]:
+        """The summary items, then the folded details."""
+        return [*self.items, *self.details]
 
     @property
     def has_data(self) -> bool:
-        """Whether anything other than notes was drawn."""
-        return any(not isinstance(i, Note) for i in self.items)
+        """Whether anything other than notes was drawn (summary or details)."""
+        return any(not isinstance(i, Note) for i in self.all_items)
 
 
-def no_data(what: str, looked_for: str) -> Note:
-    """The standard absent-data note: what is missing and what the report looked for."""
-    return Note(f"no data recorded: {what} (looked for {looked_for}).")
+#: Prefix of every absent-data note.
+NO_DATA = "no data recorded: "
+
+
+def no_data(what: str, looked_for: str, how: str = "") -> Note:
+    """The standard absent-data note: what is missing, what the report looked for and (``how``)
+    how a run records it.
+
+    >>> no_data("curvature", "RUN/curvature/*.json", "run `stepscope curvature`").text
+    'no data recorded: curvature (looked for RUN/curvature/*.json; run `stepscope curvature`).'
+    """
+    return Note(f"{NO_DATA}{what} (looked for {looked_for}{'; ' + how if how else ''}).")
 
 
 #: Run-record ``extra`` keys naming a run's recipe (the report's seed groups), in priority order.
@@ -84,6 +107,32 @@ class ReportRun:
         label = reader.run.run_id if seed is None else f"{reader.run.run_id} (seed {seed})"
         group = next((str(extra[k]) for k in GROUP_KEYS if extra.get(k) is not None), "")
         return cls(Path(path), reader, label, group)
+
+
+def one_per_recipe(runs: list[ReportRun]) -> tuple[list[ReportRun], list[ReportRun]]:
+    """``(shown, left_out)``: the first run of each recipe group, and the other seeds.
+
+    Per-run panels (heatmaps, confusion matrices, spectra) are drawn for one seed per recipe;
+    the seeds' spread is in the curves' bands, and a note names the runs left out.
+    """
+    seen: set[str] = set()
+    shown: list[ReportRun] = []
+    left: list[ReportRun] = []
+    for r in runs:
+        (left if r.group in seen else shown).append(r)
+        seen.add(r.group)
+    return shown, left
+
+
+def left_out_note(what: str, left: list[ReportRun]) -> Note | None:
+    """The note naming the seeds whose per-run panels were not drawn (``None`` if none)."""
+    if not left:
+        return None
+    names = ", ".join(r.label for r in left)
+    return Note(
+        f"{what}: drawn for the first run of each recipe; not drawn for {names} "
+        "(report those runs alone, or pass --every-seed, to see them)."
+    )
 
 
 #: Significant digits of a float in a report table.

@@ -1,19 +1,19 @@
 """Matplotlib drawings for the report: pure functions from arrays to a PNG :class:`Plot`.
 
 Each function receives plain arrays (read from the artifact by :mod:`stepscope.report.data`),
-draws them on a private ``Figure`` (no pyplot, no global backend switch) and returns a
-:class:`Plot` holding the PNG bytes *and* the arrays it drew, so tests can compare what was
-plotted with what was recorded. Missing observations are ``NaN`` and are drawn as gaps: lines
-break, heatmap cells are hatched; nothing is ever filled with zero. Every plot names its x-axis.
+draws them on a private ``Figure`` (:mod:`stepscope.report.figure`: sizes, fonts, plain-text log
+ticks, palette PNG) and returns a :class:`Plot` holding the PNG bytes *and* the arrays it drew, so
+tests can compare what was plotted with what was recorded. Missing observations are ``NaN`` and are
+drawn as gaps: lines break, heatmap cells are hatched; nothing is ever filled with zero. Every plot
+names its x-axis. The histogram-over-time drawing is :mod:`stepscope.report.histplot`.
 
-Style: PNGs are rendered at :data:`PNG_SCALE` times their displayed size (sharp on HiDPI
-screens; the HTML sets the display size), lines take the Okabe–Ito colour-blind-safe palette
-*and* a line style each (:func:`line_style`), legends sit below the axes (or inside, for heatmaps
-and bars) at 8 pt or more.
-
-One module over 400 lines on purpose: every drawing shares the private figure, PNG and
-gap-hatching helpers and the style rules above; split by plot kind, each part would import them
-back.
+Legends summarise: seeds of one recipe are one mean line inside one shaded min–max band (the
+seeds themselves thin and unlabelled, one legend entry says so); traces that cross two
+vocabularies (e.g. source x recipe, layer x factor) take a colour per ``group`` and a line style
+per ``family``, so the legend lists each once instead of every combination. Lines take the
+Okabe–Ito colour-blind-safe palette *and* a line style (:func:`line_style`). On a log axis the
+range is clipped to :data:`LOG_DECADES` decades below the largest value: the values under it are
+numerically zero next to it, and the caption counts them.
 
 Example
 -------
@@ -26,21 +26,28 @@ True
 
 from __future__ import annotations
 
-import io
-import math
+import textwrap
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from stepscope.errors import require_extra
+from stepscope.report.figure import (
+    FIG_WIDTH,
+    FONT,
+    MIN_FONT,
+    PNG_SCALE,
+    encode_png,
+    new_figure,
+    style,
+)
 
-_DPI = 90
-#: PNGs hold this many pixels per displayed pixel (the HTML shows them at 1/PNG_SCALE size).
-PNG_SCALE = 2
-#: Smallest font size of any legend or annotation (pt).
-MIN_FONT = 8
+__all__ = ["LOG_DECADES", "MIN_FONT", "PNG_SCALE", "Plot", "Trace", "line_plot"]
+
 _GAP_NOTE = "hatched = not observed (a gap, never a zero)"
+#: A log axis shows at most this many decades below its largest value.
+LOG_DECADES = 10
 
 #: Okabe & Ito (2008) colour-blind-safe palette (yellow left out: too faint on white).
 PALETTE: tuple[str, ...] = (
@@ -82,7 +89,9 @@ class Trace:
     """One line. ``kind``: ``"line"``, ``"seed"`` (thin, behind a mean), ``"mean"`` or
     ``"overlay"`` (isolated sparse points of another regime: large hollow markers, no line).
 
-    ``band`` = ``(lower, upper)`` arrays draw a shaded interval labelled ``band_label``.
+    ``band`` = ``(lower, upper)`` arrays draw a shaded interval labelled ``band_label``. Traces of
+    one ``group`` share a colour; when any trace names a ``family``, traces of one family share a
+    line style and the legend lists groups (colours) and families (styles) once each.
     """
 
     label: str
@@ -92,37 +101,56 @@ class Trace:
     band: tuple[np.ndarray, np.ndarray] | None = None
     band_label: str = ""
     group: str | None = None  # traces of one group (seeds and their mean) share a colour
-
-
-def _figure(width: float = 6.4, height: float = 3.2, left: float = 1.0, right: float = 1.3) -> Any:
-    """A private figure with fixed margins given in inches (``left``/``right``)."""
-    mpl_figure = require_extra("matplotlib.figure", "report", "drawing report plots")
-    require_extra("matplotlib.backends.backend_agg", "report", "rendering PNG plots")
-    fig = mpl_figure.Figure(figsize=(width, height), dpi=_DPI)
-    # fixed margins: constrained layout measured at ~1 s per figure here, most of the render
-    fig.subplots_adjust(
-        left=left / width,
-        right=1 - right / width,
-        bottom=0.55 / height,
-        top=1 - 0.35 / height,
-        hspace=0.08,
-    )
-    return fig
-
-
-def _png(fig: Any) -> bytes:
-    for text in fig.findobj(lambda o: hasattr(o, "set_parse_math")):
-        text.set_parse_math(False)  # names are data: "$" is a dollar sign, never math text
-    buf = io.BytesIO()
-    # keep legends below the axes whole; PNG_SCALE x the pixels for HiDPI screens
-    fig.savefig(buf, format="png", dpi=_DPI * PNG_SCALE, bbox_inches="tight")
-    return buf.getvalue()
+    family: str | None = None  # traces of one family share a line style (legend: once each)
 
 
 def _hatch_gaps(ax: Any) -> None:
     ax.patch.set_facecolor("white")
     ax.patch.set_hatch("///")
     ax.patch.set_edgecolor("#bbbbbb")
+
+
+def _wrap(text: str, width_in: float, points: float = FONT) -> str:
+    """``text`` wrapped to fit ``width_in`` inches at ``points`` (DejaVu Sans ~0.55 em/char)."""
+    chars = max(12, int(width_in * 72 / (points * 0.58)))
+    return "\n".join(textwrap.wrap(text, chars)) or text
+
+
+def _title(ax: Any, title: str, width_in: float = FIG_WIDTH) -> None:
+    ax.set_title(_wrap(title, width_in - 0.2), fontsize=FONT)
+
+
+def _legend(ax: Any, handles: list[Any], labels: list[str], width_in: float = FIG_WIDTH) -> None:
+    """A legend below the axes that fits the figure's width (labels wrapped, 1 or 2 columns)."""
+    if not handles:
+        return
+    two = len(labels) > 3
+    chars_w = (width_in / (2 if two else 1)) - 0.5
+    labels = [_wrap(lab, chars_w, MIN_FONT) for lab in labels]
+    ax.legend(
+        handles,
+        labels,
+        fontsize=MIN_FONT,
+        ncol=2 if two else 1,
+        loc="upper center",
+        bbox_to_anchor=(0.5, -0.2),
+        frameon=False,
+        handlelength=2.6,
+    )
+
+
+def _log_floor(traces: list[Trace]) -> tuple[float, float, int] | None:
+    """``(low, high, n_below)`` of a log axis: at most :data:`LOG_DECADES` decades under the
+    largest positive value; ``n_below`` positive values fall under ``low``."""
+    vals = [np.asarray(t.y, float) for t in traces]
+    vals += [np.asarray(b, float) for t in traces if t.band is not None for b in t.band]
+    flat = np.concatenate([v.ravel() for v in vals]) if vals else np.empty(0)
+    pos = flat[np.isfinite(flat) & (flat > 0)]
+    if not len(pos):
+        return None
+    hi = float(pos.max())
+    low = max(float(pos.min()), hi * 10.0**-LOG_DECADES)
+    return low, hi, int((pos < low).sum())
 
 
 def line_plot(
@@ -138,52 +166,104 @@ def line_plot(
 
     ``markers`` are ``(x, label)`` vertical lines (e.g. endpoints).
     """
-    many = len(traces) > 12  # e.g. spectra of every layer and family: a three-column legend
-    fig = _figure(8.4, 3.4 if many else 3.0, right=0.3)
+    with style():
+        return _line_plot(title, xlabel, ylabel, traces, caption, logy, markers)
+
+
+def _line_plot(
+    title: str,
+    xlabel: str,
+    ylabel: str,
+    traces: list[Trace],
+    caption: str,
+    logy: bool,
+    markers: list[tuple[float, str]] | None,
+) -> Plot:
+    lines = require_extra("matplotlib.lines", "report", "drawing report plots")
+    patches = require_extra("matplotlib.patches", "report", "drawing report plots")
+    fig = new_figure(height=2.7)
     ax = fig.add_subplot()
     data: dict[str, Any] = {}
-    styles: dict[object, tuple[str, object]] = {}
+    by_family = any(t.family is not None for t in traces)
+    colours: dict[Any, str] = {}
+    dashes: dict[Any, Any] = {}
+    handles: dict[str, Any] = {}  # legend label -> handle, in first-drawn order
+    seeds = banded = 0
     for i, t in enumerate(traces):
         x, y = np.asarray(t.x, float), np.asarray(t.y, float)
+        key = t.group if t.group is not None else ("trace", i)
+        if by_family:
+            colour = colours.setdefault(key, PALETTE[len(colours) % len(PALETTE)])
+            dash = dashes.setdefault(t.family, LINE_STYLES[len(dashes) % len(LINE_STYLES)])
+        else:
+            colour, dash = (
+                line_style(len(colours)) if key not in colours else (colours[key], dashes[key])
+            )
+            colours.setdefault(key, colour)
+            dashes.setdefault(key, dash)
         # matplotlib Line2D keyword arguments (floats and strings mixed)
-        style: dict[str, Any] = {"seed": {"lw": 0.8, "alpha": 0.4}, "mean": {"lw": 2.2}}.get(
+        kw: dict[str, Any] = {"seed": {"lw": 0.7, "alpha": 0.45}, "mean": {"lw": 2.0}}.get(
             t.kind, {"lw": 1.4}
         )
-        key = t.group if t.group is not None else ("trace", i)
-        colour, dash = styles.setdefault(key, line_style(len(styles)))
         if t.kind == "seed":
             dash = "-"  # thin seeds behind their mean: the mean carries the group's style
+            seeds += 1
         if t.kind == "overlay":  # sparse historical points: never joined into a curve
-            style = dict(ls="none", marker="D", ms=7, mfc="none", mew=1.6)
+            kw = dict(ls="none", marker="D", ms=6, mfc="none", mew=1.4)
         else:
-            style = dict(marker=".", ms=4, linestyle=dash, **style)
-        (line,) = ax.plot(x, y, label=t.label, color=colour, **style)
+            dots = "." if len(x) <= 60 else ""  # dense lines: markers would hide the line
+            kw = dict(marker=dots, ms=4, linestyle=dash, **kw)
+        ax.plot(x, y, color=colour, **kw)
         data[f"{i}:{t.label}"] = (x, y)
         if t.kind == "overlay":
             data[f"{i}:{t.label}:kind"] = t.kind
+            handles.setdefault(t.label, lines.Line2D([], [], color=colour, **kw))
+        elif t.kind != "seed" and not by_family:
+            handles.setdefault(t.label, lines.Line2D([], [], color=colour, **kw))
         if t.band is not None:
             lo, hi = (np.asarray(b, float) for b in t.band)
-            ax.fill_between(x, lo, hi, alpha=0.18, color=line.get_color(), label=t.band_label)
+            ax.fill_between(x, lo, hi, alpha=0.18, color=colour, lw=0)
             data[f"{i}:{t.label}:band"] = (x, lo, hi)
+            banded += 1
+    if by_family:
+        lined = {t.group for t in traces if t.kind != "overlay"}
+        for key, colour in colours.items():
+            if isinstance(key, str) and key in lined:
+                handles.setdefault(key, lines.Line2D([], [], color=colour, lw=2.2))
+        for fam, dash in dashes.items():
+            if isinstance(fam, str):
+                handles.setdefault(fam, lines.Line2D([], [], color="#444444", ls=dash, lw=1.4))
+    if seeds:
+        handles["thin lines: each seed"] = lines.Line2D([], [], color="#777777", lw=0.7)
+    if banded:
+        bands = sorted({t.band_label for t in traces if t.band is not None and t.band_label})
+        label = bands[0] if len(bands) == 1 else "shaded: min–max over the seeds"
+        handles[label] = patches.Patch(color="#777777", alpha=0.3, lw=0)
+    xs = [v for t in traces for v in np.asarray(t.x, float) if np.isfinite(v)]
+    middle = (min(xs) + max(xs)) / 2 if xs else 0.0
     for x0, label in markers or []:
         ax.axvline(x0, color="#555555", ls=":", lw=1)
-        ax.annotate(
-            label, (x0, 1.0), xycoords=("data", "axes fraction"), fontsize=MIN_FONT, va="top"
-        )
+        side = "left" if x0 <= middle else "right"  # the label stays inside the axes
+        ax.annotate(f" {label} ", (x0, 0.98), xycoords=("data", "axes fraction"),
+                    fontsize=MIN_FONT, va="top", ha=side)  # fmt: skip
     if logy:
         ax.set_yscale("log")
+        floor = _log_floor(traces)
+        if floor is not None:
+            low, high, below = floor
+            ax.set_ylim(low / 1.5, high * 1.5)
+            data["ylim"] = (low, high)
+            if below:
+                caption = (
+                    f"{caption} {below} values more than {LOG_DECADES} decades below the largest "
+                    "(numerically zero beside it) are under the axis."
+                ).strip()
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
-    ax.set_title(title, fontsize=10)
-    if traces:  # below the axes, full width, readable
-        ax.legend(
-            fontsize=MIN_FONT,
-            ncol=3 if many else 2,
-            loc="upper center",
-            bbox_to_anchor=(0.5, -0.22),
-            frameon=False,
-        )
-    return Plot(title, xlabel, _png(fig), data, caption)
+    _title(ax, title)
+    _legend(ax, list(handles.values()), list(handles))
+    data["legend"] = list(handles)
+    return Plot(title, xlabel, encode_png(fig), data, caption)
 
 
 def _step_edges(steps: np.ndarray, width: float) -> tuple[np.ndarray, np.ndarray]:
@@ -228,186 +308,90 @@ def heatmap_plot(
     caption: str = "",
 ) -> Plot:
     """A rows x steps heatmap; NaN cells are hatched gaps, ``nonfinite`` cells get an ``x``."""
+    with style():
+        return _heatmap(title, rows, steps, values, colorbar, xlabel, log, nonfinite, caption)
+
+
+def _heatmap(
+    title: str,
+    rows: tuple[str, ...] | list[str],
+    steps: np.ndarray,
+    values: np.ndarray,
+    colorbar: str,
+    xlabel: str,
+    log: bool,
+    nonfinite: np.ndarray | None,
+    caption: str,
+) -> Plot:
     mcolors = require_extra("matplotlib.colors", "report", "drawing report plots")
-    fig = _figure(7.2, 1.2 + 0.28 * max(len(rows), 2), left=1.2, right=1.4)
+    longest = max((len(r) for r in rows), default=4)
+    left = min(1.4, 0.25 + 0.075 * longest)  # row names at MIN_FONT
+    fig = new_figure(height=1.3 + 0.2 * max(len(rows), 2), left=left, right=0.1)
     ax = fig.add_subplot()
     _hatch_gaps(ax)
     data: dict[str, Any] = {"rows": list(rows), "steps": steps, "values": values}
     if len(steps):
-        edges, grid = _spread(values, steps, 1.0)
+        edges, grid = _spread(values, steps, _min_spacing(steps))  # probe steps: wide cells
         data["drawn_x_edges"], data["drawn"] = edges, grid
         masked = np.ma.masked_invalid(grid)
         finite = values[np.isfinite(values)]
         norm = None
         if log and (finite > 0).any():
             pos = finite[finite > 0]
-            norm = mcolors.LogNorm(vmin=pos.min(), vmax=max(pos.max(), pos.min() * 1.0001))
+            low = max(pos.min(), pos.max() * 10.0**-LOG_DECADES)  # numerically zero below
+            norm = mcolors.LogNorm(vmin=low, vmax=max(pos.max(), low * 1.0001))
             masked = np.ma.masked_where(~(grid > 0), grid)
         mesh = ax.pcolormesh(edges, np.arange(len(rows) + 1), masked, norm=norm, cmap="viridis")
-        fig.colorbar(mesh, ax=ax, label=colorbar, pad=0.01)
+        fig.colorbar(mesh, ax=ax, label=_wrap(colorbar, 1.4), pad=0.02, fraction=0.06)
         if nonfinite is not None and nonfinite.any():
             r, c = np.nonzero(nonfinite)
             ax.scatter(steps[c], r + 0.5, marker="x", color="red", s=12, label="NaN/inf present")
             ax.legend(fontsize=MIN_FONT, loc="upper right")
-    ax.set_yticks(np.arange(len(rows)) + 0.5, labels=list(rows), fontsize=7)
+    ax.set_yticks(np.arange(len(rows)) + 0.5, labels=list(rows), fontsize=MIN_FONT)
     ax.set_xlabel(xlabel)
-    ax.set_title(title, fontsize=10)
+    _title(ax, title)
     cap = f"{caption} {_GAP_NOTE}.".strip()
-    return Plot(title, xlabel, _png(fig), data, cap)
-
-
-def _signed_label(lower: float, upper: float) -> str:
-    v = upper if lower < 0 else lower
-    e = math.log2(abs(v)) if v != 0 else 0.0
-    sign = "-" if lower < 0 else ""
-    return f"{sign}2^{e:g}"
-
-
-#: Display order of the special bands (top to bottom).
-SPECIAL_BANDS: tuple[str, ...] = (
-    "nan",
-    "posinf",
-    "overflow_pos",
-    "underflow_pos",
-    "zero",
-    "underflow_neg",
-    "overflow_neg",
-    "neginf",
-)
-
-
-def histogram_plot(grid: Any, xlabel: str = "optimizer step") -> Plot:
-    """Histogram over time: signed log2 bins on y, steps on x, specials as annotated bands.
-
-    Cell colour is the bin's fraction of all elements counted at that step; empty bins are the
-    light 'under' colour, steps without a histogram are hatched gaps.
-    """
-    mcolors = require_extra("matplotlib.colors", "report", "drawing report plots")
-    fig = _figure(7.2, 5.4, left=1.9, right=1.4)
-    # 8 special bands need ~0.16 in each at 8 pt: the band axis gets 1.5 of 4.5 parts
-    top, ax = fig.subplots(2, 1, sharex=True, height_ratios=[1.5, 3])
-    width = _min_spacing(grid.steps)
-    totals = np.where(grid.totals > 0, grid.totals, np.nan)
-    fraction = grid.counts / totals
-    special = np.array([grid.specials[name] for name in SPECIAL_BANDS], dtype=float)
-    title = f"{grid.site} · {grid.stream}: histogram over time (signed log2 grid)"
-    drawn: dict[str, Any] = {}
-    for a in (top, ax):
-        _hatch_gaps(a)
-    if len(grid.steps):
-        edges, sgrid = _spread(special, grid.steps, width)
-        top.pcolormesh(
-            edges,
-            np.arange(len(SPECIAL_BANDS) + 1),
-            np.ma.masked_invalid(np.where(sgrid > 0, 1.0, np.where(np.isnan(sgrid), np.nan, 0))),
-            cmap=mcolors.ListedColormap(["#f2f2f2", "#d62728"]),
-            vmin=0,
-            vmax=1,
-        )
-        if len(grid.steps) <= 16:  # counts in the cells only while the columns are wide enough
-            for b in range(len(SPECIAL_BANDS)):
-                for j, s in enumerate(grid.steps):
-                    if special[b, j] > 0:
-                        top.text(s, b + 0.5, _count(special[b, j]), ha="center", va="center",
-                                 fontsize=7, clip_on=True)  # fmt: skip
-        if len(grid.bins):
-            edges, fgrid = _spread(fraction, grid.steps, width)
-            drawn = {"drawn_x_edges": edges, "drawn_fraction": fgrid}
-            pos = fraction[fraction > 0]
-            mpl = require_extra("matplotlib", "report", "drawing report plots")
-            cmap = mpl.colormaps["magma_r"].with_extremes(under="#f7f7f7")
-            norm = mcolors.LogNorm(vmin=pos.min(), vmax=max(pos.max(), pos.min() * 1.0001))
-            shown = np.where(fgrid > 0, fgrid, np.where(np.isnan(fgrid), np.nan, pos.min() / 10))
-            mesh = ax.pcolormesh(
-                edges, np.arange(len(grid.bins) + 1), np.ma.masked_invalid(shown),
-                norm=norm, cmap=cmap,
-            )  # fmt: skip
-            fig.colorbar(mesh, ax=[top, ax], label="fraction of elements", pad=0.01)
-            n_neg = int((grid.bins < 0).sum())
-            if 0 < n_neg < len(grid.bins):  # the two sign blocks meet here, not at a real edge
-                ax.axhline(n_neg, color="#1f77b4", lw=1.2)
-                ax.annotate("sign change (zero, underflow: bands)", (1.0, n_neg), fontsize=7,
-                            xycoords=("axes fraction", "data"), ha="right", va="bottom")  # fmt: skip
-            ticks = _octave_ticks(grid)
-            ax.set_yticks([t for t, _ in ticks], labels=[lab for _, lab in ticks], fontsize=7)
-    sums = [f"{name} (Σ {_count(special[i].sum())})" for i, name in enumerate(SPECIAL_BANDS)]
-    top.set_yticks(np.arange(len(SPECIAL_BANDS)) + 0.5, labels=sums, fontsize=7)
-    top.set_ylim(len(SPECIAL_BANDS), 0)
-    top.set_title(title, fontsize=9)
-    ax.set_ylabel("value (signed log2 bins)")
-    ax.set_xlabel(xlabel)
-    data = {
-        "steps": grid.steps,
-        "bins": grid.bins,
-        "counts": grid.counts,
-        "fraction": fraction,
-        "specials": {name: grid.specials[name] for name in SPECIAL_BANDS},
-        **drawn,
-    }
-    caption = (
-        "Red band cells: the special count is non-zero (numbers: the count). "
-        "Light cells: an empty bin; " + _GAP_NOTE + "."
-    )
-    return Plot(title, xlabel, _png(fig), data, caption)
-
-
-def _count(n: float) -> str:
-    """A count in at most 5 characters: ``7``, ``1234``, ``12k``, ``3.4M``.
-
-    >>> [_count(v) for v in (7, 1234, 12_345, 3_400_000)]
-    ['7', '1234', '12k', '3.4M']
-    """
-    n = int(n)
-    if n < 10_000:
-        return str(n)
-    for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
-        if n >= scale:
-            v = n / scale
-            return f"{v:.1f}{unit}" if v < 10 else f"{v:.0f}{unit}"
-    return str(n)
-
-
-def _octave_ticks(grid: Any) -> list[tuple[float, str]]:
-    out: list[tuple[float, str]] = []
-    n = len(grid.bins)
-    step = max(1, n // 12)
-    for k in range(0, n, step):
-        out.append((k + 0.5, _signed_label(float(grid.bin_lower[k]), float(grid.bin_upper[k]))))
-    return out
+    return Plot(title, xlabel, encode_png(fig), data, cap)
 
 
 def matrix_plot(
     title: str, matrix: np.ndarray, xlabel: str, ylabel: str, caption: str = ""
 ) -> Plot:
     """An annotated integer matrix (e.g. a confusion matrix: true on y, predicted on x)."""
-    fig = _figure(4.0, 3.8, left=0.8, right=0.2)
-    ax = fig.add_subplot()
-    ax.imshow(matrix, cmap="Blues")
-    for (i, j), v in np.ndenumerate(matrix):
-        ax.text(j, i, f"{int(v)}", ha="center", va="center", fontsize=7)
-    ax.set_xticks(range(matrix.shape[1]))
-    ax.set_yticks(range(matrix.shape[0]))
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    ax.set_title(title.replace(" · ", "\n"), fontsize=8)
-    return Plot(title, xlabel, _png(fig), {"matrix": matrix}, caption)
+    with style():
+        n = max(matrix.shape)
+        fig = new_figure(3.4, 3.4, left=0.6, right=0.1, bottom=0.5, top=0.55)
+        ax = fig.add_subplot()
+        ax.imshow(matrix, cmap="Blues")
+        small = MIN_FONT if n <= 10 else 7  # a number per cell: they must fit the cell
+        top = matrix.max() if matrix.size else 0
+        for (i, j), v in np.ndenumerate(matrix):
+            colour = "white" if top and v > 0.6 * top else "black"
+            ax.text(j, i, f"{int(v)}", ha="center", va="center", fontsize=small, color=colour)
+        ax.set_xticks(range(matrix.shape[1]))
+        ax.set_yticks(range(matrix.shape[0]))
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        _title(ax, title, 3.4)
+        return Plot(title, xlabel, encode_png(fig), {"matrix": matrix}, caption)
 
 
 def bar_plot(
     title: str, groups: dict[str, np.ndarray], xlabel: str, ylabel: str, caption: str = ""
 ) -> Plot:
     """Grouped bars: one group per key (e.g. predicted-class counts at each endpoint)."""
-    fig = _figure()
-    ax = fig.add_subplot()
-    n = max((len(v) for v in groups.values()), default=0)
-    w = 0.8 / max(len(groups), 1)
-    for i, (label, values) in enumerate(groups.items()):
-        colour = line_style(i)[0]
-        ax.bar(np.arange(len(values)) + i * w, values, width=w, label=label, color=colour)
-    ax.set_xticks(np.arange(n) + 0.4 - w / 2, labels=[str(k) for k in range(n)])
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    ax.set_title(title, fontsize=10)
-    if groups:
-        ax.legend(fontsize=MIN_FONT)
-    return Plot(title, xlabel, _png(fig), {"groups": groups}, caption)
+    with style():
+        fig = new_figure(height=2.6)
+        ax = fig.add_subplot()
+        n = max((len(v) for v in groups.values()), default=0)
+        w = 0.8 / max(len(groups), 1)
+        for i, (label, values) in enumerate(groups.items()):
+            colour = line_style(i)[0]
+            ax.bar(np.arange(len(values)) + i * w, values, width=w, label=label, color=colour)
+        ax.set_xticks(np.arange(n) + 0.4 - w / 2, labels=[str(k) for k in range(n)])
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        _title(ax, title)
+        if groups:
+            ax.legend(fontsize=MIN_FONT)
+        return Plot(title, xlabel, encode_png(fig), {"groups": groups}, caption)

@@ -71,11 +71,11 @@ def record_section(runs: list[ReportRun]) -> Section:
         _flat("cadences", dict(run.cadences), rows)
         extra = {k: v for k, v in run.extra.items() if k not in OVERHEAD_KEYS}
         _flat("extra", extra, rows)
-        sec.items.append(Table(f"run record · {r.label}", ["field", "value"], rows))
-        sec.items.append(_overhead(r))
+        sec.details.append(Table(f"run record · {r.label}", ["field", "value"], rows))
+        sec.details.append(_overhead(r))
         accounting = _telemetry_accounting(r)
         if accounting is not None:
-            sec.items.append(accounting)
+            sec.details.append(accounting)
     return sec
 
 

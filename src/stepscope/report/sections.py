@@ -30,8 +30,19 @@ from stepscope.report.curves import (
     curves_section,
     seed_traces,
 )
-from stepscope.report.model import Item, Note, ReportRun, Section, Table, fmt, no_data
-from stepscope.report.plots import Trace, heatmap_plot, line_plot
+from stepscope.report.histplot import histogram_plot
+from stepscope.report.model import (
+    Item,
+    Note,
+    ReportRun,
+    Section,
+    Table,
+    fmt,
+    left_out_note,
+    no_data,
+    one_per_recipe,
+)
+from stepscope.report.plots import Plot, Trace, heatmap_plot, line_plot
 
 __all__ = [  # the curves section's names stay importable from here (older imports)
     "HEATMAPS",
@@ -49,26 +60,47 @@ __all__ = [  # the curves section's names stay importable from here (older impor
 
 
 def branch_section(runs: list[ReportRun]) -> Section:
-    """Branch activity (``branch/<b>/<q>`` rows) vs step, beside measured throughput."""
+    """Branch activity (``branch/<b>/<q>`` rows) vs step, beside measured throughput.
+
+    Seeds of one recipe are one mean line in a min–max band per branch (colour: branch, line
+    style: recipe when there are several).
+    """
     sec = Section("branch", "Branch activity and measured training throughput")
     quantities = sorted(
         {q for r in runs for b in D.branch_quantities(r.reader).values() for q in b}
     )
     if not quantities:
-        sec.items.append(no_data("branch activity", "scalar rows branch/<branch>/<quantity>"))
+        sec.items.append(
+            no_data(
+                "branch activity",
+                "scalar rows branch/<branch>/<quantity>",
+                "collector.log_mask(branch, keep) records them",
+            )
+        )
+    groups: dict[str, list[ReportRun]] = {}
+    for r in runs:
+        groups.setdefault(r.group, []).append(r)
+    several = len(groups) > 1
     for q in quantities:
         traces = []
-        for r in runs:
-            for b, names in sorted(D.branch_quantities(r.reader).items()):
-                if q in names:
-                    x, y = _user_series(r, names[q])
-                    traces.append(Trace(f"{b} · {r.label}", x, y))
+        for g, members in groups.items():
+            branches = sorted({b for r in members for b in D.branch_quantities(r.reader)})
+            for b in branches:
+                per_run = []
+                for r in members:
+                    names = D.branch_quantities(r.reader).get(b, {})
+                    if q in names:
+                        per_run.append((r.label, *_user_series(r, names[q])))
+                traces += seed_traces(b, per_run, (g or None) if several else None)
         sec.items.append(line_plot(f"branch {q} vs optimizer step", "optimizer step", q, traces))
     traces, hows = [], set()
-    for r in runs:
-        steps, rate, how = D.throughput(r.reader)
-        hows.add(how)
-        traces.append(Trace(r.label, steps.astype(float), rate))
+    for g, members in groups.items():
+        per_run = []
+        for r in members:
+            steps, rate, how = D.throughput(r.reader)
+            hows.add(how)
+            per_run.append((r.label, steps.astype(float), rate))
+        traces += seed_traces("throughput", per_run, (g or None) if several else None)
     if any(np.isfinite(t.y).any() for t in traces):
         sec.items.append(
             line_plot(
@@ -82,6 +114,9 @@ def branch_section(runs: list[ReportRun]) -> Section:
         )
     else:
         sec.items.append(no_data("training throughput", "examples_seen with wall times/clocks"))
+    if len(sec.items) > 2:  # the first two open, the rest folded
+        sec.details[:0] = sec.items[1:-1]
+        sec.items[1:-1] = []
     return sec
 
 
@@ -106,20 +141,33 @@ HEATMAPS = (
 )
 
 
-def layers_section(runs: list[ReportRun]) -> Section:
-    """Plot 3: layer x step heatmaps of dense-probe quantities for every run, then (apart, under
-    their own titles) the sampled training-minibatch stream heatmaps."""
+def layers_section(runs: list[ReportRun], every_seed: bool = False) -> Section:
+    """Plot 3: layer x step heatmaps of dense-probe quantities, then (apart, under their own
+    titles) the sampled training-minibatch stream heatmaps; one run per recipe unless
+    ``every_seed``. Open: each run's first heatmap; folded: the others."""
     sec = Section("layers", "Layer x step heatmaps: dense probe (Plot 3), then training streams")
-    for r in runs:
-        sec.items += _probe_heatmaps(r)
-    for r in runs:
-        sec.items += _training_heatmaps(r)
+    shown, left = (runs, []) if every_seed else one_per_recipe(runs)
+    for r in shown:
+        items: list[Item] = [*_probe_heatmaps(r), *_training_heatmaps(r)]
+        plots = [i for i in items if isinstance(i, Plot)]
+        sec.items += [i for i in items if not isinstance(i, Plot)]
+        sec.items += plots[:1]
+        sec.details += plots[1:]
+    note = left_out_note("layer heatmaps", left)
+    if note is not None:
+        sec.details.append(note)
     return sec
 
 
 def _probe_heatmaps(r: ReportRun) -> list[Item]:
     if not len(D.probe_steps(r.reader)):
-        return [no_data(f"dense-probe layer heatmaps (Plot 3) · {r.label}", "probe/<layer>/* rows")]
+        return [
+            no_data(
+                f"dense-probe layer heatmaps (Plot 3) · {r.label}",
+                "probe/<layer>/* rows",
+                "attach ss.DenseProbe(...) to the collector",
+            )
+        ]
     items: list[Item] = []
     for key, (title, log) in D.PROBE_LAYER_QUANTITIES.items():
         found = D.probe_layer_matrix(r.reader, key)
@@ -187,11 +235,13 @@ def _validity(h: Any, layer: str, steps: np.ndarray) -> Callable[[str], np.ndarr
     return read
 
 
-def moments_section(runs: list[ReportRun]) -> Section:
-    """Probe per-example gradient moments per layer with validity annotations."""
+def moments_section(runs: list[ReportRun], every_seed: bool = False) -> Section:
+    """Probe per-example gradient moments per layer with validity annotations (one run per
+    recipe unless ``every_seed``; the first plot open, the rest and the table folded)."""
     sec = Section("moments", "Per-example gradient moments (dense probe; not curvature)")
     rows: list[list[str]] = []
-    for r in runs:
+    shown, left = (runs, []) if every_seed else one_per_recipe(runs)
+    for r in shown:
         h = r.reader
         steps = D.probe_steps(h)
         layers = D.probe_layers(h)
@@ -220,7 +270,7 @@ def moments_section(runs: list[ReportRun]) -> Section:
                         extra,
                     ]
                 )
-            sec.items.append(
+            (sec.details if sec.items else sec.items).append(
                 line_plot(
                     f"{title} · {r.label}",
                     "optimizer step",
@@ -232,35 +282,60 @@ def moments_section(runs: list[ReportRun]) -> Section:
             )
     if rows:
         header = ["run", "layer", "quantity", "defined at", "sample size", "min finite examples"]
-        sec.items.append(Table("validity of the probe moments", [*header, "notes"], rows))
+        sec.details.append(Table("validity of the probe moments", [*header, "notes"], rows))
+        note = left_out_note("probe moments", left)
+        if note is not None:
+            sec.details.append(note)
     else:
-        sec.items.append(no_data("per-example gradient moments", "probe/<layer>/* rows"))
+        sec.items.append(
+            no_data(
+                "per-example gradient moments",
+                "probe/<layer>/* rows",
+                "attach ss.DenseProbe(...) to the collector",
+            )
+        )
     return sec
 
 
-def histograms_section(runs: list[ReportRun], limit: int = 40) -> Section:
-    """Each site's histogram over time, every run in turn, up to ``limit`` panels in all; the
-    panels left out are named in a note (a stated selection, never a silent cut)."""
-    from stepscope.report.plots import histogram_plot
-
+def histograms_section(runs: list[ReportRun], limit: int = 8, every_seed: bool = False) -> Section:
+    """Each site's histogram over time, one run per recipe (unless ``every_seed``), up to
+    ``limit`` panels in all; the panels left out are named in a note (a stated selection, never a
+    silent cut). Open: the first panel holding a NaN/inf count (else the first panel)."""
     sec = Section("histograms", "Histograms over time (signed log2 grid)")
     left, omitted = limit, []
-    for r in runs:
+    shown, seeds = (runs, []) if every_seed else one_per_recipe(runs)
+    panels: list[Plot] = []
+    for r in shown:
         pairs = D.histogram_pairs(r.reader)
         if not pairs:
-            sec.items.append(no_data(f"histograms · {r.label}", "histogram rows of any stream"))
+            sec.items.append(
+                no_data(
+                    f"histograms · {r.label}",
+                    "histogram rows of any stream",
+                    "WatchSettings histogram cadences record them",
+                )
+            )
         for site, stream in pairs:
             if left <= 0:
                 omitted.append(f"{r.label}: {site} · {stream}")
                 continue
             left -= 1
-            sec.items.append(histogram_plot(D.histogram_grid(r.reader, site, stream)))
+            panels.append(histogram_plot(D.histogram_grid(r.reader, site, stream)))
+    bad = [
+        p for p in panels if any(p.data["specials"][k].sum() for k in ("nan", "posinf", "neginf"))
+    ]
+    first = (bad or panels)[:1]
+    sec.items += first
+    sec.details += [p for p in panels if p not in first]
     if omitted:
-        shown = ", ".join(omitted[:12]) + (" ..." if len(omitted) > 12 else "")
-        sec.items.append(
+        shown_names = ", ".join(omitted[:12]) + (" ..." if len(omitted) > 12 else "")
+        sec.details.append(
             Note(
                 f"{limit} histogram panels drawn (--histogram-limit); {len(omitted)} more not "
-                f"drawn: {shown}."
+                f"drawn: {shown_names}."
             )
         )
+    note = left_out_note("histograms", seeds)
+    if note is not None:
+        sec.details.append(note)
     return sec
