@@ -29,16 +29,21 @@ True
 
 from __future__ import annotations
 
+import logging
 import os
+from pathlib import Path
 
 from stepscope.errors import Refusal
 from stepscope.history.reader import EVAL_LOG, HistoryReader
 from stepscope.history.verify import VerifyReport
+from stepscope.history.versions import pick_run
 from stepscope.runlog.evals import EvalRecord
 from stepscope.runlog.sink import read_eval_log
 from stepscope.runlog.view import Clocks, RunView
 
 __all__ = ["Run", "open_run"]
+
+log = logging.getLogger("stepscope")
 
 
 class Run(HistoryReader):
@@ -79,12 +84,19 @@ def open_run(path: str | os.PathLike[str]) -> Run:
     Parameters
     ----------
     path
-        The run directory (``WatchSettings(output_dir=...)``, ``RunLog(path)`` or
-        :class:`~stepscope.history.ArtifactWriter`), also while its writer still appends.
+        The run directory (``collector.run_dir``, ``WatchSettings(output_dir=...)``,
+        ``RunLog(path)`` or :class:`~stepscope.history.ArtifactWriter`), also while its writer
+        still appends; or the folder a user naturally has: a folder of versions
+        (``runs/mlp``, holding ``version_0``, ``version_1``, ...) opens the newest (highest
+        ``N``), a folder holding exactly one run opens it, and a folder holding several other
+        runs refuses ``run_ambiguous`` listing them (:func:`stepscope.history.pick_run`).
 
     Returns
     -------
     Run
         A :class:`~stepscope.history.HistoryReader` with ``.evals()``, ``.clocks()``, ``.view()``.
     """
-    return Run(path)
+    chosen = pick_run(path)
+    if Path(chosen) != Path(path):
+        log.info("stepscope: %s holds runs; opening %s", path, chosen)
+    return Run(chosen)

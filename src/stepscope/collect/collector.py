@@ -42,9 +42,11 @@ Record to disk (crash-safe, readable while training runs, no step limit); withou
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -54,6 +56,7 @@ from stepscope.collect.activations import ActivationSites
 from stepscope.collect.autocadence import AutoCadence
 from stepscope.collect.boundary import StepBoundary
 from stepscope.collect.livemerge import LiveMerge, safe_merge
+from stepscope.collect.misuse import MisuseGuard
 from stepscope.collect.optimizers import OptimizerWatch
 from stepscope.collect.plan import Plan, build_plan
 from stepscope.collect.reduce import Reducer
@@ -97,6 +100,8 @@ from stepscope.selection import Selector, select_modules
 DEFAULT_STREAMS: tuple[str, ...] = ("activation", "gradient", "parameter", "update")
 
 __all__ = ["DEFAULT_STREAMS", "HistoryCollector", "StepState", "StepTransaction"]
+
+log = logging.getLogger("stepscope")
 
 
 class HistoryCollector(UserLog):
@@ -163,7 +168,7 @@ class HistoryCollector(UserLog):
         self.cadences: dict[str, Cadence] = resolve_cadence(cadence, streams)
         self._due = DueTable(self.cadences, self.streams)  # which streams are due at a step
         s = self.settings
-        policy = (s.commit_steps, s.commit_seconds) if s.output_dir else None
+        policy = None if s.in_memory else (s.commit_steps, s.commit_seconds)
         self._meter = None if self.auto is None else WarmupMeter(self.auto, streams, policy)
         watched = unwrap_compiled(model)  # torch.compile(model): sites keep their own names
         self.modules = select_modules(watched, sites if sites is not None else leaf_modules)
@@ -199,11 +204,14 @@ class HistoryCollector(UserLog):
         self._staged = True  # rows may be staged since the buffers' last reset
         self.last_block: StepBlockRecord | None = None
         self.telemetry_seconds = 0.0
+        self._misuse = MisuseGuard(model)
         store = open_store(watched, self.settings, streams, self.cadences, self.auto)
         self._store = store
         self.run, self.ring, self.catalog = store.run, store.ring, store.catalog
         self.writer, self.path, self._next_step = store.writer, store.path, store.next_step
         self._examples_seen: int | None = store.examples_seen
+        if self.path is not None:
+            log.info("stepscope: recording run %s to %s", self.run.run_id, self.path)
         self.clock = StepClock(self.run.device)
         self._rows: Any = ArtifactRows(self.writer) if self.writer is not None else MemoryRows()
         self._boundary = StepBoundary(
@@ -255,6 +263,15 @@ class HistoryCollector(UserLog):
     def cadence_decision(self) -> dict[str, Any] | None:
         """The ``cadence="auto"`` decision (``None`` before it, or without auto cadence)."""
         return None if self._meter is None else self._meter.decision
+
+    @property
+    def run_dir(self) -> Path | None:
+        """The directory this collector writes to (``None`` with ``in_memory=True``).
+
+        Without ``output_dir`` it is a new ``<root_dir>/<name>/version_<N>`` per collector;
+        read it back with ``ss.open_run(collector.run_dir)``.
+        """
+        return self.path
 
     @property
     def sites(self) -> list:
@@ -375,7 +392,9 @@ class HistoryCollector(UserLog):
                 "step_transaction_nested", "a step transaction is already open", ["close it first"]
             )
         opts = [] if optimizer is None else optimizer
-        self._steps.open_transaction(opts if isinstance(opts, (list, tuple)) else [opts])
+        opts = list(opts) if isinstance(opts, (list, tuple)) else [opts]
+        self._misuse.check_optimizers(opts, self.streams)
+        self._steps.open_transaction(opts)
         state = self._current()
         if not state.structure_checked:
             self._check_structure()
@@ -466,6 +485,8 @@ class HistoryCollector(UserLog):
         """Remove every hook and close the history (idempotent). Pending partial steps are dropped."""
         if self._closed:
             return
+        if self._state is not None:
+            self._misuse.at_close(self._next_step - self._store.next_step, self._state.hook_calls)
         try:  # implicit + scaler: the last iteration's skipped step is still a step
             self._steps.finish_skipped()
         except Exception:  # closing must not fail for telemetry reasons; hooks still go
