@@ -17,6 +17,7 @@ from stepscope.collect import stepstate
 from stepscope.collect.resume import artifact_run_id, resumed_examples_seen
 from stepscope.collect.settings import Cadence, WatchSettings
 from stepscope.collect.sites import SiteCatalog
+from stepscope.errors import Refusal
 from stepscope.history import (
     ArtifactWriter,
     ObservationBatch,
@@ -25,7 +26,6 @@ from stepscope.history import (
     StepRing,
     model_fingerprint,
 )
-from stepscope.errors import Refusal
 from stepscope.history.versions import claim_version, default_root
 from stepscope.runlog import ClockRow, write_clock_rows
 from stepscope.stats import backend_info
@@ -86,7 +86,11 @@ def run_directory(settings: WatchSettings, rank: int = 0, world: int = 1) -> Pat
 
 def run_exists_remedies(path: Path) -> list[str]:
     """What to do when an exact ``output_dir`` already holds a run: the two exact spellings."""
-    name = path.name if (default_root() / path.name).resolve() != path.resolve() else f"{path.name}_runs"
+    name = (
+        path.name
+        if (default_root() / path.name).resolve() != path.resolve()
+        else f"{path.name}_runs"
+    )
     return [
         f"continue that run: ss.WatchSettings(output_dir={str(path)!r}, resume=True)",
         f"or a new run every time: ss.WatchSettings(name={name!r}) writes "
