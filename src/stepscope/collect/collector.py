@@ -485,8 +485,7 @@ class HistoryCollector(UserLog):
         """Remove every hook and close the history (idempotent). Pending partial steps are dropped."""
         if self._closed:
             return
-        if self._state is not None:
-            self._misuse.at_close(self._next_step - self._store.next_step, self._state.hook_calls)
+        self._misuse.at_close(self._next_step - self._store.next_step)
         try:  # implicit + scaler: the last iteration's skipped step is still a step
             self._steps.finish_skipped()
         except Exception:  # closing must not fail for telemetry reasons; hooks still go

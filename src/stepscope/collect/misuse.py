@@ -30,6 +30,8 @@ the collector closed with 0 steps recorded, yet the model trained ...
 
 from __future__ import annotations
 
+import contextlib
+import sys
 import warnings
 import weakref
 from collections.abc import Iterable
@@ -38,13 +40,34 @@ from typing import Any
 import torch
 
 from stepscope.errors import Refusal
-from stepscope.stephooks import user_stacklevel
+from stepscope.stephooks import _OWN
 
 __all__ = ["MisuseGuard", "MisuseWarning"]
 
 
 class MisuseWarning(UserWarning):
     """A collector was used in a way that records less than the user probably meant."""
+
+
+#: Frames a misuse warning looks past: stepscope's, torch's and ``contextlib``'s (``step()`` is a
+#: ``@contextmanager``, entered and exited from contextlib), as
+#: :func:`stepscope.stephooks.user_stacklevel` does for the first two.
+_SKIP = (*_OWN, contextlib.__file__)
+
+
+def _stacklevel() -> int:
+    """``warnings.warn``'s ``stacklevel``, for its caller, of the user's line."""
+    level, frame = 1, sys._getframe(1)
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(_SKIP):
+        level, frame = level + 1, frame.f_back
+    return level
+
+
+def _grad_versions(model: torch.nn.Module) -> dict[int, tuple[int, int]]:
+    """Each parameter's gradient identity and in-place version (a backward changes one)."""
+    return {
+        id(p): (id(p.grad), p.grad._version) for p in model.parameters() if p.grad is not None
+    }
 
 
 def _unwrap(optimizer: Any) -> Any:
@@ -64,13 +87,14 @@ class MisuseGuard:
         self._model = model
         self._warned: set[str] = set()
         self._checked: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._grads = _grad_versions(model)  # a backward after this is training
 
     def warn_once(self, key: str, message: str) -> None:
         """Warn ``message`` as a :class:`MisuseWarning` unless ``key`` was warned already."""
         if key in self._warned:
             return
         self._warned.add(key)
-        warnings.warn(message, MisuseWarning, stacklevel=user_stacklevel())
+        warnings.warn(message, MisuseWarning, stacklevel=_stacklevel())
 
     def check_optimizers(self, optimizers: Iterable[Any], streams: Iterable[str]) -> None:
         """At ``collector.step(...)``: refuse a foreign optimizer, warn when there is none."""
@@ -117,17 +141,14 @@ class MisuseGuard:
             f"block, or collector.log({name!r}, value, step={step}) to say so.",
         )
 
-    def at_close(self, steps_recorded: int, hook_calls: int) -> None:
-        """At close: the model trained (hooks ran or gradients exist) but no step was recorded."""
-        if steps_recorded:
-            return
-        grads = any(p.grad is not None for p in self._model.parameters())
-        if not (hook_calls or grads):
+    def at_close(self, steps_recorded: int) -> None:
+        """At close: the model trained (a backward changed a gradient) but no step was recorded."""
+        if steps_recorded or _grad_versions(self._model) == self._grads:
             return
         self.warn_once(
             "no_steps",
-            "the collector closed with 0 steps recorded, yet the model trained (forwards or "
-            "gradients were seen): wrap each training step in "
+            "the collector closed with 0 steps recorded, yet the model trained (its gradients "
+            "changed): wrap each training step in "
             "`with collector.step(optimizer, examples=n):`, or pass optimizer= to "
             "HistoryCollector to record every optimizer.step()",
         )

@@ -143,9 +143,9 @@ def series_text(series: Any, limit: int = 12) -> str:
     ...            cadence=10)
     >>> print(s)
     Series '1' activation zero: 2 values at steps 0..10 (activation cadence: every 10 steps)
-     step   value
-        0  7561.0
-       10  5239.0
+     step  value
+        0   7561
+       10   5239
     """
     what = " ".join(x for x in (repr(series.name) if series.name else "", series.stream) if x)
     n = len(series.steps)
