@@ -12,7 +12,7 @@ import tempfile
 
 import pytest
 
-from stepscope.history.versions import ENV_ROOT
+ENV_ROOT = "STEPSCOPE_DIR"  # stepscope.history.versions.ENV_ROOT (a test checks they agree)
 
 os.environ[ENV_ROOT] = tempfile.mkdtemp(prefix="stepscope-tests-")
 

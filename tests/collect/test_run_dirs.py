@@ -17,7 +17,8 @@ import torch
 
 import stepscope as ss
 from stepscope.history import find_runs
-from stepscope.history.versions import ENV_ROOT, claim_version
+
+ENV_ROOT = "STEPSCOPE_DIR"  # stepscope.history.versions.ENV_ROOT (checked below)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -84,6 +85,8 @@ def test_the_default_root_is_stepscope_dir_and_every_collector_gets_a_version(
 
 
 def _claim(args: tuple[str, int]) -> list[str]:
+    from stepscope.history.versions import claim_version
+
     parent, n = args
     return [claim_version(parent).name for _ in range(n)]
 
@@ -98,6 +101,8 @@ def test_two_processes_claiming_at_once_never_share_a_version(tmp_path):
 
 
 def test_ranks_of_one_job_agree_on_a_version_without_talking(tmp_path):
+    from stepscope.history.versions import claim_version
+
     first = [claim_version(tmp_path, slot=f"rank{r:03d}") for r in range(2)]
     second = [claim_version(tmp_path, slot=f"rank{r:03d}") for r in (1, 0)]
     assert first == [tmp_path / "version_0" / "rank000", tmp_path / "version_0" / "rank001"]
@@ -159,3 +164,10 @@ def test_tests_never_write_runs_into_the_repository():
     root = Path(os.environ[ENV_ROOT]).resolve()
     assert REPO not in root.parents
     assert _train(None).run_dir.resolve().parent == root
+
+
+def test_the_conftest_sets_the_variable_stepscope_reads():
+    from stepscope.history import versions
+    from tests import conftest
+
+    assert conftest.ENV_ROOT == ENV_ROOT == versions.ENV_ROOT
