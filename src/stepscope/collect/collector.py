@@ -391,8 +391,8 @@ class HistoryCollector(UserLog):
             raise Refusal(
                 "step_transaction_nested", "a step transaction is already open", ["close it first"]
             )
-        opts = [] if optimizer is None else optimizer
-        opts = list(opts) if isinstance(opts, (list, tuple)) else [opts]
+        given: Any = [] if optimizer is None else optimizer
+        opts = list(given) if isinstance(given, (list, tuple)) else [given]
         self._misuse.check_optimizers(opts, self.streams)
         self._steps.open_transaction(opts)
         state = self._current()

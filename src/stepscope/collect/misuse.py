@@ -65,9 +65,7 @@ def _stacklevel() -> int:
 
 def _grad_versions(model: torch.nn.Module) -> dict[int, tuple[int, int]]:
     """Each parameter's gradient identity and in-place version (a backward changes one)."""
-    return {
-        id(p): (id(p.grad), p.grad._version) for p in model.parameters() if p.grad is not None
-    }
+    return {id(p): (id(p.grad), p.grad._version) for p in model.parameters() if p.grad is not None}
 
 
 def _unwrap(optimizer: Any) -> Any:
@@ -108,11 +106,8 @@ class MisuseGuard:
         for given in opts:
             opt = _unwrap(given)
             groups = getattr(opt, "param_groups", None)
-            try:
-                if groups is None or opt in self._checked:
-                    continue
-            except TypeError:  # not weak-referenceable: checked every time (cheap)
-                pass
+            if groups is None or self._seen(opt):
+                continue
             held = {id(p) for g in groups for p in g.get("params", ())}
             if held and not held & {id(p) for p in self._model.parameters()}:
                 raise Refusal(
@@ -131,6 +126,12 @@ class MisuseGuard:
                 self._checked.add(opt)
             except TypeError:
                 pass
+
+    def _seen(self, opt: Any) -> bool:
+        try:
+            return opt in self._checked
+        except TypeError:  # not weak-referenceable: checked every time (cheap)
+            return False
 
     def log_after_close(self, name: str, step: int) -> None:
         """``st.log(name, ...)`` after the ``with collector.step(...)`` block of ``step`` ended."""
