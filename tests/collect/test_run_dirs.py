@@ -107,6 +107,8 @@ def test_ranks_of_one_job_agree_on_a_version_without_talking(tmp_path):
     second = [claim_version(tmp_path, slot=f"rank{r:03d}") for r in (1, 0)]
     assert first == [tmp_path / "version_0" / "rank000", tmp_path / "version_0" / "rank001"]
     assert second == [tmp_path / "version_1" / "rank001", tmp_path / "version_1" / "rank000"]
+    (claim_version(tmp_path) / "manifest.json").write_text("{}")  # a one-process run: version_2
+    assert claim_version(tmp_path, slot="rank000") == tmp_path / "version_3" / "rank000"
 
 
 def test_an_exact_output_dir_refuses_a_second_run_naming_the_resume_spelling(tmp_path):

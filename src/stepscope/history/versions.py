@@ -106,10 +106,12 @@ def claim_version(parent: str | os.PathLike[str], slot: str | None = None) -> Pa
             version = parent / f"{VERSION_PREFIX}{n}"
             version.mkdir(exist_ok=True)
             try:
-                os.mkdir(version / slot)
-                return version / slot
+                if not is_run_dir(version):  # a single-process run's version holds no slots
+                    os.mkdir(version / slot)
+                    return version / slot
             except FileExistsError:
-                n += 1
+                pass
+            n += 1
     existing = _versions(parent)
     n = existing[-1][0] + 1 if existing else 0
     while True:
