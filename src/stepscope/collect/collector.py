@@ -23,8 +23,10 @@ the code itself is ~330 lines of wiring between the job modules above.
 
 Example
 -------
-Record to disk (crash-safe, readable while training runs, no step limit); without
-``output_dir`` a RAM ring holds 256 steps and then refuses ``ring_capacity_exhausted``:
+Record to disk (crash-safe, readable while training runs, no step limit): without
+``output_dir`` each collector writes a new ``runs/<name>/version_<N>`` (``collector.run_dir``;
+``docs/collect.md``), with ``output_dir`` exactly that directory; ``in_memory=True`` keeps a
+RAM ring of 256 steps instead:
 
 >>> import tempfile, torch, stepscope as ss
 >>> model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
