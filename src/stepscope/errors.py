@@ -236,6 +236,11 @@ class Code(str, Enum):
         "a reader was given a bare int where a site name (or a Site record) is meant",
     )
     # collector
+    COLLECTOR_IN_MEMORY = (
+        "collector_in_memory",
+        _STATE,
+        "a run directory was asked of a collector that records to RAM only (in_memory=True)",
+    )
     OPTIMIZER_FOREIGN = (
         "optimizer_foreign",
         _INPUT,

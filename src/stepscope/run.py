@@ -34,8 +34,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from stepscope.errors import Refusal, require_extra
-from stepscope.history.frames import frame_columns
+from stepscope.errors import Refusal
+from stepscope.history import frames
 from stepscope.history.reader import EVAL_LOG, HistoryReader
 from stepscope.history.verify import VerifyReport
 from stepscope.history.versions import pick_run
@@ -77,24 +77,15 @@ class Run(HistoryReader):
         value, presence``) or ``wide=True`` (one column per spine field); see
         :mod:`stepscope.history.frames`.
         """
-        pd = require_extra("pandas", "pandas", "Run.to_pandas()")
-        return pd.DataFrame(frame_columns(self, wide))
+        return frames.to_pandas(self, wide)
 
     def to_polars(self, wide: bool = False) -> Any:
         """:meth:`to_pandas` as a ``polars.DataFrame`` (extra ``polars``)."""
-        pl = require_extra("polars", "polars", "Run.to_polars()")
-        cols = frame_columns(self, wide)
-        return pl.DataFrame({k: v.tolist() if v.dtype == object else v for k, v in cols.items()})
+        return frames.to_polars(self, wide)
 
     def to_arrow(self, wide: bool = False) -> Any:
         """:meth:`to_pandas` as a ``pyarrow.Table`` (extra ``arrow``)."""
-        pa = require_extra("pyarrow", "arrow", "Run.to_arrow()")
-        return pa.table(
-            {
-                k: pa.array(v.tolist() if v.dtype == object else v)
-                for k, v in frame_columns(self, wide).items()
-            }
-        )
+        return frames.to_arrow(self, wide)
 
     def verify(self) -> VerifyReport:
         """:meth:`HistoryReader.verify`, and every evaluation row decoded (its values checked)."""

@@ -1,4 +1,4 @@
-"""Misuse is never silent (issue 30, finding 2): five common mistakes, each warned or refused.
+"""Misuse is never silent: five common mistakes, each warned or refused.
 
 Each test makes the mistake as a newcomer would, on a real collector, and checks the warning
 (category, that it comes once, and that it points at the test's own line) or the refusal, and

@@ -1,4 +1,4 @@
-"""Runs never collide (issue 30, findings 1 and 9): versions, exact directories, the disk default.
+"""Runs never collide: versions, exact directories, the disk default (no RAM ring limit).
 
 Each test runs real collectors (no hand-made artifacts) and reads back what they wrote.
 """
@@ -138,7 +138,7 @@ def test_the_collector_says_once_where_it_writes(tmp_path, caplog):
 
 
 def test_the_default_never_stops_training_at_the_ram_rings_capacity():
-    """Finding 9: with no output_dir, step 257 once raised ring_capacity_exhausted."""
+    """With no output_dir, step 257 once raised ring_capacity_exhausted (a RAM-only default)."""
     c = _train(None, steps=300)
     assert c.run_dir is not None
     assert len(ss.open_run(c.run_dir).steps) == 300
@@ -146,7 +146,10 @@ def test_the_default_never_stops_training_at_the_ram_rings_capacity():
 
 def test_in_memory_is_the_explicit_ram_ring():
     c = _train(ss.WatchSettings(in_memory=True))
-    assert c.run_dir is None and len(c.ring.blocks()) == 3
+    assert c.path is None and len(c.ring.blocks()) == 3
+    with pytest.raises(ss.Refusal) as err:
+        _ = c.run_dir
+    assert err.value.code == "collector_in_memory"
     with pytest.raises(ss.Refusal) as err:
         ss.WatchSettings(in_memory=True, output_dir="x")
     assert err.value.code == "settings_invalid"

@@ -1,4 +1,4 @@
-"""DataFrames of a real run (issue 30, finding 5) and what ``print(series)`` shows (finding 3).
+"""DataFrames of a real run, and what ``print(series)`` shows (steps beside values, cadence).
 
 Runs are collected from the test suite's real models (a ResNet-like CNN and a tiny GPT,
 ``tests/collect/models.py``); every table is checked against the reader's own arrays
@@ -106,7 +106,7 @@ def test_printing_a_series_shows_each_step_beside_its_value_and_the_cadence(run)
     head, columns, *rows = text.splitlines()
     assert head == (
         f"Series {site!r} activation absmax: 3 values at steps 0..4 "
-        "(activation cadence: every 2 steps)"
+        "(activation cadence: every 2 steps; cadence=1 records every step)"
     )
     assert columns.split() == ["step", "value"]
     pairs = [(int(a), float(b)) for a, b in (r.split() for r in rows)]

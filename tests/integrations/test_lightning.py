@@ -239,7 +239,10 @@ def test_ddp_two_ranks_write_segments_that_merge_exactly(tmp_path):
     env = {
         **os.environ,
         "OMP_NUM_THREADS": "1",
-        "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
+        # this checkout's sources first (not an installed copy), and its tests package
+        "PYTHONPATH": os.pathsep.join(
+            str(Path(__file__).resolve().parents[2] / d) for d in ("src", "")
+        ),
     }
     done = subprocess.run(
         [sys.executable, str(DDP_SCRIPT), str(tmp_path)],

@@ -1,4 +1,4 @@
-"""The trainer callbacks run twice in one folder (issue 30, finding 1), with the real frameworks.
+"""The trainer callbacks run twice in one folder, with the real frameworks.
 
 ``Trainer(callbacks=[StepscopeCallback()])`` run a second time with the same
 ``default_root_dir`` / ``output_dir`` once refused ``history_run_exists`` at ``on_train_start``.

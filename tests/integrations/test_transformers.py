@@ -179,7 +179,8 @@ def test_train_stop_resume_is_one_artifact_with_ancestry(tmp_path):
 @pytest.mark.slow
 def test_torchrun_two_ranks_write_segments_of_one_run_that_merge(tmp_path):
     script = Path(__file__).with_name("transformers_ddp_script.py")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(script.resolve().parents[2])}
+    root = script.resolve().parents[2]  # this checkout's sources first, and its tests package
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{root / 'src'}{os.pathsep}{root}"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"]
     done = subprocess.run(
         [*cmd, str(script), str(tmp_path)],

@@ -267,12 +267,22 @@ class HistoryCollector(UserLog):
         return None if self._meter is None else self._meter.decision
 
     @property
-    def run_dir(self) -> Path | None:
-        """The directory this collector writes to (``None`` with ``in_memory=True``).
+    def run_dir(self) -> Path:
+        """The directory this collector writes to (``collector.path``, never ``None``).
 
         Without ``output_dir`` it is a new ``<root_dir>/<name>/version_<N>`` per collector;
-        read it back with ``ss.open_run(collector.run_dir)``.
+        read it back with ``ss.open_run(collector.run_dir)``. An ``in_memory=True`` collector
+        has none: refuses ``collector_in_memory``.
         """
+        if self.path is None:
+            raise Refusal(
+                "collector_in_memory",
+                "this collector keeps its steps in RAM (in_memory=True): it has no run directory",
+                [
+                    "read its steps from collector.ring",
+                    'or record to disk: ss.WatchSettings(name="<name>") (runs/<name>/version_<N>)',
+                ],
+            )
         return self.path
 
     @property

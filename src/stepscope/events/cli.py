@@ -81,14 +81,14 @@ def _parquet(run: str, out: str) -> None:
     from pathlib import Path
 
     from stepscope.errors import require_extra
-    from stepscope.history import find_runs
-    from stepscope.run import Run
+    from stepscope.history import HistoryReader, find_runs
+    from stepscope.history.frames import to_arrow
 
     pq = require_extra("pyarrow.parquet", "arrow", "stepscope export --parquet")
     runs = find_runs(run) or [Path(run)]  # none: the reader refuses history_artifact_missing
     for path in runs:
-        reader = Run(path)
-        table = reader.to_arrow()
+        reader = HistoryReader(path)
+        table = to_arrow(reader)
         where = Path(out) / (path.relative_to(run) if len(runs) > 1 else "")
         where.mkdir(parents=True, exist_ok=True)
         pq.write_table(table, where / "observations.parquet")

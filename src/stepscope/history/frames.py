@@ -51,6 +51,9 @@ __all__ = [
     "series_label",
     "series_text",
     "site_int_refusal",
+    "to_arrow",
+    "to_pandas",
+    "to_polars",
 ]
 
 #: The key columns both shapes start with.
@@ -134,6 +137,28 @@ def frame_columns(reader: Any, wide: bool = False) -> dict[str, np.ndarray]:
     return tidy
 
 
+def to_pandas(reader: Any, wide: bool = False) -> Any:
+    """:func:`frame_columns` as a ``pandas.DataFrame`` (extra ``pandas``)."""
+    pd = require_extra("pandas", "pandas", "Run.to_pandas()")
+    return pd.DataFrame(frame_columns(reader, wide))
+
+
+def _listed(col: np.ndarray) -> Any:
+    return col.tolist() if col.dtype == object else col
+
+
+def to_polars(reader: Any, wide: bool = False) -> Any:
+    """:func:`frame_columns` as a ``polars.DataFrame`` (extra ``polars``)."""
+    pl = require_extra("polars", "polars", "Run.to_polars()")
+    return pl.DataFrame({k: _listed(v) for k, v in frame_columns(reader, wide).items()})
+
+
+def to_arrow(reader: Any, wide: bool = False) -> Any:
+    """:func:`frame_columns` as a ``pyarrow.Table`` (extra ``arrow``)."""
+    pa = require_extra("pyarrow", "arrow", "Run.to_arrow()")
+    return pa.table({k: pa.array(_listed(v)) for k, v in frame_columns(reader, wide).items()})
+
+
 def series_text(series: Any, limit: int = 12) -> str:
     """``print(series)``: a header (what, how many values, the cadence) and a step/value table.
 
@@ -142,7 +167,7 @@ def series_text(series: Any, limit: int = 12) -> str:
     ...            np.ones(2, bool), np.zeros(2, np.int32), name="1", stream="activation",
     ...            cadence=10)
     >>> print(s)
-    Series '1' activation zero: 2 values at steps 0..10 (activation cadence: every 10 steps)
+    Series '1' activation zero: 2 values at steps 0..10 (activation cadence: every 10 steps; ...)
      step  value
         0   7561
        10   5239
@@ -153,7 +178,8 @@ def series_text(series: Any, limit: int = 12) -> str:
     head = f"Series {what + ' ' if what else ''}{series.field}: {n} values{span}"
     if series.cadence is not None:
         every = "every step" if series.cadence == 1 else f"every {series.cadence} steps"
-        head += f" ({series.stream} cadence: {every})"
+        hint = "" if series.cadence == 1 else "; cadence=1 records every step"
+        head += f" ({series.stream} cadence: {every}{hint})"
     presence = series.presence_names()
     cells = [
         (str(int(st)), f"{float(v):.8g}" if ok else f"nan ({p})")
