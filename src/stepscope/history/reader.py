@@ -241,8 +241,6 @@ class HistoryReader(CommittedArtifact):
         """Series ids of a site: an id, a record, or a name (all series ever bound to it)."""
         if isinstance(site, SiteRecord):
             site = site.site_id
-        elif isinstance(site, (int, np.integer)):
-            raise site_int_refusal(site, self.sites)
         if isinstance(site, (int, np.integer)) and 0 <= site < len(self.sites):
             return np.array([site], dtype=np.int32)
         ids = [s.site_id for s in self.sites if s.name == site]
@@ -255,6 +253,8 @@ class HistoryReader(CommittedArtifact):
         return np.array(ids, dtype=np.int32)
 
     def _cells(self, table: str, site: Any, stream: Any, phase: Any, steps: Any, micro: Any):
+        if isinstance(site, (int, np.integer)):  # series(1, ...) meant the site named "1"
+            raise site_int_refusal(site, self.sites)
         ids = self.site_ids(site)
         if micro is not None and (
             isinstance(micro, bool) or not isinstance(micro, (int, np.integer)) or micro < 0
@@ -278,7 +278,7 @@ class HistoryReader(CommittedArtifact):
 
     def series(
         self,
-        site: int | str | SiteRecord,
+        site: str | SiteRecord,
         stream: Stream | str,
         field: str,
         *,
@@ -305,7 +305,7 @@ class HistoryReader(CommittedArtifact):
 
     def histograms(
         self,
-        site: int | str | SiteRecord,
+        site: str | SiteRecord,
         stream: Stream | str,
         *,
         phase: Phase | str | None = None,
