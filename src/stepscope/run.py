@@ -73,8 +73,8 @@ class Run(HistoryReader):
         """The observations as a ``pandas.DataFrame``, names not codes (extra ``pandas``).
 
         Tidy (one row per step, site, stream, phase, micro-batch and spine field: columns
-        ``step, examples_seen, epoch, micro_batch, site, module_type, stream, phase, field,
-        value, presence``) or ``wide=True`` (one column per spine field); see
+        ``step, optimizer_step, examples_seen, epoch, micro_batch, site, module_type, stream,
+        phase, field, value, presence``) or ``wide=True`` (one column per spine field); see
         :mod:`stepscope.history.frames`.
         """
         return frames.to_pandas(self, wide)

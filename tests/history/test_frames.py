@@ -37,7 +37,7 @@ def run(request, tmp_path_factory):
 def test_the_tidy_table_is_the_readers_series_with_names(run):
     df = run.to_pandas()
     assert list(df.columns) == [
-        "step", "examples_seen", "epoch", "micro_batch", "site", "module_type",
+        "step", "optimizer_step", "examples_seen", "epoch", "micro_batch", "site", "module_type",
         "stream", "phase", "field", "value", "presence",
     ]  # fmt: skip
     assert set(df.stream) <= set(ALL_STREAMS) and set(df.field) == set(SPINE_FIELDS)
@@ -56,6 +56,7 @@ def test_the_tidy_table_is_the_readers_series_with_names(run):
     assert checked == len(groups) > 100
     types = {s.name: s.module_type for s in run.sites}
     assert (df.module_type == df.site.map(types)).all()
+    assert (df.optimizer_step == df.step).all()
     blocks = {b.optimizer_step: b for b in run.step_blocks()}
     assert set(df.step) <= set(blocks)
     assert sorted(set(df.step)) == [0, 2, 4]  # cadence 2: the steps with rows

@@ -6,12 +6,14 @@ to the library the user has (extras ``pandas``, ``polars``, ``arrow``; a missing
 ``extra_missing`` with the ``pip install`` line). Two shapes:
 
 * **tidy** (default, one row per step x site x stream x phase x micro-batch x spine field):
-  ``step, examples_seen, epoch, micro_batch, site, module_type, stream, phase, field, value,
-  presence``;
+  ``step, optimizer_step, examples_seen, epoch, micro_batch, site, module_type, stream, phase,
+  field, value, presence``;
 * **wide** (``wide=True``, one row per cell): the same key columns and ``presence``, then one
   column per spine field (``total, finite, nan, ..., mean, m2, ...``).
 
-``step`` is the optimizer step (``StepBlockRecord.optimizer_step``), ``micro_batch`` is ``-1``
+``step`` is the reader's step axis and ``optimizer_step`` names it as
+:class:`~stepscope.history.StepBlockRecord` does (the collector records one block per optimizer
+step, so the two are equal; both are kept so joins on either name work), ``micro_batch`` is ``-1``
 for a whole-step cell, ``examples_seen`` and ``epoch`` are floats with NaN where unknown.
 ``value`` is NaN wherever ``presence`` is not ``"observed"`` (missing is never zero), exactly as
 :meth:`~stepscope.history.HistoryReader.series` returns it. :func:`series_text` is what
@@ -59,6 +61,7 @@ __all__ = [
 #: The key columns both shapes start with.
 KEY_COLUMNS = (
     "step",
+    "optimizer_step",
     "examples_seen",
     "epoch",
     "micro_batch",
@@ -115,6 +118,7 @@ def frame_columns(reader: Any, wide: bool = False) -> dict[str, np.ndarray]:
     spine[~observed] = np.nan
     cols: dict[str, np.ndarray] = {
         "step": rows["step"].astype(np.int64),
+        "optimizer_step": rows["step"].astype(np.int64),
         "examples_seen": _step_axis(reader, rows["step"], "examples_seen"),
         "epoch": _step_axis(reader, rows["step"], "epoch"),
         "micro_batch": rows["micro_batch"].astype(np.int64),
