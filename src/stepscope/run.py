@@ -118,5 +118,5 @@ def open_run(path: str | os.PathLike[str]) -> Run:
     """
     chosen = pick_run(path)
     if Path(chosen) != Path(path):
-        log.info("stepscope: %s holds runs; opening %s", path, chosen)
+        log.info("%s holds runs; opening %s", path, chosen)
     return Run(chosen)

@@ -134,7 +134,7 @@ def test_the_collector_says_once_where_it_writes(tmp_path, caplog):
     with caplog.at_level(logging.INFO, logger="stepscope"):
         c = _train(ss.WatchSettings(root_dir=tmp_path, name="m"))
     said = [r.getMessage() for r in caplog.records if "recording run" in r.getMessage()]
-    assert said == [f"stepscope: recording run {c.run.run_id} to {tmp_path / 'm' / 'version_0'}"]
+    assert said == [f"recording run {c.run.run_id} to {tmp_path / 'm' / 'version_0'}"]
 
 
 def test_the_default_never_stops_training_at_the_ram_rings_capacity():

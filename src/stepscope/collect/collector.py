@@ -213,7 +213,7 @@ class HistoryCollector(UserLog):
         self.writer, self.path, self._next_step = store.writer, store.path, store.next_step
         self._examples_seen: int | None = store.examples_seen
         if self.path is not None:
-            log.info("stepscope: recording run %s to %s", self.run.run_id, self.path)
+            log.info("recording run %s to %s", self.run.run_id, self.path)
         self.clock = StepClock(self.run.device)
         self._rows: Any = ArtifactRows(self.writer) if self.writer is not None else MemoryRows()
         self._boundary = StepBoundary(
