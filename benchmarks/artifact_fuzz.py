@@ -151,7 +151,7 @@ def read_outcome(path: Path) -> tuple[str, str, Any]:
         h = open_run(path)
         digest = (data_digest(h), evals_digest(h))
         report = h.verify()
-        h.series(0, "activation", "mean")
+        h.series(h.sites[0] if h.sites else "0", "activation", "mean")  # site 0, by record
         outcome: tuple[str, str, Any] = ("read", "", (h, digest, report))
     except Refusal as exc:
         outcome = ("refused", exc.code, None)

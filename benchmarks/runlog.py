@@ -76,7 +76,7 @@ def _overhead(with_collector: bool, steps: int) -> tuple[float, float, float]:
     model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     x, y = torch.randn(128, 64), torch.randint(0, 10, (128,))
-    ram = ss.WatchSettings(ram_policy="drop_oldest")
+    ram = ss.WatchSettings(in_memory=True, ram_policy="drop_oldest")
     log = ss.HistoryCollector(model, settings=ram) if with_collector else RunLog()
     for _ in range(steps):
         ctx = log.step(opt, examples=128) if with_collector else log.step(examples=128)

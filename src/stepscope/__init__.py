@@ -31,6 +31,7 @@ if TYPE_CHECKING:  # what the lazy table below resolves to, spelled out for type
     from stepscope.collect import AutoCadence as AutoCadence
     from stepscope.collect import Cadence as Cadence
     from stepscope.collect import HistoryCollector as HistoryCollector
+    from stepscope.collect import MisuseWarning as MisuseWarning
     from stepscope.collect import WatchSettings as WatchSettings
     from stepscope.curvature import analyze_curvature as analyze_curvature
     from stepscope.events import EventStream as EventStream
@@ -58,6 +59,7 @@ _EXPORTS: dict[str, str] = {
     "open_history": "stepscope.run:open_run",
     "HistoryCollector": "stepscope.collect:HistoryCollector",
     "WatchSettings": "stepscope.collect:WatchSettings",
+    "MisuseWarning": "stepscope.collect:MisuseWarning",
     "Cadence": "stepscope.collect:Cadence",
     "AutoCadence": "stepscope.collect:AutoCadence",
     "EventStream": "stepscope.events:EventStream",

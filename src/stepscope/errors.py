@@ -225,7 +225,27 @@ class Code(str, Enum):
         _INPUT,
         "a reader query has a malformed step range or micro-batch",
     )
+    RUN_AMBIGUOUS = (
+        "run_ambiguous",
+        _INPUT,
+        "a folder given as one run holds several runs that are not versions of one name",
+    )
+    HISTORY_SITE_NAME_REQUIRED = (
+        "history_site_name_required",
+        _INPUT,
+        "a reader was given a bare int where a site name (or a Site record) is meant",
+    )
     # collector
+    COLLECTOR_IN_MEMORY = (
+        "collector_in_memory",
+        _STATE,
+        "a run directory was asked of a collector that records to RAM only (in_memory=True)",
+    )
+    OPTIMIZER_FOREIGN = (
+        "optimizer_foreign",
+        _INPUT,
+        "step() was given an optimizer that holds none of the watched model's parameters",
+    )
     STEP_TRANSACTION_REQUIRED = (
         "step_transaction_required",
         _STATE,

@@ -29,17 +29,24 @@ True
 
 from __future__ import annotations
 
+import logging
 import os
+from pathlib import Path
+from typing import Any
 
 from stepscope.errors import Refusal
 from stepscope.forensics.attribution import Spike, read_spikes
+from stepscope.history import frames
 from stepscope.history.reader import EVAL_LOG, HistoryReader
 from stepscope.history.verify import VerifyReport
+from stepscope.history.versions import pick_run
 from stepscope.runlog.evals import EvalRecord
 from stepscope.runlog.sink import read_eval_log
 from stepscope.runlog.view import Clocks, RunView
 
 __all__ = ["Run", "open_run"]
+
+log = logging.getLogger("stepscope")
 
 
 class Run(HistoryReader):
@@ -68,6 +75,24 @@ class Run(HistoryReader):
         """
         return self.view().clocks()
 
+    def to_pandas(self, wide: bool = False) -> Any:
+        """The observations as a ``pandas.DataFrame``, names not codes (extra ``pandas``).
+
+        Tidy (one row per step, site, stream, phase, micro-batch and spine field: columns
+        ``step, optimizer_step, examples_seen, epoch, micro_batch, site, module_type, stream,
+        phase, field, value, presence``) or ``wide=True`` (one column per spine field); see
+        :mod:`stepscope.history.frames`.
+        """
+        return frames.to_pandas(self, wide)
+
+    def to_polars(self, wide: bool = False) -> Any:
+        """:meth:`to_pandas` as a ``polars.DataFrame`` (extra ``polars``)."""
+        return frames.to_polars(self, wide)
+
+    def to_arrow(self, wide: bool = False) -> Any:
+        """:meth:`to_pandas` as a ``pyarrow.Table`` (extra ``arrow``)."""
+        return frames.to_arrow(self, wide)
+
     def verify(self) -> VerifyReport:
         """:meth:`HistoryReader.verify`, and every evaluation row decoded (its values checked)."""
         report = super().verify()
@@ -85,12 +110,19 @@ def open_run(path: str | os.PathLike[str]) -> Run:
     Parameters
     ----------
     path
-        The run directory (``WatchSettings(output_dir=...)``, ``RunLog(path)`` or
-        :class:`~stepscope.history.ArtifactWriter`), also while its writer still appends.
+        The run directory (``collector.run_dir``, ``WatchSettings(output_dir=...)``,
+        ``RunLog(path)`` or :class:`~stepscope.history.ArtifactWriter`), also while its writer
+        still appends; or the folder a user naturally has: a folder of versions
+        (``runs/mlp``, holding ``version_0``, ``version_1``, ...) opens the newest (highest
+        ``N``), a folder holding exactly one run opens it, and a folder holding several other
+        runs refuses ``run_ambiguous`` listing them (:func:`stepscope.history.pick_run`).
 
     Returns
     -------
     Run
         A :class:`~stepscope.history.HistoryReader` with ``.evals()``, ``.clocks()``, ``.view()``.
     """
-    return Run(path)
+    chosen = pick_run(path)
+    if Path(chosen) != Path(path):
+        log.info("%s holds runs; opening %s", path, chosen)
+    return Run(chosen)

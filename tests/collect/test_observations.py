@@ -271,7 +271,7 @@ def test_ram_only_refuse_policy_raises_before_losing_data(small_net):
         sites="fc",
         streams=("parameter",),
         cadence=1,
-        settings=WatchSettings(ram_capacity=2),
+        settings=WatchSettings(in_memory=True, ram_capacity=2),
     )
     x, y = batches(1)[0]
     with pytest.raises(Refusal) as err:

@@ -36,8 +36,8 @@ def _read_everything(h):
     assert h.steps.ndim == 1
     h.step_blocks()
     for site in h.sites:
-        h.series(site.site_id, "activation", "mean")
-        h.histograms(site.site_id, "activation")
+        h.series(site, "activation", "mean")
+        h.histograms(site, "activation")
     h.scalars("loss")
     h.observations()
     return h.verify()

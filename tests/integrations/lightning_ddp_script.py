@@ -1,6 +1,6 @@
 """Two-process Lightning DDP on gloo (CPU) with the stepscope callback: ``python this.py ROOT``.
 
-Lightning's DDP launcher re-runs this script for rank 1; each rank writes ``ROOT/stepscope/rank<k>``.
+Lightning's DDP launcher re-runs this script for rank 1; each rank writes ``ROOT/stepscope/version_0/rank<k>``.
 """
 
 import sys

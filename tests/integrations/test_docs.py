@@ -39,4 +39,4 @@ def test_the_example_runs_and_prints_what_the_doc_shows(title, tmp_path, capsys)
         assert "[8, 9, 10, 11] [None, 8]" in out
         from stepscope.cli import main
 
-        assert main(["verify", str(tmp_path / "runs/lightning/stepscope")]) == 0
+        assert main(["verify", str(tmp_path / "runs/lightning/stepscope/version_0")]) == 0

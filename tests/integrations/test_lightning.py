@@ -119,7 +119,7 @@ def recorded(tmp_path_factory):
     cb = StepscopeCallback(cadence=1, settings=ss.WatchSettings(durable=False))
     trainer, model = fit(root, [cb, oracle], num_sanity_val_steps=1)
     return {
-        "run": str(root / "stepscope"),
+        "run": str(root / "stepscope" / "version_0"),
         "oracle": oracle,
         "model": model,
         "trainer": trainer,
@@ -178,12 +178,12 @@ def test_observation_is_bitwise_pure(recorded, tmp_path):
 def test_gradient_clipping_is_declared(tmp_path):
     cb = StepscopeCallback(settings=ss.WatchSettings(durable=False))
     fit(tmp_path, [cb], epochs=1, gradient_clip_val=0.5)
-    blocks = ss.open_history(tmp_path / "stepscope").step_blocks()
+    blocks = ss.open_history(tmp_path / "stepscope" / "version_0").step_blocks()
     assert {b.truth.clipped.value for b in blocks} == {"yes"}
 
 
 def test_fit_stop_resume_is_one_artifact_with_ancestry(tmp_path):
-    run = tmp_path / "stepscope"
+    run = tmp_path / "stepscope" / "version_0"
     first = StepscopeCallback(cadence=1, settings=ss.WatchSettings(durable=False))
     fit(tmp_path, [first], epochs=1, enable_checkpointing=True)
     (ckpt,) = (tmp_path / "checkpoints").glob("*.ckpt")
@@ -211,7 +211,7 @@ def test_resumed_segment_continues_examples_seen(tmp_path):
     (ckpt,) = (tmp_path / "checkpoints").glob("*.ckpt")
     cb = StepscopeCallback(settings=ss.WatchSettings(durable=False))
     fit(tmp_path, [cb], epochs=2, ckpt_path=str(ckpt))
-    blocks = ss.open_history(tmp_path / "stepscope").step_blocks()
+    blocks = ss.open_history(tmp_path / "stepscope" / "version_0").step_blocks()
     per_epoch = [2, 2, 1]
     assert [b.examples_seen for b in blocks] == np.cumsum(
         [m * BATCH for m in per_epoch * EPOCHS]
@@ -228,10 +228,10 @@ def test_resume_from_an_earlier_checkpoint_rewinds_to_its_step(tmp_path):
     ckpt = next((tmp_path / "ck").glob("*step=3*.ckpt"))
     cb2 = StepscopeCallback(settings=ss.WatchSettings(durable=False))
     fit(tmp_path, [cb2], epochs=2, ckpt_path=str(ckpt))
-    reader = ss.open_history(tmp_path / "stepscope")
+    reader = ss.open_history(tmp_path / "stepscope" / "version_0")
     assert reader.steps.tolist() == list(range(EPOCHS * STEPS_PER_EPOCH))
     assert reader.segments[-1].resumed_at_step == 3
-    assert main(["verify", str(tmp_path / "stepscope")]) == 0
+    assert main(["verify", str(tmp_path / "stepscope" / "version_0")]) == 0
 
 
 @pytest.mark.slow
@@ -239,7 +239,10 @@ def test_ddp_two_ranks_write_segments_that_merge_exactly(tmp_path):
     env = {
         **os.environ,
         "OMP_NUM_THREADS": "1",
-        "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
+        # this checkout's sources first (not an installed copy), and its tests package
+        "PYTHONPATH": os.pathsep.join(
+            str(Path(__file__).resolve().parents[2] / d) for d in ("src", "")
+        ),
     }
     done = subprocess.run(
         [sys.executable, str(DDP_SCRIPT), str(tmp_path)],
@@ -251,7 +254,7 @@ def test_ddp_two_ranks_write_segments_that_merge_exactly(tmp_path):
     )
     assert done.returncode == 0, done.stderr[-4000:]
     assert done.stdout.count("stepscope: run") == 1  # rank 0 alone says where the run is
-    ranks = [tmp_path / "stepscope" / f"rank{r:03d}" for r in range(2)]
+    ranks = [tmp_path / "stepscope" / "version_0" / f"rank{r:03d}" for r in range(2)]
     readers = [ss.open_history(p) for p in ranks]
     assert [h.run.rank for h in readers] == [0, 1]
     assert len({h.run.run_id for h in readers}) == 1
@@ -288,7 +291,7 @@ def test_dense_probe_runs_at_step_zero_then_on_its_cadence_and_stays_pure(tmp_pa
     _, control_model = fit(tmp_path / "b", [control])
     assert observed.losses == control.losses
     assert state_equal(model.state_dict(), control_model.state_dict())
-    reader = ss.open_history(tmp_path / "a" / "stepscope")
+    reader = ss.open_history(tmp_path / "a" / "stepscope" / "version_0")
     axes = ss.probe.read_probe_axes(reader)
     assert axes["optimizer_step"].tolist() == [0, 2, 4, 6]
     assert axes["examples_seen"].tolist() == [0, 32, 56, 80]
@@ -312,7 +315,7 @@ def test_dense_probe_cadence_is_chosen_from_measured_times(tmp_path):
     assert plan.decision is not None and plan.decision["target_overhead"] == 0.05
     assert plan.every == plan.decision["cadence_steps"] >= 1
     assert plan.decision["expected_overhead"] <= 0.05
-    reader = ss.open_history(tmp_path / "stepscope")
+    reader = ss.open_history(tmp_path / "stepscope" / "version_0")
     assert reader.scalars("probe/cadence_steps").values.tolist() == [float(plan.every)]
     overhead = reader.scalars("probe/expected_overhead").values.tolist()
     assert overhead == [pytest.approx(plan.decision["expected_overhead"], rel=1e-12)]
@@ -346,7 +349,11 @@ def amp_run(tmp_path_factory) -> tuple[ScalerOracle, list, Path]:
     oracle = ScalerOracle()
     cb = StepscopeCallback(cadence=1, settings=ss.WatchSettings(durable=False))
     fit(root, [cb, oracle], plugins=[plugin])
-    return oracle, ss.open_history(root / "stepscope").step_blocks(), root / "stepscope"
+    return (
+        oracle,
+        ss.open_history(root / "stepscope" / "version_0").step_blocks(),
+        root / "stepscope" / "version_0",
+    )
 
 
 def test_amp_scale_in_force_and_skipped_steps_are_recorded(amp_run):
@@ -398,7 +405,7 @@ def test_manual_optimization_stepping_twice_per_batch_records_each_optimizer_ste
     train, _ = loaders()
     trainer.fit(TwoStepsPerBatch(), train)
     assert trainer.global_step == 2 * BATCHES  # training ran to the end
-    reader = ss.open_history(tmp_path / "stepscope")
+    reader = ss.open_history(tmp_path / "stepscope" / "version_0")
     assert reader.steps.tolist() == list(range(2 * BATCHES))
     blocks = reader.step_blocks()
     assert [b.truth.applied.value for b in blocks] == ["yes"] * (2 * BATCHES)

@@ -99,7 +99,7 @@ def recorded(tmp_path_factory):
         root, [StepscopeCallback(cadence=1, settings=ss.WatchSettings(durable=False)), oracle]
     )
     return {
-        "run": str(root / "stepscope"),
+        "run": str(root / "stepscope" / "version_0"),
         "oracle": oracle,
         "model": model,
         "optimizer": trainer.optimizer.state_dict(),
@@ -156,7 +156,7 @@ def test_observation_is_bitwise_pure(recorded, tmp_path):
 
 @pytest.mark.slow
 def test_train_stop_resume_is_one_artifact_with_ancestry(tmp_path):
-    run = tmp_path / "stepscope"
+    run = tmp_path / "stepscope" / "version_0"
     cb = StepscopeCallback(cadence=1, settings=ss.WatchSettings(durable=False))
     train(tmp_path, [cb], epochs=1, save_strategy="epoch")
     ckpt = tmp_path / f"checkpoint-{STEPS_PER_EPOCH}"
@@ -179,7 +179,8 @@ def test_train_stop_resume_is_one_artifact_with_ancestry(tmp_path):
 @pytest.mark.slow
 def test_torchrun_two_ranks_write_segments_of_one_run_that_merge(tmp_path):
     script = Path(__file__).with_name("transformers_ddp_script.py")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(script.resolve().parents[2])}
+    root = script.resolve().parents[2]  # this checkout's sources first, and its tests package
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{root / 'src'}{os.pathsep}{root}"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"]
     done = subprocess.run(
         [*cmd, str(script), str(tmp_path)],
@@ -191,7 +192,7 @@ def test_torchrun_two_ranks_write_segments_of_one_run_that_merge(tmp_path):
     )
     assert done.returncode == 0, done.stderr[-4000:]
     assert done.stdout.count("stepscope: run") == 1  # rank 0 alone says where the run is
-    ranks = [tmp_path / "stepscope" / f"rank{r:03d}" for r in range(2)]
+    ranks = [tmp_path / "stepscope" / "version_0" / f"rank{r:03d}" for r in range(2)]
     readers = [ss.open_history(p) for p in ranks]
     assert [(h.run.rank, h.run.world_size) for h in readers] == [(0, 2), (1, 2)]
     assert len({h.run.run_id for h in readers}) == 1

@@ -1,6 +1,6 @@
 """Two-process HF Trainer under torchrun (gloo, CPU) with the stepscope callback.
 
-``torchrun --nproc_per_node 2 this.py ROOT``: each rank writes ``ROOT/stepscope/rank<k>``.
+``torchrun --nproc_per_node 2 this.py ROOT``: each rank writes ``ROOT/stepscope/version_0/rank<k>``.
 """
 
 import sys

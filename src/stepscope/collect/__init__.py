@@ -2,6 +2,7 @@
 
 from stepscope.collect.autocadence import AutoCadence, CadenceChoice, choose_stream_cadences
 from stepscope.collect.collector import DEFAULT_STREAMS, HistoryCollector, StepTransaction
+from stepscope.collect.misuse import MisuseWarning
 from stepscope.collect.plan import Plan, PlanRow
 from stepscope.collect.settings import (
     ALL_STREAMS,
@@ -18,6 +19,7 @@ __all__ = [
     "Cadence",
     "CadenceChoice",
     "HistoryCollector",
+    "MisuseWarning",
     "Plan",
     "PlanRow",
     "StepTransaction",

@@ -23,8 +23,10 @@ the code itself is ~330 lines of wiring between the job modules above.
 
 Example
 -------
-Record to disk (crash-safe, readable while training runs, no step limit); without
-``output_dir`` a RAM ring holds 256 steps and then refuses ``ring_capacity_exhausted``:
+Record to disk (crash-safe, readable while training runs, no step limit): without
+``output_dir`` each collector writes a new ``runs/<name>/version_<N>`` (``collector.run_dir``;
+``docs/collect.md``), with ``output_dir`` exactly that directory; ``in_memory=True`` keeps a
+RAM ring of 256 steps instead:
 
 >>> import tempfile, torch, stepscope as ss
 >>> model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
@@ -42,9 +44,11 @@ Record to disk (crash-safe, readable while training runs, no step limit); withou
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -55,6 +59,7 @@ from stepscope.collect.autocadence import AutoCadence
 from stepscope.collect.boundary import StepBoundary
 from stepscope.collect.flight import open_flight
 from stepscope.collect.livemerge import LiveMerge, safe_merge
+from stepscope.collect.misuse import MisuseGuard
 from stepscope.collect.optimizers import OptimizerWatch
 from stepscope.collect.plan import Plan, build_plan
 from stepscope.collect.reduce import Reducer
@@ -98,6 +103,8 @@ from stepscope.selection import Selector, select_modules
 DEFAULT_STREAMS: tuple[str, ...] = ("activation", "gradient", "parameter", "update")
 
 __all__ = ["DEFAULT_STREAMS", "HistoryCollector", "StepState", "StepTransaction"]
+
+log = logging.getLogger("stepscope")
 
 
 class HistoryCollector(UserLog):
@@ -164,7 +171,7 @@ class HistoryCollector(UserLog):
         self.cadences: dict[str, Cadence] = resolve_cadence(cadence, streams)
         self._due = DueTable(self.cadences, self.streams)  # which streams are due at a step
         s = self.settings
-        policy = (s.commit_steps, s.commit_seconds) if s.output_dir else None
+        policy = None if s.in_memory else (s.commit_steps, s.commit_seconds)
         self._meter = None if self.auto is None else WarmupMeter(self.auto, streams, policy)
         watched = unwrap_compiled(model)  # torch.compile(model): sites keep their own names
         self.modules = select_modules(watched, sites if sites is not None else leaf_modules)
@@ -200,11 +207,14 @@ class HistoryCollector(UserLog):
         self._staged = True  # rows may be staged since the buffers' last reset
         self.last_block: StepBlockRecord | None = None
         self.telemetry_seconds = 0.0
+        self._misuse = MisuseGuard(model)
         store = open_store(watched, self.settings, streams, self.cadences, self.auto)
         self._store = store
         self.run, self.ring, self.catalog = store.run, store.ring, store.catalog
         self.writer, self.path, self._next_step = store.writer, store.path, store.next_step
         self._examples_seen: int | None = store.examples_seen
+        if self.path is not None:
+            log.info("recording run %s to %s", self.run.run_id, self.path)
         self.clock = StepClock(self.run.device)
         self._rows: Any = ArtifactRows(self.writer) if self.writer is not None else MemoryRows()
         self._boundary = StepBoundary(
@@ -266,6 +276,25 @@ class HistoryCollector(UserLog):
         """The live stream to TensorBoard/W&B (``WatchSettings(tensorboard=..., wandb=...)``), or
         ``None``: a :class:`~stepscope.events.LiveStream` (``.counts``, ``.destinations``)."""
         return self._boundary.live
+
+    @property
+    def run_dir(self) -> Path:
+        """The directory this collector writes to (``collector.path``, never ``None``).
+
+        Without ``output_dir`` it is a new ``<root_dir>/<name>/version_<N>`` per collector;
+        read it back with ``ss.open_run(collector.run_dir)``. An ``in_memory=True`` collector
+        has none: refuses ``collector_in_memory``.
+        """
+        if self.path is None:
+            raise Refusal(
+                "collector_in_memory",
+                "this collector keeps its steps in RAM (in_memory=True): it has no run directory",
+                [
+                    "read its steps from collector.ring",
+                    'or record to disk: ss.WatchSettings(name="<name>") (runs/<name>/version_<N>)',
+                ],
+            )
+        return self.path
 
     @property
     def sites(self) -> list:
@@ -393,8 +422,10 @@ class HistoryCollector(UserLog):
             raise Refusal(
                 "step_transaction_nested", "a step transaction is already open", ["close it first"]
             )
-        opts = [] if optimizer is None else optimizer
-        self._steps.open_transaction(opts if isinstance(opts, (list, tuple)) else [opts])
+        given: Any = [] if optimizer is None else optimizer
+        opts = list(given) if isinstance(given, (list, tuple)) else [given]
+        self._misuse.check_optimizers(opts, self.streams)
+        self._steps.open_transaction(opts)
         self._flight_optimizers()
         state = self._current()
         if not state.structure_checked:
@@ -493,6 +524,7 @@ class HistoryCollector(UserLog):
         """Remove every hook and close the history (idempotent). Pending partial steps are dropped."""
         if self._closed:
             return
+        self._misuse.at_close(self._next_step - self._store.next_step)
         try:  # implicit + scaler: the last iteration's skipped step is still a step
             self._steps.finish_skipped()
         except Exception:  # closing must not fail for telemetry reasons; hooks still go

@@ -18,6 +18,7 @@ import math
 import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from stepscope.codec import parse_enum
@@ -189,7 +190,7 @@ def _check_types(s: Any) -> None:
     """Plain ``TypeError`` for a field of the wrong type (never a silent coercion)."""
     ints = ("ram_capacity", "update_sample_size", "update_seed", "commit_steps")
     checks: list[tuple[str, tuple[type, ...], str]] = [(f, (int,), "an int") for f in ints]
-    checks += [(f, (bool,), "a bool") for f in ("resume", "durable")]
+    checks += [(f, (bool,), "a bool") for f in ("resume", "durable", "in_memory")]
     checks += [(f, (str,), "a str") for f in ("ram_policy", "kernel_backend")]
     checks += [("extra", (Mapping,), "a mapping")]
     for name, kinds, what in checks:
@@ -199,6 +200,8 @@ def _check_types(s: Any) -> None:
     optional: list[tuple[str, tuple[type, ...], str]] = [
         ("output_dir", (str, os.PathLike), "a str or path"),
         ("run_id", (str,), "a str"),
+        ("root_dir", (str, os.PathLike), "a str or path"),
+        ("name", (str,), "a str"),
         ("commit_seconds", (int, float), "a number"),
         ("histogram_descriptor", (HistogramDescriptor,), "a HistogramDescriptor"),
         ("flight_recorder", (FlightRecorder,), "a stepscope.FlightRecorder"),
@@ -246,10 +249,19 @@ class WatchSettings:
     Parameters
     ----------
     output_dir
-        Artifact directory (disk-first, crash-safe): the spelling to use for training runs,
-        ``WatchSettings(output_dir="runs/<name>")``. ``None``: RAM-only ring, which under the
-        default ``ram_policy="refuse"`` stops a run after ``ram_capacity`` (256) steps with
-        ``ring_capacity_exhausted``.
+        Exactly this artifact directory (tests, and ``resume=True``). A second run into it
+        refuses ``history_run_exists``, naming ``WatchSettings(output_dir=..., resume=True)``.
+        ``None`` (default): a new version directory, ``<root_dir>/<name>/version_<N>``, claimed
+        atomically (see :mod:`stepscope.history.versions`), so re-running a script never
+        collides; ``collector.run_dir`` says where it went.
+    root_dir
+        The folder of runs for versioned runs (default ``$STEPSCOPE_DIR``, else ``./runs``).
+    name
+        The run's name under ``root_dir`` (``runs/<name>/version_<N>``; default: none,
+        ``runs/version_<N>``).
+    in_memory
+        Keep steps in a RAM ring only, nothing on disk: ``ram_capacity`` steps, and then
+        ``ram_policy`` (``"refuse"`` stops with ``ring_capacity_exhausted``).
     run_id
         Run identity written in the run record (default: a fresh id).
     resume
@@ -268,7 +280,7 @@ class WatchSettings:
         ``None`` there, e.g. when the checkpoint lies beyond the committed steps, keeps it
         unknown).
     ram_capacity, ram_policy
-        Ring of recent step blocks; RAM-only policy (a :class:`~stepscope.history.ring.RingPolicy`
+        Ring of recent step blocks; ``in_memory=True`` policy (a :class:`~stepscope.history.ring.RingPolicy`
         or its value, stored as the enum) ``refuse`` (default), ``drop_oldest`` or ``coarsen``.
         With disk on the ring is an LRU cache.
     histogram_descriptor
@@ -344,6 +356,9 @@ class WatchSettings:
     tensorboard: Any = None
     wandb: Any = False
     flight_recorder: FlightRecorder | None = None
+    root_dir: str | os.PathLike[str] | None = None
+    name: str | None = None
+    in_memory: bool = False
 
     def __post_init__(self) -> None:
         _check_types(self)
@@ -366,7 +381,21 @@ class WatchSettings:
         if self.kernel_backend not in ("auto", "c", "torch"):
             problems.append(f"kernel_backend {self.kernel_backend!r} not in auto/c/torch")
         if self.resume and not self.output_dir:
-            problems.append("resume needs an output_dir")
+            problems.append(
+                "resume needs the run's exact directory: "
+                "WatchSettings(output_dir='runs/<name>/version_<N>', resume=True)"
+            )
+        if self.in_memory and (self.output_dir or self.root_dir or self.name):
+            problems.append("in_memory=True writes nothing to disk: drop output_dir/root_dir/name")
+        if self.output_dir and (self.root_dir or self.name):
+            problems.append(
+                "output_dir is the exact directory; root_dir/name choose a versioned one: "
+                "pass one or the other"
+            )
+        if self.name is not None and (
+            not self.name.strip() or ".." in Path(self.name).parts or Path(self.name).is_absolute()
+        ):
+            problems.append(f"name {self.name!r} must be a relative folder name (no '..')")
         if not all(isinstance(k, str) and isinstance(v, str) for k, v in self.output_keys.items()):
             problems.append("output_keys must map site globs to dotted paths (str -> str)")
         if (self.resume_step is not None or self.resume_examples_seen is not None) and not (

@@ -118,7 +118,14 @@ class StepTransaction:
             self._s.examples = int(examples)
 
     def log(self, name: str, value: float | torch.Tensor, step: int | None = None) -> None:
-        """A user scalar for this step (batched to the host at the step boundary)."""
+        """A user scalar for this step (batched to the host at the step boundary).
+
+        Called after the step's ``with`` block ended, it warns once and records the value at
+        this step (:mod:`stepscope.collect.misuse`).
+        """
+        if step is None and self._c._next_step > self._s.step:  # this step is written already
+            self._c._misuse.log_after_close(name, self._s.step)
+            step = self._s.step
         self._c.log(name, value, step)
 
 

@@ -1,4 +1,4 @@
-"""Where a collector's steps go: a disk-first artifact (``output_dir``) or a RAM ring.
+"""Where a collector's steps go: a disk-first artifact (a new version, or ``output_dir``) or RAM.
 
 :func:`open_store` builds the run record (fingerprint, descriptor, cadences, streams) and the
 writer, ring and site catalog that the collector writes through.
@@ -17,6 +17,7 @@ from stepscope.collect import stepstate
 from stepscope.collect.resume import artifact_run_id, resumed_examples_seen
 from stepscope.collect.settings import Cadence, WatchSettings
 from stepscope.collect.sites import SiteCatalog
+from stepscope.errors import Refusal
 from stepscope.history import (
     ArtifactWriter,
     ObservationBatch,
@@ -25,6 +26,7 @@ from stepscope.history import (
     StepRing,
     model_fingerprint,
 )
+from stepscope.history.versions import claim_version, default_root
 from stepscope.runlog import ClockRow, write_clock_rows
 from stepscope.stats import backend_info
 
@@ -65,6 +67,37 @@ class Store:
         write_clock_rows(rows, list(late_clocks))
 
 
+def run_directory(settings: WatchSettings, rank: int = 0, world: int = 1) -> Path | None:
+    """The directory a collector writes to (``None``: ``in_memory``); claims a new version.
+
+    ``output_dir`` is used as given; otherwise the next ``version_<N>`` of
+    ``<root_dir>/<name>`` is created (:func:`~stepscope.history.versions.claim_version`). Under
+    several ranks each rank writes its own ``rank<r>`` subdirectory.
+    """
+    s = settings
+    if s.in_memory:
+        return None
+    slot = f"rank{rank:03d}" if world > 1 else None
+    if s.output_dir:
+        return Path(s.output_dir) / (slot or "")
+    parent = Path(s.root_dir) if s.root_dir else default_root()
+    return claim_version(parent / s.name if s.name else parent, slot)
+
+
+def run_exists_remedies(path: Path) -> list[str]:
+    """What to do when an exact ``output_dir`` already holds a run: the two exact spellings."""
+    name = (
+        path.name
+        if (default_root() / path.name).resolve() != path.resolve()
+        else f"{path.name}_runs"
+    )
+    return [
+        f"continue that run: ss.WatchSettings(output_dir={str(path)!r}, resume=True)",
+        f"or a new run every time: ss.WatchSettings(name={name!r}) writes "
+        f"{default_root() / name}/version_<N> (collector.run_dir says which)",
+    ]
+
+
 def open_store(
     model: torch.nn.Module,
     settings: WatchSettings,
@@ -96,25 +129,30 @@ def open_store(
             "kernel_backend": backend_info(),  # which reduction kernels produced the rows
         },
     )
-    if not s.output_dir:
+    path = run_directory(s, rank, world)
+    if path is None:
         ring = StepRing(s.ram_capacity, s.ram_policy)
         return Store(run, ring, SiteCatalog(), None, None, 0)
-    path = Path(s.output_dir) / (f"rank{rank:03d}" if world > 1 else "")
     ring = StepRing(s.ram_capacity, "refuse", disk_backed=True)
     if s.resume and s.run_id is None:
         found = artifact_run_id(path)
         if found is not None:  # continue the artifact's run (none yet: keep the new run id)
             run = replace(run, run_id=found)
-    writer = ArtifactWriter(
-        path,
-        run,
-        resume=s.resume,
-        resume_at_step=s.resume_step,
-        commit_steps=s.commit_steps,
-        commit_seconds=s.commit_seconds,
-        durable=s.durable,
-        ring=ring,
-    )
+    try:
+        writer = ArtifactWriter(
+            path,
+            run,
+            resume=s.resume,
+            resume_at_step=s.resume_step,
+            commit_steps=s.commit_steps,
+            commit_seconds=s.commit_seconds,
+            durable=s.durable,
+            ring=ring,
+        )
+    except Refusal as err:
+        if err.code != "history_run_exists":
+            raise
+        raise Refusal("history_run_exists", err.message, run_exists_remedies(path)) from err
     if not s.resume:
         return Store(run, ring, writer, writer, path, 0)
     step = int(writer.run.resumed_at_step or 0)

@@ -23,6 +23,7 @@ examples:
   tensorboard --logdir tb                               # then open the Scalars page
   stepscope export runs/demo --tensorboard tb --name baseline --detail full --overwrite
   stepscope export runs/demo --jsonl demo.jsonl --wandb wb && wandb sync wb/wandb/offline-run-*
+  stepscope export runs/demo --parquet tables            # tables/observations.parquet
 
 exit codes: 0 exported, 1 a tracker failed, 3 refused (e.g. export_exists)
 """
@@ -57,6 +58,11 @@ def register(subparsers: Any) -> None:
     p.add_argument("--jsonl", metavar="FILE", help="JSONL file, one event per line")
     p.add_argument("--wandb", metavar="DIR", help="directory for an offline W&B run")
     p.add_argument(
+        "--parquet",
+        metavar="DIR",
+        help="write DIR/observations.parquet: the tidy table of Run.to_pandas() (extra arrow)",
+    )
+    p.add_argument(
         "--overwrite",
         action="store_true",
         help="replace an earlier TensorBoard export of this run (default: refuse export_exists)",
@@ -79,9 +85,37 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=_export)
 
 
+def _parquet(run: str, out: str) -> None:
+    """``--parquet DIR``: each run's tidy observation table (``Run.to_arrow()``) as
+    ``DIR/observations.parquet``, or ``DIR/<run path>/observations.parquet`` for a folder of
+    several runs (found as :func:`stepscope.history.find_runs` finds them)."""
+    from pathlib import Path
+
+    from stepscope.errors import require_extra
+    from stepscope.history import HistoryReader, find_runs
+    from stepscope.history.frames import to_arrow
+
+    pq = require_extra("pyarrow.parquet", "arrow", "stepscope export --parquet")
+    runs = find_runs(run) or [Path(run)]  # none: the reader refuses history_artifact_missing
+    for path in runs:
+        reader = HistoryReader(path)
+        table = to_arrow(reader)
+        where = Path(out) / (path.relative_to(run) if len(runs) > 1 else "")
+        where.mkdir(parents=True, exist_ok=True)
+        pq.write_table(table, where / "observations.parquet")
+        print(
+            f"exported run {reader.run.run_id}: {table.num_rows} rows to {where}/observations.parquet"
+        )
+
+
 def _export(args: argparse.Namespace) -> int:
     from stepscope.events.export import export_run
     from stepscope.progress import progress_bar
+
+    if args.parquet:
+        _parquet(args.run, args.parquet)
+        if not (args.tensorboard or args.jsonl or args.wandb):
+            return 0
 
     report = export_run(
         args.run,

@@ -28,6 +28,7 @@ from stepscope.history.schema import (
     Tristate,
 )
 from stepscope.history.verify import VerifyReport
+from stepscope.history.versions import pick_run
 
 __all__ = [
     "FORMAT",
@@ -63,4 +64,5 @@ __all__ = [
     "merge_spine_rows",
     "model_fingerprint",
     "open_history",
+    "pick_run",
 ]

@@ -47,6 +47,7 @@ from stepscope.history.batch import OBSERVED, code_of, member_of
 from stepscope.history.commits import EVAL_LOG, MAX_JSON, CommittedArtifact
 from stepscope.history.decode import records_from_rows
 from stepscope.history.files import sha256_file
+from stepscope.history.frames import series_frame, series_label, series_text, site_int_refusal
 from stepscope.history.layout import TABLES, decode_steps, histogram_dtype, npy_load
 from stepscope.history.schema import (
     ObservationRecord,
@@ -77,7 +78,8 @@ class Series:
 
     ``presence`` holds :class:`Presence` storage codes (see :meth:`presence_names`);
     ``valid`` is ``presence == observed`` and a defined value (e.g. ``min`` of an all-NaN tensor
-    is not defined).
+    is not defined). ``name``, ``stream``, ``cadence`` (its spine cadence in steps) say what it
+    is; ``print(series)`` shows them beside a step/value table (:mod:`~stepscope.history.frames`).
     """
 
     field: str
@@ -86,6 +88,16 @@ class Series:
     presence: np.ndarray
     valid: np.ndarray
     site_ids: np.ndarray
+    name: str = ""
+    stream: str = ""
+    cadence: int | None = None
+
+    def __repr__(self) -> str:
+        return series_text(self)
+
+    def to_pandas(self) -> Any:
+        """A ``pandas.DataFrame`` with columns ``step``, ``value``, ``presence`` (names)."""
+        return series_frame(self)
 
     @property
     def valid_count(self) -> int:
@@ -241,6 +253,8 @@ class HistoryReader(CommittedArtifact):
         return np.array(ids, dtype=np.int32)
 
     def _cells(self, table: str, site: Any, stream: Any, phase: Any, steps: Any, micro: Any):
+        if isinstance(site, (int, np.integer)):  # series(1, ...) meant the site named "1"
+            raise site_int_refusal(site, self.sites)
         ids = self.site_ids(site)
         if micro is not None and (
             isinstance(micro, bool) or not isinstance(micro, (int, np.integer)) or micro < 0
@@ -264,7 +278,7 @@ class HistoryReader(CommittedArtifact):
 
     def series(
         self,
-        site: int | str | SiteRecord,
+        site: str | SiteRecord,
         stream: Stream | str,
         field: str,
         *,
@@ -285,12 +299,13 @@ class HistoryReader(CommittedArtifact):
         valid = (rows["presence"] == OBSERVED) & ~np.isnan(values)
         values[~valid] = np.nan
         return Series(
-            field, rows["step"].copy(), values, rows["presence"].copy(), valid, rows["site"].copy()
-        )
+            field, rows["step"].copy(), values, rows["presence"].copy(), valid, rows["site"].copy(),
+            **series_label(self, site, stream),
+        )  # fmt: skip
 
     def histograms(
         self,
-        site: int | str | SiteRecord,
+        site: str | SiteRecord,
         stream: Stream | str,
         *,
         phase: Phase | str | None = None,
@@ -320,6 +335,7 @@ class HistoryReader(CommittedArtifact):
             np.full(n, OBSERVED, np.uint8),
             np.ones(n, bool),
             np.full(n, -1, np.int32),
+            stream="scalar",
         )
 
     def observations(

@@ -134,8 +134,9 @@ class StepRing:
                 f"the RAM ring holds its capacity of {self.capacity} step blocks and the policy "
                 "is 'refuse'; the next block was not taken and nothing was dropped.",
                 [
-                    "record to disk: HistoryCollector(model, settings=WatchSettings("
-                    'output_dir="runs/<name>")) (crash-safe, no step limit)',
+                    "record to disk (the default without in_memory=True): HistoryCollector("
+                    'model, settings=WatchSettings(name="<name>")) writes '
+                    "runs/<name>/version_<N> (crash-safe, no step limit)",
                     "raise ram_capacity",
                     "choose ram_policy='drop_oldest' or 'coarsen' explicitly",
                     "read or clear the ring (ring.clear()) before continuing",

@@ -2,7 +2,8 @@
 
 Add it to ``Trainer(callbacks=[...])``; it records every optimizer step of ``fit`` with the
 collector's explicit spelling (see :mod:`stepscope.integrations.session`), in
-``<default_root_dir>/stepscope`` unless ``settings.output_dir`` says otherwise.
+a new ``<default_root_dir>/stepscope/version_<N>`` per run unless ``settings.output_dir`` says
+otherwise.
 
 Logged Metrics
 --------------

@@ -22,7 +22,7 @@ Example
 >>> opt = torch.optim.SGD(model.parameters(), lr=0.1)
 >>> session = TrainerSession(settings=None)
 >>> _ = session.start(model, default_dir=None, trainer_step=0, rank=0, announce=print)
-stepscope: run ... recording to RAM (no output_dir)
+stepscope: run ... recording to .../version_0
 >>> for step in range(2):
 ...     session.begin_step(opt, trainer_step=step, epoch=0)
 ...     for _ in range(2):  # two micro-batches of 8 examples
@@ -53,6 +53,7 @@ import torch
 
 from stepscope.collect import DEFAULT_STREAMS, HistoryCollector, StepTransaction, WatchSettings
 from stepscope.errors import Refusal
+from stepscope.history.versions import default_root, newest_version
 from stepscope.probe import DenseProbe, choose_cadence, write_probe_record
 
 #: Steps whose training-clock seconds are timed before the probe's cadence is chosen.
@@ -138,8 +139,10 @@ class TrainerSession:
     Parameters
     ----------
     sites, streams, cadence, settings
-        As for :class:`~stepscope.HistoryCollector`. ``settings.output_dir`` defaults to the
-        trainer's directory (``default_dir``) so a long run never meets the RAM ring's limit.
+        As for :class:`~stepscope.HistoryCollector`. Without ``settings.output_dir`` each run
+        is a new ``<default_dir>/version_<N>`` (``settings.root_dir`` replaces ``default_dir``),
+        so running the same training twice never collides; a trainer resumed from a checkpoint
+        continues the newest version.
     probe
         Optional :class:`~stepscope.DenseProbe` (or a :class:`ProbePlan` fixing its cadence).
     """
@@ -181,11 +184,18 @@ class TrainerSession:
         if self.collector is not None and not self.collector.closed:
             return self.collector
         settings = self.settings or WatchSettings()
-        out = settings.output_dir or (None if default_dir is None else str(default_dir))
+        out = None if settings.output_dir is None else str(settings.output_dir)
+        if out is None and not settings.in_memory:
+            root = settings.root_dir or default_dir  # a new version_<N> under it per run
+            settings = dataclasses.replace(settings, root_dir=None if root is None else str(root))
+            if trainer_step > 0:  # resumed from a checkpoint: continue the newest version
+                out = _resumable(Path(root or default_root()) / (settings.name or ""))
         resume = trainer_step > 0 and out is not None and _has_artifact(out)
         settings = dataclasses.replace(
             settings,
             output_dir=out,
+            root_dir=None if out is not None else settings.root_dir,
+            name=None if out is not None else settings.name,
             run_id=None if resume else shared_run_id(settings.run_id),
             resume=resume,
             resume_step=trainer_step if resume else None,
@@ -196,7 +206,7 @@ class TrainerSession:
         self._model = model
         self.path = self.collector.path
         if rank == 0:
-            where = out if out is not None else "RAM (no output_dir)"
+            where = self.path if self.path is not None else "RAM (in_memory=True)"
             announce(f"stepscope: run {self.collector.run.run_id} recording to {where}")
         if self.probe is not None and trainer_step == 0:
             self._measure_probe(0)
@@ -367,6 +377,15 @@ class TrainerSession:
             self.log("probe/cadence_steps", float(plan.every))
         if choice.expected_overhead is not None:
             self.log("probe/expected_overhead", float(choice.expected_overhead))
+
+
+def _resumable(parent: Path) -> str | None:
+    """The run a resumed trainer continues: ``parent`` itself (the exact directory of older
+    versions), else its newest ``version_<N>``; ``None`` when there is none."""
+    if _has_artifact(parent):
+        return str(parent)
+    newest = newest_version(parent)
+    return None if newest is None else str(newest)
 
 
 def _has_artifact(path: str | os.PathLike[str]) -> bool:

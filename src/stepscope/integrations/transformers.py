@@ -2,7 +2,8 @@
 
 Pass it in ``Trainer(callbacks=[...])``; it records every optimizer step of ``train`` with the
 collector's explicit spelling (see :mod:`stepscope.integrations.session`), in
-``<args.output_dir>/stepscope`` unless ``settings.output_dir`` says otherwise. accelerate's
+a new ``<args.output_dir>/stepscope/version_<N>`` per run unless ``settings.output_dir`` says
+otherwise. accelerate's
 ``AcceleratedOptimizer`` is unwrapped to the torch optimizer it drives.
 
 Event map: ``on_step_begin`` opens the step transaction (first micro-batch of a gradient
