@@ -62,7 +62,9 @@ from stepscope.history.pending import (
 from stepscope.history.schema import ObservationRecord, RunRecord, StepBlockRecord
 from stepscope.history.segment import (
     check_resume_facts,
+    committed_artifact,
     lock_writer,
+    make_run_dir,
     read_resume,
     seal_extents,
     write_catalog,
@@ -138,23 +140,29 @@ class ArtifactWriter(SiteTable):
         self._catalog_sha = ""
         self.committed_step: int | None = None  # the last step durable on disk (effective view)
         self._lock_fd: int | None = None
-        if (self.path / "manifest.json").exists() or (self.path / "index.json").exists():
-            if not resume:
-                raise Refusal(
-                    "history_run_exists",
-                    f"{self.path} already holds a stepscope artifact.",
-                    ["pass resume=True to append a segment", "choose a new output directory"],
-                )
-            self._lock()
-            opener = lambda: self._open_resume(resume_at_step, run)  # noqa: E731
-        else:
-            self.path.mkdir(parents=True, exist_ok=True)
-            self._lock()
-            opener = lambda: self._open_fresh(run or RunRecord.new())  # noqa: E731
+        make_run_dir(self.path)
+        # the lock first, then the existence check: a second writer that saw an empty directory
+        # must not re-create a run that another writer created and closed in the meantime
+        self._lock()
         try:
-            opener()
-        except BaseException:
+            if committed_artifact(self.path):
+                if not resume:
+                    raise Refusal(
+                        "history_run_exists",
+                        f"{self.path} already holds a stepscope artifact.",
+                        ["pass resume=True to append a segment", "choose a new output directory"],
+                    )
+                self._open_resume(resume_at_step, run)
+            else:  # empty, or a creation killed before index.json: nothing was ever committed
+                self._open_fresh(run or RunRecord.new())
+        except BaseException as exc:
             self._unlock()  # a refused open must not keep the artifact locked
+            if isinstance(exc, OSError) and not isinstance(exc, Refusal):  # full / read-only disk
+                raise Refusal(
+                    "history_output_unwritable",
+                    f"the run directory {self.path} cannot be written ({exc.strerror or exc}).",
+                    ["free disk space or remount the output read-write", "or pick another path"],
+                ) from None
             raise
         self._reset_pending()
         self._last_commit = time.monotonic()

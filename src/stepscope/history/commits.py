@@ -33,6 +33,7 @@ from stepscope.history.files import (
     MAX_DECLARED,
     check_dir,
     check_name,
+    json_file_bytes,
     json_sha256,
     parse_json_object,
     read_json,
@@ -155,9 +156,9 @@ class CommittedArtifact:
 
     def _load_meta(self, manifest_sha256: str, catalog_sha256: str | None) -> None:
         raw = read_regular(self.path / "manifest.json", "manifest", max_bytes=MAX_JSON)
-        if hashlib.sha256(raw).hexdigest() != manifest_sha256:
-            raise _ManifestChanged
         man = parse_json_object(raw, self.path / "manifest.json", "manifest")
+        if hashlib.sha256(raw).hexdigest() != manifest_sha256:
+            man = _before_new_segment(man, manifest_sha256)
         if man.get("format") != FORMAT or man.get("schema_version") != SCHEMA_VERSION:
             raise Refusal(
                 "history_schema_unsupported",
@@ -269,6 +270,26 @@ class CommittedArtifact:
 
 class _ManifestChanged(Exception):
     """manifest/catalog do not match index.json (a segment start in progress, or damage)."""
+
+
+def _before_new_segment(man: dict[str, Any], manifest_sha256: str) -> dict[str, Any]:
+    """The manifest ``index.json`` names, when ``man`` is it plus one new segment's record.
+
+    A resume writes the manifest with its new segment first, then ``index.json``; a kill (or a
+    read) between the two sees a manifest one segment ahead of the index. That segment has no
+    log and no row yet: the committed run is the manifest without it, and its bytes (rewritten
+    the way the writer writes them) must match the sha256 that ``index.json`` holds. Anything
+    else is damage (or a writer mid-replace: the caller reads again).
+    """
+    segs = man.get("segments")
+    if isinstance(segs, list) and len(segs) >= 2:
+        older = {**man, "segments": segs[:-1]}
+        try:
+            if hashlib.sha256(json_file_bytes(older)).hexdigest() == manifest_sha256:
+                return older
+        except (TypeError, ValueError):
+            pass
+    raise _ManifestChanged
 
 
 def _steps_chunk(log: str, seq: int) -> str:
