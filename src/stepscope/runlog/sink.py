@@ -81,15 +81,14 @@ class ArtifactRows:
         from stepscope.history.files import append_log_row
 
         while self.unwritten:
-            row = {**self.unwritten[0], "n": self._rows_before()}  # its position: gaps show
             try:
+                row = {**self.unwritten[0], "n": self._rows_before()}  # its position: gaps show
                 append_log_row(self.path / EVAL_LOG, row, durable=self.writer.durable)
-            except Refusal:  # a refusal (even an OSError-like one) is not a disk fault to retry
-                raise
-            except OSError as exc:
+            except OSError as exc:  # a full disk, or evals.log replaced by a link/directory
+                why = exc.message if isinstance(exc, Refusal) else exc.strerror or exc
                 fault = Refusal(
                     "history_disk_fault",
-                    f"evals.log append failed ({exc.strerror or exc}); {len(self.unwritten)} "
+                    f"evals.log append failed ({why}); {len(self.unwritten)} "
                     "evaluation line(s) kept in RAM and retried.",
                     ["free disk space or remount the output read-write; training continues"],
                 )
@@ -173,8 +172,10 @@ def close_artifact(rows: ArtifactRows, summary: dict[str, Any]) -> Any:
     ``dropped_steps``, ``faults``), with an evaluation line that could not be written counted
     in ``faults``. ``runlog.json`` is a convenience: failing to write it is ignored.
     """
-    rows.flush()
-    report = rows.writer.close()
+    try:
+        rows.flush()  # never raises a fault (kept back and counted); the writer closes regardless
+    finally:
+        report = rows.writer.close()
     try:
         write_summary(rows.path, summary)
     except Refusal:
