@@ -58,7 +58,10 @@ def _write_all(fd: int, data: bytes, durable: bool) -> None:
     try:
         view = memoryview(data)
         while view:
-            view = view[os.write(fd, view) :]
+            n = os.write(fd, view)
+            if n <= 0:  # a write that makes no progress is a full disk, never a spin
+                raise OSError(errno.ENOSPC, "no progress writing the file")
+            view = view[n:]
         if durable:
             os.fsync(fd)
     finally:
@@ -273,6 +276,8 @@ def append_log_row(path: Path, row: dict[str, Any], *, durable: bool = True) -> 
             view, pos = memoryview(line), end
             while view:
                 n = os.pwrite(fd, view, pos)
+                if n <= 0:  # a write that makes no progress is a full disk, never a spin
+                    raise OSError(errno.ENOSPC, "no progress writing the log")
                 view, pos = view[n:], pos + n
             if durable:
                 os.fsync(fd)
