@@ -49,7 +49,12 @@ from stepscope.history.layout import (
     parse_catalog,
 )
 from stepscope.history.schema import FORMAT, SCHEMA_VERSION, RunRecord
-from stepscope.history.verify import VerifyReport, validate_commit, verify_files
+from stepscope.history.verify import (
+    VerifyReport,
+    commit_inconsistencies,
+    validate_commit,
+    verify_files,
+)
 from stepscope.stats import HistogramDescriptor
 from stepscope.stats.layout import SPINE_WIDTH
 
@@ -113,6 +118,8 @@ class CommittedArtifact:
             torn += self._read_log_rows(name, seal)
         self.torn_tail_bytes = torn
         self._check_segments()
+        #: what the index rows contradict in each other (``verify`` lists them, reads refuse)
+        self.inconsistencies = commit_inconsistencies(self.commits)
         last = self.commits[-1].get("catalog_sha256") if self.commits else None
         #: False when the catalog could not be matched to a checksum: a killed (unsealed) run
         #: whose catalog is newer than its last commit (or was edited). Disclosed by ``verify``.
@@ -156,9 +163,10 @@ class CommittedArtifact:
 
     def _load_meta(self, manifest_sha256: str, catalog_sha256: str | None) -> None:
         raw = read_regular(self.path / "manifest.json", "manifest", max_bytes=MAX_JSON)
-        man = parse_json_object(raw, self.path / "manifest.json", "manifest")
         if hashlib.sha256(raw).hexdigest() != manifest_sha256:
-            man = _before_new_segment(man, manifest_sha256)
+            man = _before_new_segment(raw, manifest_sha256)
+        else:
+            man = parse_json_object(raw, self.path / "manifest.json", "manifest")
         if man.get("format") != FORMAT or man.get("schema_version") != SCHEMA_VERSION:
             raise Refusal(
                 "history_schema_unsupported",
@@ -253,6 +261,7 @@ class CommittedArtifact:
         index does not list (a shortened log) are failures too.
         """
         report = verify_files(self.path / "chunks", self.commits, self._rows)
+        report.failures.extend(self.inconsistencies)
         try:
             self.eval_rows()  # evals.log: every row's sha256, its seal, its position
         except Refusal as exc:
@@ -272,7 +281,7 @@ class _ManifestChanged(Exception):
     """manifest/catalog do not match index.json (a segment start in progress, or damage)."""
 
 
-def _before_new_segment(man: dict[str, Any], manifest_sha256: str) -> dict[str, Any]:
+def _before_new_segment(raw: bytes, manifest_sha256: str) -> dict[str, Any]:
     """The manifest ``index.json`` names, when ``man`` is it plus one new segment's record.
 
     A resume writes the manifest with its new segment first, then ``index.json``; a kill (or a
@@ -281,6 +290,10 @@ def _before_new_segment(man: dict[str, Any], manifest_sha256: str) -> dict[str, 
     the way the writer writes them) must match the sha256 that ``index.json`` holds. Anything
     else is damage (or a writer mid-replace: the caller reads again).
     """
+    try:
+        man = parse_json_object(raw, Path("manifest.json"), "manifest")
+    except Refusal:
+        raise _ManifestChanged from None
     segs = man.get("segments")
     if isinstance(segs, list) and len(segs) >= 2:
         older = {**man, "segments": segs[:-1]}

@@ -56,7 +56,7 @@ from stepscope.history.schema import (
     StepBlockRecord,
     Stream,
 )
-from stepscope.history.verify import check_codes
+from stepscope.history.verify import VerifyReport, check_chunk, check_codes
 from stepscope.stats import Histogram, HistogramDescriptor
 from stepscope.stats.layout import FIELD_INDEX, SPINE_FIELDS
 
@@ -150,7 +150,7 @@ class HistoryReader(CommittedArtifact):
                 out.append((row, f))
         return out
 
-    def _load(self, f: dict[str, Any]) -> np.ndarray:
+    def _load(self, f: dict[str, Any], row: dict[str, Any], cache: bool = True) -> np.ndarray:
         name = f["name"]
         key = (name, f["sha256"], f["table"], f.get("counts_dtype"))
         cached = self._cache.get(key)
@@ -178,7 +178,9 @@ class HistoryReader(CommittedArtifact):
         if len(array) != f["rows"]:
             raise Refusal("history_artifact_corrupt", f"chunk {name} row count differs.", [])
         check_codes(array, f["table"], name, self.sites, self.scalar_names, self.disclosures)
-        self._cache[key] = array
+        check_chunk(array, row, f)
+        if cache:
+            self._cache[key] = array
         return array
 
     def table(
@@ -192,12 +194,15 @@ class HistoryReader(CommittedArtifact):
         if table not in TABLES:
             raise Refusal("history_series_unknown", f"unknown table {table!r}; one of {TABLES}.")
         steps = check_steps(steps)
+        if self.inconsistencies:  # checksums hold, but the index contradicts itself
+            name, code, message = self.inconsistencies[0]
+            raise Refusal(code, message, ["run `stepscope verify` to list every inconsistency"])
         sv = (
             None if stream is None else parse_enum(Stream, stream, "stream", "stream_unknown").value
         )
         parts = []
         for row, f in self._selected(table, sv, steps, site_ids):
-            arr = self._load(f)
+            arr = self._load(f, row)
             cutoff = self._cutoff[row["segment"]]
             if steps is None and site_ids is None and row["step_hi"] < cutoff:
                 parts.append(arr)  # the whole chunk is in view: no mask to build
@@ -217,7 +222,15 @@ class HistoryReader(CommittedArtifact):
     def steps(self) -> np.ndarray:
         """Committed optimizer steps (int64, increasing)."""
         if self._steps is None:
-            self._steps = np.sort(self.table("steps")["step"])
+            steps = np.sort(self.table("steps")["step"])
+            if len(steps) > 1 and not np.all(np.diff(steps) > 0):
+                twice = np.unique(steps[1:][np.diff(steps) == 0])[:5].tolist()
+                raise Refusal(
+                    "history_artifact_inconsistent",
+                    f"{self.path} holds steps {twice} in more than one commit.",
+                    ["restore the artifact from a copy", "run `stepscope verify`"],
+                )
+            self._steps = steps
         return self._steps
 
     def step_blocks(self, steps: tuple[int, int] | None = None) -> list[StepBlockRecord]:
@@ -333,6 +346,33 @@ class HistoryReader(CommittedArtifact):
         obs = self.table("observations", stream, steps, ids)
         hist = self.table("histograms", stream, steps, ids)
         return records_from_rows(obs, hist, self.disclosures, self.descriptor)
+
+    def verify(self) -> VerifyReport:
+        """Every chunk's sha256 (see :meth:`CommittedArtifact.verify`), and its consistency.
+
+        Each chunk whose bytes match is decoded and checked against its index entry (steps
+        within the commit's range, its stream and sites, its row count and codes); each failure
+        is listed, and steps held by more than one commit are one more. A live run is verified
+        as of the commits read (:meth:`refresh` picks up newer ones): a commit in progress is
+        never damage.
+        """
+        report = super().verify()
+        broken = {name for name, _, _ in report.failures}
+        for row in self.commits:
+            for f in row["files"]:
+                if f["name"] in broken or f["table"] not in TABLES:
+                    continue
+                try:
+                    self._load(f, row, cache=False)  # one chunk at a time in RAM
+                except Refusal as exc:
+                    report.failures.append((f["name"], exc.code, exc.message))
+        if not report.failures:
+            try:
+                self._steps = None
+                _ = self.steps
+            except Refusal as exc:
+                report.failures.append(("steps", exc.code, exc.message))
+        return report
 
     def clear_cache(self) -> None:
         """Forget decoded chunks (they are re-read and re-verified on next use)."""

@@ -19,7 +19,7 @@ import numpy as np
 
 from stepscope.errors import Refusal
 from stepscope.history.files import MAX_DECLARED, check_dir, check_name, read_regular
-from stepscope.history.layout import COUNT_DTYPES
+from stepscope.history.layout import COUNT_DTYPES, TABLES
 from stepscope.stats.layout import REDUCTION_DTYPES
 
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
@@ -122,6 +122,88 @@ def check_codes(
             d = rows["disclosure"]
             need((d >= -1) & (d < len(disclosures)), "disclosure ids")
 
+
+
+def _inconsistent(what: str) -> Refusal:
+    return Refusal(
+        "history_artifact_inconsistent",
+        f"{what}.",
+        ["restore the artifact from a copy", "run `stepscope verify` to list every inconsistency"],
+    )
+
+
+def commit_inconsistencies(commits: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
+    """What the index rows contradict in each other, checksums aside (each as a verify failure).
+
+    A commit names its chunks ``<segment>-<seq>-<table>[-<stream>].npy``: a chunk named by a row
+    of another segment or sequence number, under another table or stream, or named twice, is a
+    row copied, renumbered or relabelled (re-signed or not). The rows' own ``seq`` order is
+    checked where they are read (:mod:`stepscope.history.commits`).
+    """
+    out: list[tuple[str, str, str]] = []
+    seen: dict[str, int] = {}
+    for k, row in enumerate(commits):
+        prefix = f"{row['segment']}-{row['seq']:07d}-"
+        for f in row["files"]:
+            name = f["name"]
+            if f["table"] not in TABLES:  # a newer writer's table: skipped by this reader
+                continue
+            expected = f"{prefix}{f['table']}" + (f"-{f['stream']}" if f["stream"] else "") + ".npy"
+            if name != expected:
+                out.append(
+                    (
+                        name,
+                        "history_artifact_inconsistent",
+                        f"commit {row['seq']} of segment {row['segment']} names chunk {name}, "
+                        f"but its {f['table']}/{f['stream']} chunk is {expected} "
+                        f"({_steps_of(row)})",
+                    )
+                )
+            if name in seen:
+                out.append(
+                    (
+                        name,
+                        "history_artifact_inconsistent",
+                        f"chunk {name} is named by commits {seen[name]} and {k} ({_steps_of(row)})",
+                    )
+                )
+            seen.setdefault(name, k)
+    return out
+
+
+def check_chunk(rows: np.ndarray, row: dict[str, Any], f: dict[str, Any]) -> None:
+    """Refuse ``history_artifact_inconsistent`` where a chunk contradicts its index entry.
+
+    Every row's step lies in the commit's ``step_lo..step_hi``; a steps chunk holds ``n_steps``
+    increasing steps; an observation or histogram chunk holds only its entry's stream and sites
+    within its ``site_lo..site_hi``. (The bytes' sha256 is checked before this.)
+    """
+    from stepscope.history.vocab import Stream
+
+    name = f["name"]
+    if not len(rows):
+        return
+    step = rows["step"]
+    if step.min() < row["step_lo"] or step.max() > row["step_hi"]:
+        raise _inconsistent(
+            f"chunk {name} holds steps {int(step.min())}..{int(step.max())} outside its commit's "
+            f"steps {row['step_lo']}..{row['step_hi']}"
+        )
+    if f["table"] == "steps":
+        if len(rows) != row["n_steps"] or (len(step) > 1 and not np.all(np.diff(step) > 0)):
+            raise _inconsistent(
+                f"chunk {name} holds {len(rows)} steps, not {row['n_steps']} increasing ones"
+            )
+    elif f["table"] in ("observations", "histograms"):
+        streams = list(Stream)
+        want = [i + 1 for i, s in enumerate(streams) if s.value == f["stream"]]
+        if not want or not np.all(rows["stream"] == want[0]):
+            raise _inconsistent(f"chunk {name} holds rows of another stream than {f['stream']!r}")
+        site = rows["site"]
+        if "site_lo" in f and (site.min() < f["site_lo"] or site.max() > f["site_hi"]):
+            raise _inconsistent(
+                f"chunk {name} holds sites outside its entry's {f['site_lo']}..{f['site_hi']}"
+            )
 
 
 @dataclass(frozen=True)
