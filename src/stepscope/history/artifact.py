@@ -51,6 +51,7 @@ import numpy as np
 from stepscope.errors import Refusal
 from stepscope.history.batch import ObservationBatch, batches_from_records
 from stepscope.history.files import append_log_row, fsync_dir, read_log
+from stepscope.history.inputs import check_real, check_step, check_text
 from stepscope.history.layout import encode_batch, histogram_dtype, observation_dtype
 from stepscope.history.pending import (
     CloseReport,
@@ -252,6 +253,16 @@ class ArtifactWriter(SiteTable):
         skipped; everything else is written exactly as without it.
         """
         self._check_open()
+        if not isinstance(block, StepBlockRecord):
+            raise Refusal(
+                "history_write_invalid",
+                f"write_step was given {type(block).__name__}, not a StepBlockRecord.",
+                ["pass StepBlockRecord(step) as the first argument"],
+            )
+        scalar_rows = [
+            (check_text(name, "scalar name"), check_real(value, f"scalar {name!r}"))
+            for name, value in (scalars or {}).items()
+        ]
         step = block.optimizer_step
         if self._last_step is not None and step <= self._last_step:
             raise Refusal(
@@ -276,8 +287,8 @@ class ArtifactWriter(SiteTable):
         pending.steps.append(block)
         for b, (obs, hist) in zip(all_batches, encoded):
             pending.add(b.stream.value, obs, hist)
-        for name, value in (scalars or {}).items():
-            pending.scalars.append((step, self._intern(self.scalar_names, name), float(value)))
+        for name, value in scalar_rows:
+            pending.scalars.append((step, self._intern(self.scalar_names, name), value))
         self._last_step = step
         if self.ring is not None:
             self.ring.push(block, all_batches)
@@ -286,9 +297,9 @@ class ArtifactWriter(SiteTable):
     def write_scalar(self, name: str, step: int, value: float) -> None:
         """Add one user scalar row (e.g. a loss) at ``step``; committed with the next commit."""
         self._check_open()
-        self._pending.scalars.append(
-            (int(step), self._intern(self.scalar_names, name), float(value))
-        )
+        name = check_text(name, "scalar name")
+        row = (check_step(step, "write_scalar step"), check_real(value, f"scalar {name!r}"))
+        self._pending.scalars.append((row[0], self._intern(self.scalar_names, name), row[1]))
 
     def _encode(
         self, step: int, b: ObservationBatch, trusted: bool = False
