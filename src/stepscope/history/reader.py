@@ -108,7 +108,14 @@ class HistogramSeries:
     descriptor: HistogramDescriptor
 
     def histogram(self, i: int) -> Histogram:
-        """Row ``i`` as a ``stepscope.stats.Histogram``."""
+        """Row ``i`` as a ``stepscope.stats.Histogram`` (``0 <= i < len(steps)``, or negative)."""
+        n = len(self.steps)
+        if isinstance(i, bool) or not isinstance(i, (int, np.integer)) or not -n <= i < n:
+            raise Refusal(
+                "history_query_invalid",
+                f"histogram row {i!r} is not an int in {-n}..{n - 1} ({n} rows).",
+                ["index a row of .steps, e.g. hs.histogram(len(hs.steps) - 1)"],
+            )
         return Histogram.from_vector(self.counts[i], self.descriptor)
 
 
@@ -254,6 +261,12 @@ class HistoryReader(CommittedArtifact):
         return np.array(ids, dtype=np.int32)
 
     def _cells(self, table: str, site: Any, stream: Any, phase: Any, steps: Any, micro: Any):
+        if stream is None:  # table(stream=None) is every stream: a series is one stream's
+            raise Refusal(
+                "stream_unknown",
+                "a series needs its stream; None would mix every stream's rows.",
+                ["pass stream= one of " + ", ".join(s.value for s in Stream)],
+            )
         ids = self.site_ids(site)
         if micro is not None and (
             isinstance(micro, bool) or not isinstance(micro, (int, np.integer)) or micro < 0
