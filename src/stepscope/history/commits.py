@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +53,7 @@ from stepscope.history.schema import FORMAT, SCHEMA_VERSION, RunRecord
 from stepscope.history.verify import (
     VerifyReport,
     commit_inconsistencies,
+    list_chunks,
     validate_commit,
     verify_files,
 )
@@ -233,6 +235,14 @@ class CommittedArtifact:
         ignored. :func:`stepscope.runlog.read_eval_log` decodes them into evaluation records, and
         :func:`stepscope.open_run` gives the joint view (``.evals()``, ``.clocks()``).
         """
+        for attempt in range(3):
+            try:
+                return self._eval_rows()
+            except _SegmentMoved:  # a resume started since this view was read: read it again
+                self.refresh()
+        return self._eval_rows(final=True)
+
+    def _eval_rows(self, final: bool = False) -> list[dict[str, Any]]:
         seal = self.sealed.get(EVAL_LOG)
         got = read_log(self.path / EVAL_LOG, missing_ok=True, what="evaluation log", seal=seal)
         segments = [s.segment_id for s in self.segments]
@@ -247,6 +257,9 @@ class CommittedArtifact:
                     ["restore evals.log from a copy"],
                 )
             if seal is not None and at >= seal["bytes"] and row.get("segment") != open_segment:
+                seg = row.get("segment")
+                if not final and _is_segment_log(self.path, seg):
+                    raise _SegmentMoved  # a newer segment's row: this view predates its start
                 raise Refusal(
                     "history_artifact_corrupt",
                     f"{EVAL_LOG} row at byte {at} was appended after its segment was sealed.",
@@ -260,7 +273,19 @@ class CommittedArtifact:
         Each failure names the step range it leaves unaccounted for; chunks of commits that the
         index does not list (a shortened log) are failures too.
         """
-        report = verify_files(self.path / "chunks", self.commits, self._rows)
+        listing, failures = None, []
+        try:
+            listing = list_chunks(self.path / "chunks")
+        except Refusal as exc:
+            failures.append(("chunks", exc.code, exc.message))
+        # a live writer's commits since the open, read *after* the listing: its next commit's
+        # chunks (written before their row) are then never mistaken for a shortened log
+        try:
+            self.refresh()
+        except Refusal as exc:
+            failures.append(("index.json", exc.code, exc.message))
+        report = verify_files(self.path / "chunks", self.commits, self._rows, listing or [])
+        report.failures[:0] = failures
         report.failures.extend(self.inconsistencies)
         try:
             self.eval_rows()  # evals.log: every row's sha256, its seal, its position
@@ -275,6 +300,19 @@ class CommittedArtifact:
             for f in r["files"]:
                 out[f["table"]] = out.get(f["table"], 0) + f["bytes"]
         return out
+
+
+def _is_segment_log(path: Path, segment: Any) -> bool:
+    """Whether ``segment`` names a segment whose log exists (a writer started it)."""
+    return (
+        isinstance(segment, str)
+        and re.fullmatch(r"[A-Za-z0-9_]{1,64}", segment) is not None
+        and os.path.lexists(path / "index" / f"{segment}.log")
+    )
+
+
+class _SegmentMoved(Exception):
+    """``evals.log`` holds a row of a segment started after this view was read."""
 
 
 class _ManifestChanged(Exception):

@@ -241,13 +241,24 @@ def _steps_of(row: dict[str, Any]) -> str:
     return f"steps {row['step_lo']}..{row['step_hi']} unaccounted for"
 
 
+def list_chunks(chunk_dir: Path) -> list[str]:
+    """The names in ``chunks/`` (sorted); a missing or linked directory refuses with a code."""
+    return sorted(p.name for p in check_dir(chunk_dir, "chunk directory").iterdir())
+
+
 def verify_files(
-    chunk_dir: Path, commits: list[dict[str, Any]], log_rows: dict[str, int] | None = None
+    chunk_dir: Path,
+    commits: list[dict[str, Any]],
+    log_rows: dict[str, int] | None = None,
+    listing: list[str] | None = None,
 ) -> VerifyReport:
     """Recompute the sha256 of each indexed chunk file under ``chunk_dir``.
 
     ``log_rows`` (rows read per segment log) lets chunks of unindexed *later* commits be reported
     as a shortened log (a killed commit leaves only the very next commit's chunks: an orphan).
+    ``listing`` is ``chunks/`` as listed *before* ``log_rows`` were read (default: listed here):
+    a live writer writes commit ``k``'s chunks only after row ``k - 1`` is durable, so a listing
+    taken first never shows chunks beyond the next commit of the rows read after it.
     """
     failures: list[tuple[str, str, str]] = []
     nbytes = 0
@@ -271,11 +282,12 @@ def verify_files(
                     )
                 )
     named = {f["name"] for r in commits for f in r["files"]}
-    try:
-        listing = sorted(p.name for p in check_dir(chunk_dir, "chunk directory").iterdir())
-    except Refusal as exc:
-        failures.append((chunk_dir.name, exc.code, exc.message))
-        listing = []
+    if listing is None:
+        try:
+            listing = list_chunks(chunk_dir)
+        except Refusal as exc:
+            failures.append((chunk_dir.name, exc.code, exc.message))
+            listing = []
     orphans = [n for n in listing if n not in named]
     shortened: dict[str, int] = {}
     for name in orphans:  # <segment>-<seq>-<table>.npy beyond the next commit: a lost row
