@@ -76,7 +76,7 @@ class CommittedArtifact:
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
-        if not self.path.is_dir():
+        if not os.path.isdir(self.path):
             raise Refusal(
                 "history_artifact_missing",
                 f"{self.path} is not a directory.",
@@ -135,7 +135,7 @@ class CommittedArtifact:
         got = read_log(path, offset, seal=seal)
         seq0 = self._rows.get(name, 0)
         n = seq0 + len(got.rows)
-        if seal is None and (self.path / "chunks" / _steps_chunk(name, n + 1)).exists():
+        if seal is None and os.path.lexists(self.path / "chunks" / _steps_chunk(name, n + 1)):
             # chunks of commit n + 1 are written only after row n is durable (a kill between
             # chunks and line leaves commit n's chunks only): the log lost rows, unless a live
             # writer appended since the read above, so read again after the check

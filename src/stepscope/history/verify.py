@@ -243,7 +243,16 @@ def _steps_of(row: dict[str, Any]) -> str:
 
 def list_chunks(chunk_dir: Path) -> list[str]:
     """The names in ``chunks/`` (sorted); a missing or linked directory refuses with a code."""
-    return sorted(p.name for p in check_dir(chunk_dir, "chunk directory").iterdir())
+    try:
+        return sorted(p.name for p in check_dir(chunk_dir, "chunk directory").iterdir())
+    except Refusal:
+        raise
+    except OSError as exc:  # an unreadable directory (another user's run)
+        raise Refusal(
+            "history_artifact_missing",
+            f"chunk directory {chunk_dir} cannot be listed ({exc.strerror}).",
+            ["read the run as a user who may list chunks/", "or copy the run first"],
+        ) from None
 
 
 def verify_files(
