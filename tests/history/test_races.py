@@ -94,3 +94,20 @@ def test_a_manifest_edited_otherwise_still_refuses(tmp_path):
     with pytest.raises(Refusal) as err:
         open_history(path)
     assert err.value.code == "history_artifact_corrupt"
+
+
+def test_resume_on_an_empty_directory_starts_a_fresh_run_in_the_collector_too(tmp_path):
+    import torch
+
+    import stepscope as ss
+
+    model = torch.nn.Linear(2, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    out = tmp_path / "run"
+    c = ss.HistoryCollector(model, settings=ss.WatchSettings(output_dir=str(out), resume=True))
+    with c.step(opt):
+        model(torch.ones(3, 2)).sum().backward()
+        opt.step()
+    c.close()
+    assert open_history(out).steps.tolist() == [0]
+    assert ArtifactWriter(tmp_path / "w", resume=True).resumed_after is None

@@ -89,7 +89,10 @@ class ArtifactWriter(SiteTable):
     run
         The run record of a fresh run (default: :meth:`RunRecord.new`).
     resume
-        Open an existing artifact and append a new segment whose record names its parent.
+        Open an existing artifact and append a new segment whose record names its parent. A
+        directory with no committed artifact (empty, or a creation killed before
+        ``index.json``) starts a fresh run, with ``resumed_after=None``, the same way with or
+        without ``resume``. The lock is taken before the directory is examined.
     resume_at_step
         The step training resumes from (default: one past the last committed step); a
         checkpoint's step before it supersedes the ancestors' steps from there on.
@@ -141,6 +144,8 @@ class ArtifactWriter(SiteTable):
         self._catalog_sha = ""
         self.committed_step: int | None = None  # the last step durable on disk (effective view)
         self._lock_fd: int | None = None
+        #: the last committed block before the resume step (``None``: none, or a fresh run)
+        self.resumed_after: StepBlockRecord | None = None
         make_run_dir(self.path)
         # the lock first, then the existence check: a second writer that saw an empty directory
         # must not re-create a run that another writer created and closed in the meantime
@@ -194,7 +199,7 @@ class ArtifactWriter(SiteTable):
     def _open_resume(self, at_step: int | None, run: RunRecord | None) -> None:
         r = read_resume(self.path, at_step, run)
         self.run, self.segments, self.descriptor = r.run, r.segments, r.descriptor
-        self.resumed_after: StepBlockRecord | None = r.resumed_after
+        self.resumed_after = r.resumed_after
         self._logs, self._sealed, self._catalog_sha = r.logs, r.sealed, r.catalog_sha
         self.sites, self.scalar_names, self.disclosures = r.sites, r.scalar_names, r.disclosures
         self._active = {s.name: s.site_id for s in self.sites if s.ended_step is None}
