@@ -232,9 +232,11 @@ def mutate_log(rng: random.Random, path: Path) -> str:
         return "log_empty_row"
     i = rng.randrange(len(lines))
     op = rng.choice(["value", "delete_row", "swap_rows", "dup_row"])
-    if op == "value":
+    if op == "value":  # the edited row is re-encoded with its own new sha256: a forgery
         payload = json.loads(lines[i].split(b" ", 1)[1])
         lines[i] = encode_log_row(_hostile_json(rng, payload))
+        path.write_bytes(b"".join(lines))
+        return "log_value+rowsigned"
     elif op == "delete_row":
         del lines[i]
     elif op == "swap_rows" and len(lines) > 1:
@@ -400,7 +402,11 @@ def contradict(rng: random.Random, run: Path) -> str:
         if not fa or not fb:
             fa, fb = by_table(rows[i], "steps"), by_table(rows[j], "steps")
         a, b = fa[0], fb[0]
-        keys = [k for k in ("name", "sha256", "bytes", "rows", "site_lo", "site_hi", "counts_dtype") if k in a and k in b]
+        keys = [
+            k
+            for k in ("name", "sha256", "bytes", "rows", "site_lo", "site_hi", "counts_dtype")
+            if k in a and k in b
+        ]
         if op == "swap_entries":
             for k in keys:
                 a[k], b[k] = b[k], a[k]
@@ -500,7 +506,7 @@ class Campaign:
                     outcome, detail = "WRONG", "a self-contradictory artifact read as data"
                 elif kind == "killed" and not h.catalog_confirmed:
                     outcome = "disclosed"
-                elif name.endswith("+resigned"):
+                elif name.endswith(("+resigned", "+rowsigned")):
                     outcome = "forged"  # self-consistent new content: checksums are not keys
                 else:
                     outcome, detail = "WRONG", f"data {data in data_ok} evals {evals in evals_ok}"

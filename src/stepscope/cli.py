@@ -27,6 +27,7 @@ from collections.abc import Sequence
 
 from stepscope.errors import Refusal
 
+
 def _open_run(path: str) -> object:
     from stepscope.run import open_run  # imported on use: `--help` stays light
 

@@ -32,7 +32,9 @@ def _run(path):
                 StepBlockRecord(step),
                 [
                     ObservationBatch.observed("activation", "forward", ids, spine),
-                    ObservationBatch.observed("gradient", "backward", ids, grad, scale_grad="unscaled"),
+                    ObservationBatch.observed(
+                        "gradient", "backward", ids, grad, scale_grad="unscaled"
+                    ),
                 ],
             )
     h = open_history(path)
@@ -77,7 +79,10 @@ def _relabel_stream_and_rename(rows, chunks):
 
 
 def _swap_commits_entries(rows, chunks):
-    a, b = _file(rows[0], "observations", "activation"), _file(rows[1], "observations", "activation")
+    a, b = (
+        _file(rows[0], "observations", "activation"),
+        _file(rows[1], "observations", "activation"),
+    )
     keys = ("name", "sha256", "bytes", "rows", "site_lo", "site_hi")
     va, vb = {k: a[k] for k in keys}, {k: b[k] for k in keys}
     a.update(vb)

@@ -16,9 +16,9 @@ Every kill point of the scenario is visited (a few dozen forks, a few seconds).
 import multiprocessing
 import os
 import shutil
-import tempfile
 import signal
 import struct
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -123,7 +123,7 @@ def test_a_kill_at_every_file_operation_loses_no_committed_step_and_recovers(tmp
             after = _values(h)
             lost += [s for s in [*committed, 6] if after.get(s) != float(s)]
             assert h.verify().ok, h.verify().failures
-        except Exception as exc:  # noqa: BLE001 - every kill point is reported, not the first
+        except Exception as exc:
             failures.append((n, f"{type(exc).__name__}: {exc}"[:300]))
             continue
         if lost:

@@ -32,8 +32,14 @@ def test_verify_of_a_reader_opened_before_two_more_commits_is_not_damage(tmp_pat
     w.write_step(StepBlockRecord(2), [_batch(ids)], scalars=None)  # commit 2 ...
     # ... and the chunks of commit 3 written, its line not yet appended (a commit in progress)
     w.write_scalar("x", 3, 1.0)
-    write_chunk(path / "chunks", f"{w.run.segment_id}-0000003", "steps", None,
-                np.zeros(0, dtype=open_history(path)._dtypes["steps"]), False)
+    write_chunk(
+        path / "chunks",
+        f"{w.run.segment_id}-0000003",
+        "steps",
+        None,
+        np.zeros(0, dtype=open_history(path)._dtypes["steps"]),
+        False,
+    )
     report = reader.verify()
     assert report.ok, report.failures
     w.close()
@@ -53,7 +59,9 @@ def _live_writer(path, ready):
             rows.write_eval(EvalRecord("validation", {"ce": 1.0}, optimizer_step=step))
         if step % 40 == 39:  # a resume every 40 steps: new segments, seals, manifests
             w.close()
-            w = ArtifactWriter(path, resume=True, commit_steps=1, commit_seconds=None, durable=False)
+            w = ArtifactWriter(
+                path, resume=True, commit_steps=1, commit_seconds=None, durable=False
+            )
             rows = ArtifactRows(w)
     w.close()
     while True:  # stay alive (the parent kills it)

@@ -84,9 +84,11 @@ for i, v in enumerate(BAD_STEPS):
 for i, v in enumerate(BAD_NAMES):
     case("writer", f"write_scalar_name_{i}")(lambda w, v=v: w.write_scalar(v, 0, 1.0))
     case("writer", f"write_step_scalar_name_{i}")(
-        lambda w, v=v: w.write_step(StepBlockRecord(0), [_batch()], scalars={v: 1.0})
-        if isinstance(v, (str, bytes, int, float, tuple, type(None)))
-        else 1 / 0
+        lambda w, v=v: (
+            w.write_step(StepBlockRecord(0), [_batch()], scalars={v: 1.0})
+            if isinstance(v, (str, bytes, int, float, tuple, type(None)))
+            else 1 / 0
+        )
     )
     case("writer", f"register_site_name_{i}")(lambda w, v=v: w.register_site(v, "t", "s"))
     case("writer", f"register_site_type_{i}")(lambda w, v=v: w.register_site("a", v, "s"))
@@ -122,14 +124,23 @@ for i, v in enumerate(BAD_INT_ARRAYS):
     )
 for i, v in enumerate(BAD_PRESENCE):
     case("plain", f"batch_presence_{i}")(
-        lambda v=v: ObservationBatch("activation", "forward", [0], v, np.full((1, SPINE_WIDTH), np.nan))
+        lambda v=v: ObservationBatch(
+            "activation", "forward", [0], v, np.full((1, SPINE_WIDTH), np.nan)
+        )
     )
 for i, v in enumerate(
-    [np.zeros((1, SPINE_WIDTH), complex), np.full((1, SPINE_WIDTH), "a"), np.zeros((1, 3)),
-     np.zeros((2, SPINE_WIDTH)), np.zeros(SPINE_WIDTH), [[None] * SPINE_WIDTH], "spine"]
+    [
+        np.zeros((1, SPINE_WIDTH), complex),
+        np.full((1, SPINE_WIDTH), "a"),
+        np.zeros((1, 3)),
+        np.zeros((2, SPINE_WIDTH)),
+        np.zeros(SPINE_WIDTH),
+        [[None] * SPINE_WIDTH],
+        "spine",
+    ]
 ):
     case("plain", f"batch_spines_{i}")(lambda v=v: _batch(spine=v))
-for i, (ids, what) in enumerate([([1], "unregistered"), ([-1], "negative"), ([0, 0], "repeat")]):
+for ids, what in [([1], "unregistered"), ([-1], "negative"), ([0, 0], "repeat")]:
     case("writer", f"write_step_sites_{what}")(
         lambda w, ids=ids: w.write_step(StepBlockRecord(0), [_batch(ids=ids)])
     )
@@ -169,11 +180,16 @@ def _reader_case(name, fn):
 
 
 for i, v in enumerate([(1,), (2, 1), ("a", 1), 1, (1.5, 2), (True, 2), "0:1", (None, 1)]):
-    _reader_case(f"reader_series_steps_{i}", lambda h, v=v: h.series("fc", "activation", "mean", steps=v))
+    _reader_case(
+        f"reader_series_steps_{i}", lambda h, v=v: h.series("fc", "activation", "mean", steps=v)
+    )
     _reader_case(f"reader_table_steps_{i}", lambda h, v=v: h.table("steps", steps=v))
     _reader_case(f"reader_scalars_steps_{i}", lambda h, v=v: h.scalars("loss", steps=v))
 for i, v in enumerate([-1, 1.5, "x", True]):
-    _reader_case(f"reader_micro_batch_{i}", lambda h, v=v: h.series("fc", "activation", "mean", micro_batch=v))
+    _reader_case(
+        f"reader_micro_batch_{i}",
+        lambda h, v=v: h.series("fc", "activation", "mean", micro_batch=v),
+    )
 for i, v in enumerate(["nope", None, 99, -1, 1.5]):
     _reader_case(f"reader_site_{i}", lambda h, v=v: h.series(v, "activation", "mean"))
     _reader_case(f"reader_stream_{i}", lambda h, v=v: h.series("fc", v, "mean"))
@@ -185,7 +201,9 @@ for i, v in enumerate(["nope", None, 99, -1, 1.5]):
         lambda h, v=v: h.series("fc", "activation", "mean", phase=v) if v is not None else 1 / 0,
     )
 for i, v in enumerate([10**6, -(10**6), 1.5, "x", None]):
-    _reader_case(f"reader_histogram_index_{i}", lambda h, v=v: h.histograms("fc", "activation").histogram(v))
+    _reader_case(
+        f"reader_histogram_index_{i}", lambda h, v=v: h.histograms("fc", "activation").histogram(v)
+    )
 
 
 @pytest.fixture(scope="module")
@@ -214,7 +232,9 @@ def test_the_table_is_large():
 
 
 @pytest.mark.parametrize("name,kind,call", CASES, ids=[c[0] for c in CASES])
-def test_misuse_refuses_with_a_code_and_leaves_the_run_readable(tmp_path, good_run, name, kind, call):
+def test_misuse_refuses_with_a_code_and_leaves_the_run_readable(
+    tmp_path, good_run, name, kind, call
+):
     if kind == "plain":
         _refused(call)
         return
@@ -239,3 +259,22 @@ def test_misuse_refuses_with_a_code_and_leaves_the_run_readable(tmp_path, good_r
     assert h.steps.tolist() == [7] and h.verify().ok
     assert h.scalars("loss").values.tolist() == [3.0]
     assert h.series("fc", "activation", "total").values.tolist() == [1.0]
+
+
+@pytest.mark.parametrize("step", [10**30, 2**62 + 5, 1.5])
+def test_a_collector_log_at_an_impossible_step_refuses_at_once_and_training_goes_on(tmp_path, step):
+    import stepscope as ss
+
+    model = torch.nn.Linear(2, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    c = ss.HistoryCollector(model, settings=ss.WatchSettings(output_dir=str(tmp_path / "run")))
+    with pytest.raises(Refusal) as err:
+        c.log("x", 1.0, step=step)
+    assert err.value.code == "runlog_step_invalid"
+    for _ in range(2):  # the next steps are not broken by the refused value
+        with c.step(opt):
+            model(torch.ones(3, 2)).sum().backward()
+            opt.step()
+    c.close()
+    run = open_history(tmp_path / "run")
+    assert run.steps.tolist() == [0, 1] and run.verify().ok

@@ -14,7 +14,9 @@ def _write(w, steps):
     for step in steps:
         spine = np.zeros((1, 15))
         spine[0, :2] = 1
-        w.write_step(StepBlockRecord(step), [ObservationBatch.observed("activation", "forward", ids, spine)])
+        w.write_step(
+            StepBlockRecord(step), [ObservationBatch.observed("activation", "forward", ids, spine)]
+        )
     return w.close()
 
 

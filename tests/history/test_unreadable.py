@@ -17,7 +17,9 @@ def _run(path):
         ids = [w.register_site("fc", "t", "x")]
         spine = np.zeros((1, 15))
         spine[0, :2] = 1
-        w.write_step(StepBlockRecord(0), [ObservationBatch.observed("activation", "forward", ids, spine)])
+        w.write_step(
+            StepBlockRecord(0), [ObservationBatch.observed("activation", "forward", ids, spine)]
+        )
     return path
 
 

@@ -23,7 +23,9 @@ def test_an_untouched_summary_reads_back_and_verifies(tmp_path):
     path = _run(tmp_path / "run")
     on_disk = json.loads((path / "runlog.json").read_text())
     summary = read_summary(path)
-    assert "sha256" not in summary and summary == {k: v for k, v in on_disk.items() if k != "sha256"}
+    assert "sha256" not in summary and summary == {
+        k: v for k, v in on_disk.items() if k != "sha256"
+    }
     assert open_run(path).verify().ok
 
 

@@ -139,7 +139,11 @@ class ObservationBatch:
         s(self, "site_ids", exact_ints(self.site_ids, np.int32, "site_ids", bad_code).reshape(-1))
         s(self, "presence", exact_ints(self.presence, np.uint8, "presence", bad_code).reshape(-1))
         if self.hist_rows is not None and self.histograms is not None:
-            s(self, "hist_rows", exact_ints(self.hist_rows, np.int64, "hist_rows", bad_code).reshape(-1))
+            s(
+                self,
+                "hist_rows",
+                exact_ints(self.hist_rows, np.int64, "hist_rows", bad_code).reshape(-1),
+            )
             s(self, "histograms", exact_ints(self.histograms, np.int64, "histograms", bad_code))
         try:
             if np.asarray(self.spines).dtype.kind not in "iufb":

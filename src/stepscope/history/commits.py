@@ -235,7 +235,7 @@ class CommittedArtifact:
         ignored. :func:`stepscope.runlog.read_eval_log` decodes them into evaluation records, and
         :func:`stepscope.open_run` gives the joint view (``.evals()``, ``.clocks()``).
         """
-        for attempt in range(3):
+        for _attempt in range(3):
             try:
                 return self._eval_rows()
             except _SegmentMoved:  # a resume started since this view was read: read it again

@@ -147,4 +147,6 @@ def as_stored(cls: Any, **fields: Any) -> Any:
     except Refusal as exc:
         if exc.code != "history_write_invalid":
             raise
-        raise Refusal("history_json_invalid", f"{cls.__name__} on disk: {exc.message}", []) from None
+        raise Refusal(
+            "history_json_invalid", f"{cls.__name__} on disk: {exc.message}", []
+        ) from None

@@ -202,7 +202,7 @@ class HistoryReader(CommittedArtifact):
             raise Refusal("history_series_unknown", f"unknown table {table!r}; one of {TABLES}.")
         steps = check_steps(steps)
         if self.inconsistencies:  # checksums hold, but the index contradicts itself
-            name, code, message = self.inconsistencies[0]
+            _name, code, message = self.inconsistencies[0]
             raise Refusal(code, message, ["run `stepscope verify` to list every inconsistency"])
         sv = (
             None if stream is None else parse_enum(Stream, stream, "stream", "stream_unknown").value

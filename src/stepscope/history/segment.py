@@ -172,7 +172,9 @@ def make_run_dir(path: Path) -> None:
         raise Refusal(
             "history_output_unwritable",
             f"output directory {str(path)[:200]!r} cannot be created or written ({why}).",
-            ["pass output_dir= a plain path (no NUL, each name under 255 bytes) on a writable disk"],
+            [
+                "pass output_dir= a plain path (no NUL, each name under 255 bytes) on a writable disk"
+            ],
         ) from None
 
 

@@ -123,7 +123,6 @@ def check_codes(
             need((d >= -1) & (d < len(disclosures)), "disclosure ids")
 
 
-
 def _inconsistent(what: str) -> Refusal:
     return Refusal(
         "history_artifact_inconsistent",
