@@ -56,12 +56,15 @@ def check_step(step: Any, what: str, code: str = "history_write_invalid") -> int
     return int(step)
 
 
-def check_count(value: Any, what: str, code: str = "history_write_invalid") -> int | None:
-    """``None`` or an int in ``0..2**63-1`` (``examples_seen``, ``epoch``)."""
+def natural_or_none(value: Any, what: str, code: str = "history_write_invalid") -> int | None:
+    """``None`` or an exact int in ``0..2**62`` (``examples_seen``, ``epoch``, counts).
+
+    Never coerced: ``-1``, ``1.5``, ``"3"`` and ``True`` all refuse ``code``.
+    """
     if value is None:
         return None
-    if not _is_int(value) or not 0 <= int(value) <= _INT64:
-        raise Refusal(code, f"{what} {value!r} is not None or an int in 0..2**63-1.", [])
+    if not _is_int(value) or not 0 <= int(value) <= MAX_STEP + 1:
+        raise Refusal(code, f"{what} {str(value)[:40]} is not an int in 0..2**62 or None.")
     return int(value)
 
 

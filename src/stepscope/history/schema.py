@@ -29,7 +29,7 @@ from typing import Any
 from stepscope.codec import parse_enum
 from stepscope.errors import Refusal
 from stepscope.history.fields import _need, _opt
-from stepscope.history.inputs import as_stored, check_count, check_step, finite_or_none
+from stepscope.history.inputs import as_stored, check_step, finite_or_none, natural_or_none
 from stepscope.history.runrecord import FORMAT, SCHEMA_VERSION, RunRecord, package_versions
 from stepscope.history.vocab import (
     GRADIENT_STREAMS,
@@ -178,8 +178,10 @@ class StepBlockRecord:
         )
         check_step(self.optimizer_step, "optimizer_step")
         object.__setattr__(self, "optimizer_step", int(self.optimizer_step))
-        object.__setattr__(self, "examples_seen", check_count(self.examples_seen, "examples_seen"))
-        object.__setattr__(self, "epoch", check_count(self.epoch, "epoch"))
+        object.__setattr__(
+            self, "examples_seen", natural_or_none(self.examples_seen, "examples_seen")
+        )
+        object.__setattr__(self, "epoch", natural_or_none(self.epoch, "epoch"))
         object.__setattr__(self, "wall_time", finite_or_none(self.wall_time, "wall_time"))
         if not isinstance(self.truth, StepTruth):
             raise Refusal("history_write_invalid", f"truth {self.truth!r} is not a StepTruth.")
