@@ -23,6 +23,7 @@ from stepscope.stats.layout import SPINE_WIDTH
 
 BAD_STEPS = [-1, 2**62, 2**62 + 5, 2**63, 10**30, 1.5, "3", b"3", True, float("nan"), [1], None]
 BAD_NAMES = [None, 5, b"x", "", "\0", "a\0b", "x" * 501, "\ud800", 1.5, ["x"], ("x",)]
+BAD_RUN_IDS = ["\x1b[31mred", "a\nb", "x" * 201, "\t"]
 BAD_VALUES = ["1e3", "nan", b"1", None, [1.0], {"a": 1}, complex(1, 2), object(), "1"]
 BAD_COUNTS = [-1, 1.5, "3", 2**63, True, [1]]
 BAD_INT_ARRAYS = [
@@ -101,6 +102,8 @@ for i, v in enumerate(BAD_NAMES):
     case("plain", f"run_record_run_id_{i}")(
         lambda v=v: RunRecord.new(run_id=v) if v not in (None, "") else 1 / 0
     )
+for i, v in enumerate(BAD_RUN_IDS):
+    case("plain", f"run_record_run_id_control_{i}")(lambda v=v: RunRecord.new(run_id=v))
 for i, v in enumerate(BAD_VALUES):
     case("writer", f"write_scalar_value_{i}")(lambda w, v=v: w.write_scalar("x", 0, v))
     case("writer", f"write_step_scalar_value_{i}")(

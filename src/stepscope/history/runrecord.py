@@ -73,8 +73,14 @@ class RunRecord:
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        check_text(self.run_id, "run_id", limit=200)
-        check_text(self.segment_id, "segment_id", limit=200)
+        for name in ("run_id", "segment_id"):  # printed, used in tags and file names: printable
+            value = check_text(getattr(self, name), name, limit=200)
+            if not value.isprintable():
+                raise Refusal(
+                    "history_write_invalid",
+                    f"{name} {value!r} holds control characters (terminal escapes, newlines).",
+                    [f"pass {name}= printable text, e.g. 'resnet-lr3e-4'"],
+                )
         if self.resumed_at_step is not None:
             check_step(self.resumed_at_step, "resumed_at_step")
         for name, low in (("rank", 0), ("world_size", 1)):
