@@ -79,7 +79,7 @@ def check_text(value: Any, what: str, code: str = "history_write_invalid", limit
     ):
         raise Refusal(
             code,
-            f"{what} {str(value)[:60]!r} is not a non-empty UTF-8 string of at most {limit} "
+            f"{what} {repr(value)[:60]} is not a non-empty UTF-8 string of at most {limit} "
             "characters without NUL.",
             [f"pass {what} as a str, e.g. 'loss'"],
         )
@@ -91,7 +91,7 @@ def check_real(value: Any, what: str, code: str = "history_write_invalid") -> fl
     if isinstance(value, (str, bytes, complex)) or not hasattr(type(value), "__float__"):
         raise Refusal(
             code,
-            f"{what} {str(value)[:60]!r} ({type(value).__name__}) is not a real number.",
+            f"{what} {repr(value)[:60]} ({type(value).__name__}) is not a real number.",
             [f"pass {what} as a float, e.g. float(loss)"],
         )
     try:
