@@ -13,7 +13,11 @@ link to ``/dev/zero``/``/dev/urandom``, a link loop, a link out of the run), a h
 (``10**400``, ``-1``, ``NaN``, wrong types, huge strings, nested lists), a hostile chunk field
 value or row-count claim — and, for half of the crafted edits, *re-signs* the artifact (log rows,
 chunk sha256 and sizes, seals, manifest/catalog/index sha256) as a forger would. Then it opens the
-mutant, reads every table, series and evaluation, and runs ``verify``. Outcomes:
+mutant, reads every table, series and evaluation, and runs ``verify``. One mutant in five is a
+*self-contradictory* re-signed edit (:func:`contradict`: a row repeated with its ``seq``
+renumbered, a stream relabelled, two commits' entries or chunk files swapped, a step range,
+``n_steps`` or site range rewritten, a chunk renamed as another commit's); those must be refused
+(``forged`` does not apply to them). Outcomes:
 
 ``same``
     the data read equals the base (or, for the killed base, a committed prefix of it).
@@ -228,9 +232,11 @@ def mutate_log(rng: random.Random, path: Path) -> str:
         return "log_empty_row"
     i = rng.randrange(len(lines))
     op = rng.choice(["value", "delete_row", "swap_rows", "dup_row"])
-    if op == "value":
+    if op == "value":  # the edited row is re-encoded with its own new sha256: a forgery
         payload = json.loads(lines[i].split(b" ", 1)[1])
         lines[i] = encode_log_row(_hostile_json(rng, payload))
+        path.write_bytes(b"".join(lines))
+        return "log_value+rowsigned"
     elif op == "delete_row":
         del lines[i]
     elif op == "swap_rows" and len(lines) > 1:
@@ -354,8 +360,85 @@ def resign(run: Path) -> None:
         pass
 
 
-def mutate(rng: random.Random, run: Path, outside: Path) -> str:
-    """Apply one seeded mutation to one file of ``run``; returns its name."""
+def _rows_of(log: Path) -> list[dict[str, Any]]:
+    return [json.loads(line.split(b" ", 1)[1]) for line in log.read_bytes().splitlines()]
+
+
+def _swap_on_disk(chunks: Path, a: str, b: str) -> None:
+    tmp = chunks / "swap.tmp"
+    (chunks / a).rename(tmp)
+    (chunks / b).rename(chunks / a)
+    tmp.rename(chunks / b)
+
+
+def contradict(rng: random.Random, run: Path) -> str:
+    """Make the index contradict itself (or its chunks) in one seeded way; the caller re-signs.
+
+    Each edit is what a forger who recomputes every checksum could write, yet the artifact is
+    self-contradictory: a reader must refuse it (``history_artifact_inconsistent`` or another
+    code), never read it as data (outcome ``forged`` is a failure for these).
+    """
+    log = sorted((run / "index").glob("*.log"))[0]
+    rows = _rows_of(log)
+    chunks = run / "chunks"
+    op = rng.choice(
+        ["repeat_renumbered", "relabel_stream", "swap_entries", "swap_chunks", "shift_range",
+         "n_steps", "site_range", "rename_chunk"]
+    )  # fmt: skip
+    i, j = rng.sample(range(len(rows)), 2)
+    by_table = lambda r, t: [f for f in r["files"] if f["table"] == t]  # noqa: E731
+    if op == "repeat_renumbered":
+        rows.append({**rows[i], "seq": len(rows)})
+    elif op == "relabel_stream":
+        obs = by_table(rows[i], "observations")
+        a, b = obs[0], obs[-1] if len(obs) > 1 else obs[0]
+        if a is b:
+            a["stream"] = "update" if a["stream"] != "update" else "parameter"
+        else:
+            a["stream"], b["stream"] = b["stream"], a["stream"]
+    elif op in ("swap_entries", "swap_chunks"):
+        table = rng.choice(["steps", "observations", "histograms", "scalars"])
+        fa, fb = by_table(rows[i], table), by_table(rows[j], table)
+        if not fa or not fb:
+            fa, fb = by_table(rows[i], "steps"), by_table(rows[j], "steps")
+        a, b = fa[0], fb[0]
+        keys = [
+            k
+            for k in ("name", "sha256", "bytes", "rows", "site_lo", "site_hi", "counts_dtype")
+            if k in a and k in b
+        ]
+        if op == "swap_entries":
+            for k in keys:
+                a[k], b[k] = b[k], a[k]
+        else:
+            _swap_on_disk(chunks, a["name"], b["name"])
+    elif op == "shift_range":
+        rows[i]["step_lo"] += 1000
+        rows[i]["step_hi"] += 1000
+    elif op == "n_steps":
+        rows[i]["n_steps"] += rng.choice([1, -1]) if rows[i]["n_steps"] > 1 else 1
+    elif op == "site_range":
+        f = rng.choice([f for f in rows[i]["files"] if "site_lo" in f])
+        f["site_lo"] = f["site_hi"] = f["site_hi"] + 1
+    else:  # a chunk renamed as another commit's (the file moved with it)
+        f = rng.choice(rows[i]["files"])
+        new = f"{rows[j]['segment']}-{rows[j]['seq'] + 50:07d}-{f['table']}.npy"
+        (chunks / f["name"]).rename(chunks / new)
+        f["name"] = new
+    log.write_bytes(b"".join(encode_log_row(r) for r in rows))
+    return f"contradict_{op}"
+
+
+def mutate(rng: random.Random, run: Path, outside: Path, contradiction: bool = False) -> str:
+    """Apply one seeded mutation to one file of ``run``; returns its name.
+
+    ``contradiction`` (or one mutant in five): a re-signed self-contradictory edit
+    (:func:`contradict`), named ``...+contradiction``.
+    """
+    if contradiction or rng.random() < 0.2:
+        name = contradict(rng, run)
+        resign(run)
+        return f"index:{name}+resigned+contradiction"
     files = _files(run)
     target = files[rng.randrange(len(files))]
     rel = target.relative_to(run).as_posix()
@@ -404,14 +487,14 @@ class Campaign:
         self.targets: collections.Counter = collections.Counter()  # mutated file kinds
         self.failures: list[tuple[int, str, str, str]] = []
 
-    def run_one(self, seed: int) -> tuple[str, str]:
+    def run_one(self, seed: int, contradiction: bool = False) -> tuple[str, str]:
         rng = random.Random(seed)
         kind = rng.choice(["closed", "killed"])
         mutant = self.workdir / f"m{seed}"
         shutil.copytree(self.bases[kind], mutant, symlinks=True)
         outside = self.workdir / f"outside{seed}"
         try:
-            name = mutate(rng, mutant, outside)
+            name = mutate(rng, mutant, outside, contradiction)
             self.targets[name.split(":")[0]] += 1
             outcome, detail, got = read_outcome(mutant)
             if outcome == "read":
@@ -419,9 +502,11 @@ class Campaign:
                 data_ok, evals_ok = self.expected[kind]
                 if data in data_ok and evals in evals_ok:
                     outcome = "same"
+                elif name.endswith("+contradiction"):  # checksums hold, the index lies
+                    outcome, detail = "WRONG", "a self-contradictory artifact read as data"
                 elif kind == "killed" and not h.catalog_confirmed:
                     outcome = "disclosed"
-                elif name.endswith("+resigned"):
+                elif name.endswith(("+resigned", "+rowsigned")):
                     outcome = "forged"  # self-consistent new content: checksums are not keys
                 else:
                     outcome, detail = "WRONG", f"data {data in data_ok} evals {evals in evals_ok}"

@@ -27,6 +27,13 @@ from collections.abc import Sequence
 
 from stepscope.errors import Refusal
 
+
+def _open_run(path: str) -> object:
+    from stepscope.run import open_run  # imported on use: `--help` stays light
+
+    return open_run(path)
+
+
 #: Modules that contribute sub-commands, in the order they appear in ``--help``.
 COMMAND_MODULES: tuple[str, ...] = (
     "stepscope.demo.cli",
@@ -126,6 +133,8 @@ def build_parser() -> argparse.ArgumentParser:
                 continue  # area not built in this version
             raise
         module.register(subparsers)
+    if "verify" in subparsers.choices:  # `stepscope verify` checks what open_run().verify() does
+        subparsers.choices["verify"].set_defaults(opener=_open_run)
     _add_epilogs(subparsers)
     return parser
 

@@ -235,6 +235,24 @@ class Code(str, Enum):
         _INPUT,
         "a reader was given a bare int where a site name (or a Site record) is meant",
     )
+    HISTORY_ARTIFACT_INCONSISTENT = (
+        "history_artifact_inconsistent",
+        _STORAGE,
+        "checksums hold but the artifact contradicts itself (steps, streams, sites or sequence)",
+        "restore the artifact from a copy; run `stepscope verify` to list every inconsistency",
+    )
+    HISTORY_WRITE_INVALID = (
+        "history_write_invalid",
+        _INPUT,
+        "a writer argument has the wrong type or is out of range (it would corrupt the run)",
+    )
+    HISTORY_OUTPUT_UNWRITABLE = (
+        "history_output_unwritable",
+        _STORAGE,
+        "the run directory cannot be created or written (bad name, a file in the way, full or "
+        "read-only disk)",
+        "pass an output directory on a writable disk, a plain path without NUL",
+    )
     # collector
     COLLECTOR_IN_MEMORY = (
         "collector_in_memory",

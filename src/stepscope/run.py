@@ -41,7 +41,7 @@ from stepscope.history.reader import EVAL_LOG, HistoryReader
 from stepscope.history.verify import VerifyReport
 from stepscope.history.versions import pick_run
 from stepscope.runlog.evals import EvalRecord
-from stepscope.runlog.sink import read_eval_log
+from stepscope.runlog.sink import read_eval_log, read_summary
 from stepscope.runlog.view import Clocks, RunView
 
 __all__ = ["Run", "open_run"]
@@ -101,6 +101,10 @@ class Run(HistoryReader):
                 read_eval_log(self)
             except Refusal as exc:
                 report.failures.append((EVAL_LOG, exc.code, exc.message))
+        try:
+            read_summary(self.path)  # runlog.json: its own sha256
+        except Refusal as exc:
+            report.failures.append(("runlog.json", exc.code, exc.message))
         return report
 
 

@@ -38,3 +38,16 @@ def test_the_fuzzer_reaches_every_file_kind_and_both_outcomes(campaign):
     kinds = {"manifest.json", "catalog.json", "index.json", "index", "chunks", "evals.log"}
     assert kinds <= set(campaign.targets), campaign.targets
     assert len(campaign.codes) >= 4  # several distinct refusal codes were exercised
+
+
+def test_every_resigned_self_contradictory_mutant_is_refused(campaign):
+    """The forger's edits that checksums cannot see (every sha256 recomputed) but that make the
+    index contradict itself or its chunks: each must be refused with a code, never read."""
+    outcomes = []
+    for seed in range(40):
+        outcome, detail = campaign.run_one(10_000 + seed, contradiction=True)
+        assert outcome in {"refused", "same"}, f"seed {10_000 + seed}: {outcome} {detail}"
+        outcomes.append((detail.split()[1], outcome))
+    ops = {name.split(":")[1].split("+")[0] for name, _ in outcomes}
+    assert len(ops) >= 6, ops  # most kinds of contradiction were drawn
+    assert [o for _, o in outcomes].count("refused") >= 30

@@ -51,6 +51,7 @@ import numpy as np
 from stepscope.errors import Refusal
 from stepscope.history.batch import ObservationBatch, batches_from_records
 from stepscope.history.files import append_log_row, fsync_dir, read_log
+from stepscope.history.inputs import check_real, check_step, check_text
 from stepscope.history.layout import encode_batch, histogram_dtype, observation_dtype
 from stepscope.history.pending import (
     CloseReport,
@@ -62,7 +63,9 @@ from stepscope.history.pending import (
 from stepscope.history.schema import ObservationRecord, RunRecord, StepBlockRecord
 from stepscope.history.segment import (
     check_resume_facts,
+    committed_artifact,
     lock_writer,
+    make_run_dir,
     read_resume,
     seal_extents,
     write_catalog,
@@ -86,7 +89,10 @@ class ArtifactWriter(SiteTable):
     run
         The run record of a fresh run (default: :meth:`RunRecord.new`).
     resume
-        Open an existing artifact and append a new segment whose record names its parent.
+        Open an existing artifact and append a new segment whose record names its parent. A
+        directory with no committed artifact (empty, or a creation killed before
+        ``index.json``) starts a fresh run, with ``resumed_after=None``, the same way with or
+        without ``resume``. The lock is taken before the directory is examined.
     resume_at_step
         The step training resumes from (default: one past the last committed step); a
         checkpoint's step before it supersedes the ancestors' steps from there on.
@@ -138,23 +144,31 @@ class ArtifactWriter(SiteTable):
         self._catalog_sha = ""
         self.committed_step: int | None = None  # the last step durable on disk (effective view)
         self._lock_fd: int | None = None
-        if (self.path / "manifest.json").exists() or (self.path / "index.json").exists():
-            if not resume:
-                raise Refusal(
-                    "history_run_exists",
-                    f"{self.path} already holds a stepscope artifact.",
-                    ["pass resume=True to append a segment", "choose a new output directory"],
-                )
-            self._lock()
-            opener = lambda: self._open_resume(resume_at_step, run)  # noqa: E731
-        else:
-            self.path.mkdir(parents=True, exist_ok=True)
-            self._lock()
-            opener = lambda: self._open_fresh(run or RunRecord.new())  # noqa: E731
+        #: the last committed block before the resume step (``None``: none, or a fresh run)
+        self.resumed_after: StepBlockRecord | None = None
+        make_run_dir(self.path)
+        # the lock first, then the existence check: a second writer that saw an empty directory
+        # must not re-create a run that another writer created and closed in the meantime
+        self._lock()
         try:
-            opener()
-        except BaseException:
+            if committed_artifact(self.path):
+                if not resume:
+                    raise Refusal(
+                        "history_run_exists",
+                        f"{self.path} already holds a stepscope artifact.",
+                        ["pass resume=True to append a segment", "choose a new output directory"],
+                    )
+                self._open_resume(resume_at_step, run)
+            else:  # empty, or a creation killed before index.json: nothing was ever committed
+                self._open_fresh(run or RunRecord.new())
+        except BaseException as exc:
             self._unlock()  # a refused open must not keep the artifact locked
+            if isinstance(exc, OSError) and not isinstance(exc, Refusal):  # full / read-only disk
+                raise Refusal(
+                    "history_output_unwritable",
+                    f"the run directory {self.path} cannot be written ({exc.strerror or exc}).",
+                    ["free disk space or remount the output read-write", "or pick another path"],
+                ) from None
             raise
         self._reset_pending()
         self._last_commit = time.monotonic()
@@ -185,7 +199,7 @@ class ArtifactWriter(SiteTable):
     def _open_resume(self, at_step: int | None, run: RunRecord | None) -> None:
         r = read_resume(self.path, at_step, run)
         self.run, self.segments, self.descriptor = r.run, r.segments, r.descriptor
-        self.resumed_after: StepBlockRecord | None = r.resumed_after
+        self.resumed_after = r.resumed_after
         self._logs, self._sealed, self._catalog_sha = r.logs, r.sealed, r.catalog_sha
         self.sites, self.scalar_names, self.disclosures = r.sites, r.scalar_names, r.disclosures
         self._active = {s.name: s.site_id for s in self.sites if s.ended_step is None}
@@ -244,6 +258,16 @@ class ArtifactWriter(SiteTable):
         skipped; everything else is written exactly as without it.
         """
         self._check_open()
+        if not isinstance(block, StepBlockRecord):
+            raise Refusal(
+                "history_write_invalid",
+                f"write_step was given {type(block).__name__}, not a StepBlockRecord.",
+                ["pass StepBlockRecord(step) as the first argument"],
+            )
+        scalar_rows = [
+            (check_text(name, "scalar name"), check_real(value, f"scalar {name!r}"))
+            for name, value in (scalars or {}).items()
+        ]
         step = block.optimizer_step
         if self._last_step is not None and step <= self._last_step:
             raise Refusal(
@@ -268,8 +292,8 @@ class ArtifactWriter(SiteTable):
         pending.steps.append(block)
         for b, (obs, hist) in zip(all_batches, encoded):
             pending.add(b.stream.value, obs, hist)
-        for name, value in (scalars or {}).items():
-            pending.scalars.append((step, self._intern(self.scalar_names, name), float(value)))
+        for name, value in scalar_rows:
+            pending.scalars.append((step, self._intern(self.scalar_names, name), value))
         self._last_step = step
         if self.ring is not None:
             self.ring.push(block, all_batches)
@@ -278,9 +302,9 @@ class ArtifactWriter(SiteTable):
     def write_scalar(self, name: str, step: int, value: float) -> None:
         """Add one user scalar row (e.g. a loss) at ``step``; committed with the next commit."""
         self._check_open()
-        self._pending.scalars.append(
-            (int(step), self._intern(self.scalar_names, name), float(value))
-        )
+        name = check_text(name, "scalar name")
+        row = (check_step(step, "write_scalar step"), check_real(value, f"scalar {name!r}"))
+        self._pending.scalars.append((row[0], self._intern(self.scalar_names, name), row[1]))
 
     def _encode(
         self, step: int, b: ObservationBatch, trusted: bool = False

@@ -27,6 +27,7 @@ import numpy as np
 
 from stepscope.codec import parse_enum
 from stepscope.errors import Refusal
+from stepscope.history.inputs import exact_ints
 from stepscope.history.schema import (
     GRADIENT_STREAMS,
     ObservationRecord,
@@ -134,13 +135,20 @@ class ObservationBatch:
                 raise Refusal(
                     "stat_payload_invalid", "row_disclosures: tuples of strings."
                 ) from None
+        bad_code = "stat_payload_invalid"
+        s(self, "site_ids", exact_ints(self.site_ids, np.int32, "site_ids", bad_code).reshape(-1))
+        s(self, "presence", exact_ints(self.presence, np.uint8, "presence", bad_code).reshape(-1))
+        if self.hist_rows is not None and self.histograms is not None:
+            s(
+                self,
+                "hist_rows",
+                exact_ints(self.hist_rows, np.int64, "hist_rows", bad_code).reshape(-1),
+            )
+            s(self, "histograms", exact_ints(self.histograms, np.int64, "histograms", bad_code))
         try:
-            s(self, "site_ids", np.ascontiguousarray(self.site_ids, dtype=np.int32).reshape(-1))
-            s(self, "presence", np.ascontiguousarray(self.presence, dtype=np.uint8).reshape(-1))
+            if np.asarray(self.spines).dtype.kind not in "iufb":
+                raise TypeError(f"spines of dtype {np.asarray(self.spines).dtype}")
             s(self, "spines", np.ascontiguousarray(self.spines, dtype=np.float64))
-            if self.hist_rows is not None and self.histograms is not None:
-                s(self, "hist_rows", np.ascontiguousarray(self.hist_rows, np.int64).reshape(-1))
-                s(self, "histograms", np.ascontiguousarray(self.histograms, dtype=np.int64))
         except (TypeError, ValueError, OverflowError) as exc:
             raise Refusal(
                 "stat_payload_invalid",

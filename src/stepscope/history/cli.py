@@ -182,7 +182,10 @@ def _show(args: argparse.Namespace) -> int:
 def _verify(args: argparse.Namespace) -> int:
     from stepscope.history.reader import open_history
 
-    h = open_history(args.run)
+    # the top-level CLI passes stepscope.open_run (evaluations decoded too): the same
+    # verification as open_run(path).verify(); this layer alone has only the plain reader
+    opener = getattr(args, "opener", None) or open_history
+    h = opener(args.run)
     report = h.verify()
     for name, code, message in report.failures:
         print(f"FAIL {escape(name)}: [{code}] {escape(message)}")

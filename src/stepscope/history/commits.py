@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,7 @@ from stepscope.history.files import (
     MAX_DECLARED,
     check_dir,
     check_name,
+    json_file_bytes,
     json_sha256,
     parse_json_object,
     read_json,
@@ -48,7 +50,13 @@ from stepscope.history.layout import (
     parse_catalog,
 )
 from stepscope.history.schema import FORMAT, SCHEMA_VERSION, RunRecord
-from stepscope.history.verify import VerifyReport, validate_commit, verify_files
+from stepscope.history.verify import (
+    VerifyReport,
+    commit_inconsistencies,
+    list_chunks,
+    validate_commit,
+    verify_files,
+)
 from stepscope.stats import HistogramDescriptor
 from stepscope.stats.layout import SPINE_WIDTH
 
@@ -68,7 +76,7 @@ class CommittedArtifact:
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
-        if not self.path.is_dir():
+        if not os.path.isdir(self.path):
             raise Refusal(
                 "history_artifact_missing",
                 f"{self.path} is not a directory.",
@@ -112,6 +120,8 @@ class CommittedArtifact:
             torn += self._read_log_rows(name, seal)
         self.torn_tail_bytes = torn
         self._check_segments()
+        #: what the index rows contradict in each other (``verify`` lists them, reads refuse)
+        self.inconsistencies = commit_inconsistencies(self.commits)
         last = self.commits[-1].get("catalog_sha256") if self.commits else None
         #: False when the catalog could not be matched to a checksum: a killed (unsealed) run
         #: whose catalog is newer than its last commit (or was edited). Disclosed by ``verify``.
@@ -125,7 +135,7 @@ class CommittedArtifact:
         got = read_log(path, offset, seal=seal)
         seq0 = self._rows.get(name, 0)
         n = seq0 + len(got.rows)
-        if seal is None and (self.path / "chunks" / _steps_chunk(name, n + 1)).exists():
+        if seal is None and os.path.lexists(self.path / "chunks" / _steps_chunk(name, n + 1)):
             # chunks of commit n + 1 are written only after row n is durable (a kill between
             # chunks and line leaves commit n's chunks only): the log lost rows, unless a live
             # writer appended since the read above, so read again after the check
@@ -156,8 +166,9 @@ class CommittedArtifact:
     def _load_meta(self, manifest_sha256: str, catalog_sha256: str | None) -> None:
         raw = read_regular(self.path / "manifest.json", "manifest", max_bytes=MAX_JSON)
         if hashlib.sha256(raw).hexdigest() != manifest_sha256:
-            raise _ManifestChanged
-        man = parse_json_object(raw, self.path / "manifest.json", "manifest")
+            man = _before_new_segment(raw, manifest_sha256)
+        else:
+            man = parse_json_object(raw, self.path / "manifest.json", "manifest")
         if man.get("format") != FORMAT or man.get("schema_version") != SCHEMA_VERSION:
             raise Refusal(
                 "history_schema_unsupported",
@@ -224,6 +235,14 @@ class CommittedArtifact:
         ignored. :func:`stepscope.runlog.read_eval_log` decodes them into evaluation records, and
         :func:`stepscope.open_run` gives the joint view (``.evals()``, ``.clocks()``).
         """
+        for _attempt in range(3):
+            try:
+                return self._eval_rows()
+            except _SegmentMoved:  # a resume started since this view was read: read it again
+                self.refresh()
+        return self._eval_rows(final=True)
+
+    def _eval_rows(self, final: bool = False) -> list[dict[str, Any]]:
         seal = self.sealed.get(EVAL_LOG)
         got = read_log(self.path / EVAL_LOG, missing_ok=True, what="evaluation log", seal=seal)
         segments = [s.segment_id for s in self.segments]
@@ -238,6 +257,9 @@ class CommittedArtifact:
                     ["restore evals.log from a copy"],
                 )
             if seal is not None and at >= seal["bytes"] and row.get("segment") != open_segment:
+                seg = row.get("segment")
+                if not final and _is_segment_log(self.path, seg):
+                    raise _SegmentMoved  # a newer segment's row: this view predates its start
                 raise Refusal(
                     "history_artifact_corrupt",
                     f"{EVAL_LOG} row at byte {at} was appended after its segment was sealed.",
@@ -251,7 +273,20 @@ class CommittedArtifact:
         Each failure names the step range it leaves unaccounted for; chunks of commits that the
         index does not list (a shortened log) are failures too.
         """
-        report = verify_files(self.path / "chunks", self.commits, self._rows)
+        listing, failures = None, []
+        try:
+            listing = list_chunks(self.path / "chunks")
+        except Refusal as exc:
+            failures.append(("chunks", exc.code, exc.message))
+        # a live writer's commits since the open, read *after* the listing: its next commit's
+        # chunks (written before their row) are then never mistaken for a shortened log
+        try:
+            self.refresh()
+        except Refusal as exc:
+            failures.append(("index.json", exc.code, exc.message))
+        report = verify_files(self.path / "chunks", self.commits, self._rows, listing or [])
+        report.failures[:0] = failures
+        report.failures.extend(self.inconsistencies)
         try:
             self.eval_rows()  # evals.log: every row's sha256, its seal, its position
         except Refusal as exc:
@@ -267,8 +302,45 @@ class CommittedArtifact:
         return out
 
 
+def _is_segment_log(path: Path, segment: Any) -> bool:
+    """Whether ``segment`` names a segment whose log exists (a writer started it)."""
+    return (
+        isinstance(segment, str)
+        and re.fullmatch(r"[A-Za-z0-9_]{1,64}", segment) is not None
+        and os.path.lexists(path / "index" / f"{segment}.log")
+    )
+
+
+class _SegmentMoved(Exception):
+    """``evals.log`` holds a row of a segment started after this view was read."""
+
+
 class _ManifestChanged(Exception):
     """manifest/catalog do not match index.json (a segment start in progress, or damage)."""
+
+
+def _before_new_segment(raw: bytes, manifest_sha256: str) -> dict[str, Any]:
+    """The manifest ``index.json`` names, when ``man`` is it plus one new segment's record.
+
+    A resume writes the manifest with its new segment first, then ``index.json``; a kill (or a
+    read) between the two sees a manifest one segment ahead of the index. That segment has no
+    log and no row yet: the committed run is the manifest without it, and its bytes (rewritten
+    the way the writer writes them) must match the sha256 that ``index.json`` holds. Anything
+    else is damage (or a writer mid-replace: the caller reads again).
+    """
+    try:
+        man = parse_json_object(raw, Path("manifest.json"), "manifest")
+    except Refusal:
+        raise _ManifestChanged from None
+    segs = man.get("segments")
+    if isinstance(segs, list) and len(segs) >= 2:
+        older = {**man, "segments": segs[:-1]}
+        try:
+            if hashlib.sha256(json_file_bytes(older)).hexdigest() == manifest_sha256:
+                return older
+        except (TypeError, ValueError):
+            pass
+    raise _ManifestChanged
 
 
 def _steps_chunk(log: str, seq: int) -> str:

@@ -58,7 +58,10 @@ def _write_all(fd: int, data: bytes, durable: bool) -> None:
     try:
         view = memoryview(data)
         while view:
-            view = view[os.write(fd, view) :]
+            n = os.write(fd, view)
+            if n <= 0:  # a write that makes no progress is a full disk, never a spin
+                raise OSError(errno.ENOSPC, "no progress writing the file")
+            view = view[n:]
         if durable:
             os.fsync(fd)
     finally:
@@ -88,11 +91,19 @@ def atomic_write_bytes(
         fsync_dir(path.parent)
 
 
+def json_file_bytes(obj: Any) -> bytes:
+    """The bytes :func:`atomic_write_json` writes for ``obj`` (indented, standard JSON).
+
+    Deterministic: parsing a file and passing the object back gives the same bytes, so a
+    reader can recompute the sha256 of an edited copy (e.g. a manifest less its last segment).
+    """
+    return (json.dumps(obj, indent=1, allow_nan=False) + "\n").encode()
+
+
 def atomic_write_json(path: Path, obj: Any, *, durable: bool = True) -> None:
     """Atomically write ``obj`` as indented, standard JSON (a bare NaN or infinity raises
     ``ValueError``: spell it with :func:`stepscope.codec.json_float`)."""
-    text = json.dumps(obj, indent=1, allow_nan=False) + "\n"
-    atomic_write_bytes(path, text.encode(), durable=durable)
+    atomic_write_bytes(path, json_file_bytes(obj), durable=durable)
 
 
 def _kind_refusal(path: Path, what: str, kind: str) -> Refusal:
@@ -265,6 +276,8 @@ def append_log_row(path: Path, row: dict[str, Any], *, durable: bool = True) -> 
             view, pos = memoryview(line), end
             while view:
                 n = os.pwrite(fd, view, pos)
+                if n <= 0:  # a write that makes no progress is a full disk, never a spin
+                    raise OSError(errno.ENOSPC, "no progress writing the log")
                 view, pos = view[n:], pos + n
             if durable:
                 os.fsync(fd)

@@ -27,6 +27,7 @@ import numpy as np
 
 from stepscope.errors import Refusal
 from stepscope.history.batch import REDUCTION_DTYPES, ObservationBatch, code_of, member_of
+from stepscope.history.inputs import as_stored
 from stepscope.history.schema import (
     FORMAT,
     SiteRecord,
@@ -127,7 +128,8 @@ def decode_steps(rows: np.ndarray) -> list[StepBlockRecord]:
         return None if np.isnan(v) else float(v)
 
     return [
-        StepBlockRecord(
+        as_stored(
+            StepBlockRecord,
             optimizer_step=int(r["step"]),
             examples_seen=opt(r["examples_seen"]),
             epoch=opt(r["epoch"]),

@@ -50,13 +50,19 @@ def check_commit_policy(steps: Any, seconds: Any, pending: Any) -> None:
         if v is None and name == "max_pending_steps":
             continue
         if isinstance(v, bool) or not isinstance(v, int):
-            raise TypeError(f"{name} must be an int, not {type(v).__name__}")
+            raise Refusal(
+                "settings_invalid",
+                f"{name} must be an int, not {type(v).__name__}.",
+                [f"pass {name}= a plain int >= 1, e.g. {name}=32"],
+            )
         if v < 1:
             raise Refusal("settings_invalid", f"{name} must be >= 1, not {v}.")
     if seconds is not None:
         if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
-            raise TypeError(
-                f"commit_seconds must be a number or None, not {type(seconds).__name__}"
+            raise Refusal(
+                "settings_invalid",
+                f"commit_seconds must be a number or None, not {type(seconds).__name__}.",
+                ["pass commit_seconds= a finite number > 0, e.g. 10.0, or None"],
             )
         if not (seconds > 0 and seconds != float("inf")):
             raise Refusal(

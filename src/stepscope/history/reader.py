@@ -36,7 +36,6 @@ Example
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -47,18 +46,17 @@ from stepscope.history.batch import OBSERVED, code_of, member_of
 from stepscope.history.commits import EVAL_LOG, MAX_JSON, CommittedArtifact
 from stepscope.history.decode import records_from_rows
 from stepscope.history.files import sha256_file
-from stepscope.history.frames import series_frame, series_label, series_text, site_int_refusal
+from stepscope.history.frames import series_label, site_int_refusal
 from stepscope.history.layout import TABLES, decode_steps, histogram_dtype, npy_load
 from stepscope.history.schema import (
     ObservationRecord,
     Phase,
-    Presence,
     SiteRecord,
     StepBlockRecord,
     Stream,
 )
-from stepscope.history.verify import check_codes
-from stepscope.stats import Histogram, HistogramDescriptor
+from stepscope.history.series import HistogramSeries, Series, check_steps
+from stepscope.history.verify import VerifyReport, check_chunk, check_codes
 from stepscope.stats.layout import FIELD_INDEX, SPINE_FIELDS
 
 __all__ = [
@@ -70,58 +68,6 @@ __all__ = [
     "check_steps",
     "open_history",
 ]
-
-
-@dataclass(frozen=True)
-class Series:
-    """A step-indexed series. ``values`` is NaN wherever ``valid`` is False (never 0).
-
-    ``presence`` holds :class:`Presence` storage codes (see :meth:`presence_names`);
-    ``valid`` is ``presence == observed`` and a defined value (e.g. ``min`` of an all-NaN tensor
-    is not defined). ``name``, ``stream``, ``cadence`` (its spine cadence in steps) say what it
-    is; ``print(series)`` shows them beside a step/value table (:mod:`~stepscope.history.frames`).
-    """
-
-    field: str
-    steps: np.ndarray
-    values: np.ndarray
-    presence: np.ndarray
-    valid: np.ndarray
-    site_ids: np.ndarray
-    name: str = ""
-    stream: str = ""
-    cadence: int | None = None
-
-    def __repr__(self) -> str:
-        return series_text(self)
-
-    def to_pandas(self) -> Any:
-        """A ``pandas.DataFrame`` with columns ``step``, ``value``, ``presence`` (names)."""
-        return series_frame(self)
-
-    @property
-    def valid_count(self) -> int:
-        """Number of steps holding a defined value."""
-        return int(self.valid.sum())
-
-    def presence_names(self) -> np.ndarray:
-        """``presence`` as strings (``"observed"``, ``"not_scheduled"``, ...)."""
-        names = np.array(["invalid", *(p.value for p in Presence)])
-        return names[self.presence]
-
-
-@dataclass(frozen=True)
-class HistogramSeries:
-    """Histogram rows of one site/stream, only at the steps where one was taken."""
-
-    steps: np.ndarray
-    site_ids: np.ndarray
-    counts: np.ndarray
-    descriptor: HistogramDescriptor
-
-    def histogram(self, i: int) -> Histogram:
-        """Row ``i`` as a ``stepscope.stats.Histogram``."""
-        return Histogram.from_vector(self.counts[i], self.descriptor)
 
 
 class HistoryReader(CommittedArtifact):
@@ -162,7 +108,7 @@ class HistoryReader(CommittedArtifact):
                 out.append((row, f))
         return out
 
-    def _load(self, f: dict[str, Any]) -> np.ndarray:
+    def _load(self, f: dict[str, Any], row: dict[str, Any], cache: bool = True) -> np.ndarray:
         name = f["name"]
         key = (name, f["sha256"], f["table"], f.get("counts_dtype"))
         cached = self._cache.get(key)
@@ -190,7 +136,9 @@ class HistoryReader(CommittedArtifact):
         if len(array) != f["rows"]:
             raise Refusal("history_artifact_corrupt", f"chunk {name} row count differs.", [])
         check_codes(array, f["table"], name, self.sites, self.scalar_names, self.disclosures)
-        self._cache[key] = array
+        check_chunk(array, row, f)
+        if cache:
+            self._cache[key] = array
         return array
 
     def table(
@@ -204,12 +152,15 @@ class HistoryReader(CommittedArtifact):
         if table not in TABLES:
             raise Refusal("history_series_unknown", f"unknown table {table!r}; one of {TABLES}.")
         steps = check_steps(steps)
+        if self.inconsistencies:  # checksums hold, but the index contradicts itself
+            _name, code, message = self.inconsistencies[0]
+            raise Refusal(code, message, ["run `stepscope verify` to list every inconsistency"])
         sv = (
             None if stream is None else parse_enum(Stream, stream, "stream", "stream_unknown").value
         )
         parts = []
         for row, f in self._selected(table, sv, steps, site_ids):
-            arr = self._load(f)
+            arr = self._load(f, row)
             cutoff = self._cutoff[row["segment"]]
             if steps is None and site_ids is None and row["step_hi"] < cutoff:
                 parts.append(arr)  # the whole chunk is in view: no mask to build
@@ -229,7 +180,15 @@ class HistoryReader(CommittedArtifact):
     def steps(self) -> np.ndarray:
         """Committed optimizer steps (int64, increasing)."""
         if self._steps is None:
-            self._steps = np.sort(self.table("steps")["step"])
+            steps = np.sort(self.table("steps")["step"])
+            if len(steps) > 1 and not np.all(np.diff(steps) > 0):
+                twice = np.unique(steps[1:][np.diff(steps) == 0])[:5].tolist()
+                raise Refusal(
+                    "history_artifact_inconsistent",
+                    f"{self.path} holds steps {twice} in more than one commit.",
+                    ["restore the artifact from a copy", "run `stepscope verify`"],
+                )
+            self._steps = steps
         return self._steps
 
     def step_blocks(self, steps: tuple[int, int] | None = None) -> list[StepBlockRecord]:
@@ -253,6 +212,12 @@ class HistoryReader(CommittedArtifact):
         return np.array(ids, dtype=np.int32)
 
     def _cells(self, table: str, site: Any, stream: Any, phase: Any, steps: Any, micro: Any):
+        if stream is None:  # table(stream=None) is every stream: a series is one stream's
+            raise Refusal(
+                "stream_unknown",
+                "a series needs its stream; None would mix every stream's rows.",
+                ["pass stream= one of " + ", ".join(s.value for s in Stream)],
+            )
         if isinstance(site, (int, np.integer)):  # series(1, ...) meant the site named "1"
             raise site_int_refusal(site, self.sites)
         ids = self.site_ids(site)
@@ -350,31 +315,36 @@ class HistoryReader(CommittedArtifact):
         hist = self.table("histograms", stream, steps, ids)
         return records_from_rows(obs, hist, self.disclosures, self.descriptor)
 
+    def verify(self) -> VerifyReport:
+        """Every chunk's sha256 (see :meth:`CommittedArtifact.verify`), and its consistency.
+
+        Each chunk whose bytes match is decoded and checked against its index entry (steps
+        within the commit's range, its stream and sites, its row count and codes); each failure
+        is listed, and steps held by more than one commit are one more. A live run is verified
+        as of the commits read (:meth:`refresh` picks up newer ones): a commit in progress is
+        never damage.
+        """
+        report = super().verify()
+        broken = {name for name, _, _ in report.failures}
+        for row in self.commits:
+            for f in row["files"]:
+                if f["name"] in broken or f["table"] not in TABLES:
+                    continue
+                try:
+                    self._load(f, row, cache=False)  # one chunk at a time in RAM
+                except Refusal as exc:
+                    report.failures.append((f["name"], exc.code, exc.message))
+        if not report.failures:
+            try:
+                self._steps = None
+                _ = self.steps
+            except Refusal as exc:
+                report.failures.append(("steps", exc.code, exc.message))
+        return report
+
     def clear_cache(self) -> None:
         """Forget decoded chunks (they are re-read and re-verified on next use)."""
         self._cache.clear()
-
-
-def check_steps(steps: Any) -> tuple[int, int] | None:
-    """An inclusive ``(first, last)`` step range of ints, or None; else ``history_query_invalid``.
-
-    >>> check_steps([2, 5])
-    (2, 5)
-    """
-    if steps is None:
-        return None
-    if (
-        not isinstance(steps, (tuple, list))
-        or len(steps) != 2
-        or not all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in steps)
-        or steps[0] > steps[1]
-    ):
-        raise Refusal(
-            "history_query_invalid",
-            f"steps={steps!r} is not an inclusive (first, last) pair of ints.",
-            ["pass steps=(first, last) with first <= last, or None for all steps"],
-        )
-    return int(steps[0]), int(steps[1])
 
 
 def open_history(path: str | os.PathLike[str]) -> HistoryReader:

@@ -24,6 +24,7 @@ from typing import Any
 from stepscope._version import __version__
 from stepscope.errors import Refusal
 from stepscope.history.fields import _finite, _mapping, _need, _opt
+from stepscope.history.inputs import as_stored, check_step, check_text
 from stepscope.stats import HistogramDescriptor
 
 #: Artifact format name and the schema version this code writes and reads.
@@ -70,6 +71,22 @@ class RunRecord:
     world_size: int = 1
     created_unix: float = 0.0
     extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name in ("run_id", "segment_id"):  # printed, used in tags and file names: printable
+            value = check_text(getattr(self, name), name, limit=200)
+            if not value.isprintable():
+                raise Refusal(
+                    "history_write_invalid",
+                    f"{name} {value!r} holds control characters (terminal escapes, newlines).",
+                    [f"pass {name}= printable text, e.g. 'resnet-lr3e-4'"],
+                )
+        if self.resumed_at_step is not None:
+            check_step(self.resumed_at_step, "resumed_at_step")
+        for name, low in (("rank", 0), ("world_size", 1)):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or not low <= v < 2**31:
+                raise Refusal("history_write_invalid", f"{name} {v!r} is not an int >= {low}.")
 
     @classmethod
     def new(cls, run_id: str | None = None, **fields: Any) -> RunRecord:
@@ -123,7 +140,8 @@ class RunRecord:
                 f"run record has schema version {version}; this stepscope reads {SCHEMA_VERSION}.",
                 ["open it with the stepscope version that wrote it"],
             )
-        return cls(
+        return as_stored(
+            cls,
             schema_version=version,
             run_id=_need(d, "run_id", str, w),
             segment_id=_need(d, "segment_id", str, w),

@@ -29,6 +29,7 @@ from typing import Any
 from stepscope.codec import parse_enum
 from stepscope.errors import Refusal
 from stepscope.history.fields import _need, _opt
+from stepscope.history.inputs import as_stored, check_step, finite_or_none, natural_or_none
 from stepscope.history.runrecord import FORMAT, SCHEMA_VERSION, RunRecord, package_versions
 from stepscope.history.vocab import (
     GRADIENT_STREAMS,
@@ -175,8 +176,15 @@ class StepBlockRecord:
             "provenance",
             parse_enum(StepProvenance, self.provenance, "provenance", "history_json_invalid"),
         )
-        if self.optimizer_step < 0:
-            raise Refusal("history_json_invalid", "optimizer_step must be >= 0.", [])
+        check_step(self.optimizer_step, "optimizer_step")
+        object.__setattr__(self, "optimizer_step", int(self.optimizer_step))
+        object.__setattr__(
+            self, "examples_seen", natural_or_none(self.examples_seen, "examples_seen")
+        )
+        object.__setattr__(self, "epoch", natural_or_none(self.epoch, "epoch"))
+        object.__setattr__(self, "wall_time", finite_or_none(self.wall_time, "wall_time"))
+        if not isinstance(self.truth, StepTruth):
+            raise Refusal("history_write_invalid", f"truth {self.truth!r} is not a StepTruth.")
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe dictionary."""
@@ -194,7 +202,8 @@ class StepBlockRecord:
         """Inverse of :meth:`to_dict`."""
         w = "step block"
         wall = _opt(d, "wall_time", (int, float), w)
-        return cls(
+        return as_stored(
+            cls,
             optimizer_step=_need(d, "optimizer_step", int, w),
             examples_seen=_opt(d, "examples_seen", int, w),
             epoch=_opt(d, "epoch", int, w),

@@ -18,6 +18,7 @@ deleted log (``history_index_incomplete``) instead of showing a shorter run.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -148,6 +149,57 @@ def read_resume(path: Path, at_step: int | None, run: RunRecord | None) -> Resum
     )
 
 
+def make_run_dir(path: Path) -> None:
+    """Create the run directory (and its parents), refusing with a code where that cannot work.
+
+    A name with NUL, too long a name, a file (or ``/dev/null``) in the way, a full or read-only
+    disk: ``history_output_unwritable`` (never a raw ``OSError``); a link: ``history_file_kind_invalid``.
+    """
+    try:
+        if os.path.islink(path):
+            raise Refusal(
+                "history_file_kind_invalid",
+                f"output directory {path} is a symbolic link.",
+                ["pass the real directory, not a link to it"],
+            )
+        path.mkdir(parents=True, exist_ok=True)
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise PermissionError(13, "not writable")
+    except Refusal:
+        raise
+    except (OSError, ValueError) as exc:
+        why = getattr(exc, "strerror", None) or str(exc)
+        raise Refusal(
+            "history_output_unwritable",
+            f"output directory {str(path)[:200]!r} cannot be created or written ({why}).",
+            [
+                "pass output_dir= a plain path (no NUL, each name under 255 bytes) on a writable disk"
+            ],
+        ) from None
+
+
+def committed_artifact(path: Path) -> bool:
+    """Whether ``path`` holds an artifact that a commit may have written to.
+
+    ``index.json`` is written before the first commit, so a directory with a manifest but no
+    ``index.json`` and no chunk or index row is a creation killed half-way: nothing was committed,
+    and a new writer may start it afresh. Anything more (a lost ``index.json`` beside committed
+    chunks) is an artifact, never overwritten.
+    """
+    if os.path.lexists(path / "index.json"):
+        return True
+    if not os.path.lexists(path / "manifest.json"):
+        return False
+    try:
+        chunks = [p for p in (path / "chunks").iterdir() if not p.name.startswith(".")]
+        logs = [p for p in (path / "index").iterdir() if p.is_symlink() or p.stat().st_size]
+    except FileNotFoundError:
+        chunks, logs = [], []
+    except OSError:
+        return True  # unreadable: treat as an artifact (never overwritten)
+    return bool(chunks or logs)
+
+
 def lock_writer(path: Path) -> int | None:
     """Hold an exclusive advisory lock on ``path/writer.lock``; returns its descriptor.
 
@@ -163,6 +215,12 @@ def lock_writer(path: Path) -> int | None:
     try:
         fd = os.open(path / "writer.lock", flags, 0o644)
     except OSError as exc:
+        if exc.errno not in (errno.ELOOP, errno.EISDIR, errno.ENOTDIR, errno.EMLINK):
+            raise Refusal(
+                "history_output_unwritable",
+                f"{path / 'writer.lock'} cannot be created ({exc.strerror}).",
+                ["free disk space or remount the output read-write", "or pick another output_dir"],
+            ) from None
         raise Refusal(
             "history_file_kind_invalid",
             f"{path / 'writer.lock'} cannot be opened as a plain file ({exc.strerror}).",

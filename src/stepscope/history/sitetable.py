@@ -10,6 +10,7 @@ from dataclasses import replace
 from typing import Any
 
 from stepscope.errors import Refusal
+from stepscope.history.inputs import check_step, check_text
 from stepscope.history.schema import SiteRecord
 
 
@@ -52,6 +53,13 @@ class SiteTable:
         one; it never re-binds.
         """
         self._check_open()
+        check_text(name, "site name")
+        check_text(module_type, "module_type")
+        check_text(signature, "signature", limit=10_000)
+        if label is not None:
+            check_text(label, "label")
+        if step is not None:
+            check_step(step, "register_site step")
         current = self._active.get(name)
         if current is not None:
             site = self.sites[current]

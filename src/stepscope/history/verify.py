@@ -19,7 +19,7 @@ import numpy as np
 
 from stepscope.errors import Refusal
 from stepscope.history.files import MAX_DECLARED, check_dir, check_name, read_regular
-from stepscope.history.layout import COUNT_DTYPES
+from stepscope.history.layout import COUNT_DTYPES, TABLES
 from stepscope.stats.layout import REDUCTION_DTYPES
 
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
@@ -123,6 +123,87 @@ def check_codes(
             need((d >= -1) & (d < len(disclosures)), "disclosure ids")
 
 
+def _inconsistent(what: str) -> Refusal:
+    return Refusal(
+        "history_artifact_inconsistent",
+        f"{what}.",
+        ["restore the artifact from a copy", "run `stepscope verify` to list every inconsistency"],
+    )
+
+
+def commit_inconsistencies(commits: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
+    """What the index rows contradict in each other, checksums aside (each as a verify failure).
+
+    A commit names its chunks ``<segment>-<seq>-<table>[-<stream>].npy``: a chunk named by a row
+    of another segment or sequence number, under another table or stream, or named twice, is a
+    row copied, renumbered or relabelled (re-signed or not). The rows' own ``seq`` order is
+    checked where they are read (:mod:`stepscope.history.commits`).
+    """
+    out: list[tuple[str, str, str]] = []
+    seen: dict[str, int] = {}
+    for k, row in enumerate(commits):
+        prefix = f"{row['segment']}-{row['seq']:07d}-"
+        for f in row["files"]:
+            name = f["name"]
+            if f["table"] not in TABLES:  # a newer writer's table: skipped by this reader
+                continue
+            expected = f"{prefix}{f['table']}" + (f"-{f['stream']}" if f["stream"] else "") + ".npy"
+            if name != expected:
+                out.append(
+                    (
+                        name,
+                        "history_artifact_inconsistent",
+                        f"commit {row['seq']} of segment {row['segment']} names chunk {name}, "
+                        f"but its {f['table']}/{f['stream']} chunk is {expected} "
+                        f"({_steps_of(row)})",
+                    )
+                )
+            if name in seen:
+                out.append(
+                    (
+                        name,
+                        "history_artifact_inconsistent",
+                        f"chunk {name} is named by commits {seen[name]} and {k} ({_steps_of(row)})",
+                    )
+                )
+            seen.setdefault(name, k)
+    return out
+
+
+def check_chunk(rows: np.ndarray, row: dict[str, Any], f: dict[str, Any]) -> None:
+    """Refuse ``history_artifact_inconsistent`` where a chunk contradicts its index entry.
+
+    Every row's step lies in the commit's ``step_lo..step_hi``; a steps chunk holds ``n_steps``
+    increasing steps; an observation or histogram chunk holds only its entry's stream and sites
+    within its ``site_lo..site_hi``. (The bytes' sha256 is checked before this.)
+    """
+    from stepscope.history.vocab import Stream
+
+    name = f["name"]
+    if not len(rows):
+        return
+    step = rows["step"]
+    if step.min() < row["step_lo"] or step.max() > row["step_hi"]:
+        raise _inconsistent(
+            f"chunk {name} holds steps {int(step.min())}..{int(step.max())} outside its commit's "
+            f"steps {row['step_lo']}..{row['step_hi']}"
+        )
+    if f["table"] == "steps":
+        if len(rows) != row["n_steps"] or (len(step) > 1 and not np.all(np.diff(step) > 0)):
+            raise _inconsistent(
+                f"chunk {name} holds {len(rows)} steps, not {row['n_steps']} increasing ones"
+            )
+    elif f["table"] in ("observations", "histograms"):
+        streams = list(Stream)
+        want = [i + 1 for i, s in enumerate(streams) if s.value == f["stream"]]
+        if not want or not np.all(rows["stream"] == want[0]):
+            raise _inconsistent(f"chunk {name} holds rows of another stream than {f['stream']!r}")
+        site = rows["site"]
+        if "site_lo" in f and (site.min() < f["site_lo"] or site.max() > f["site_hi"]):
+            raise _inconsistent(
+                f"chunk {name} holds sites outside its entry's {f['site_lo']}..{f['site_hi']}"
+            )
+
 
 @dataclass(frozen=True)
 class VerifyReport:
@@ -159,13 +240,33 @@ def _steps_of(row: dict[str, Any]) -> str:
     return f"steps {row['step_lo']}..{row['step_hi']} unaccounted for"
 
 
+def list_chunks(chunk_dir: Path) -> list[str]:
+    """The names in ``chunks/`` (sorted); a missing or linked directory refuses with a code."""
+    try:
+        return sorted(p.name for p in check_dir(chunk_dir, "chunk directory").iterdir())
+    except Refusal:
+        raise
+    except OSError as exc:  # an unreadable directory (another user's run)
+        raise Refusal(
+            "history_artifact_missing",
+            f"chunk directory {chunk_dir} cannot be listed ({exc.strerror}).",
+            ["read the run as a user who may list chunks/", "or copy the run first"],
+        ) from None
+
+
 def verify_files(
-    chunk_dir: Path, commits: list[dict[str, Any]], log_rows: dict[str, int] | None = None
+    chunk_dir: Path,
+    commits: list[dict[str, Any]],
+    log_rows: dict[str, int] | None = None,
+    listing: list[str] | None = None,
 ) -> VerifyReport:
     """Recompute the sha256 of each indexed chunk file under ``chunk_dir``.
 
     ``log_rows`` (rows read per segment log) lets chunks of unindexed *later* commits be reported
     as a shortened log (a killed commit leaves only the very next commit's chunks: an orphan).
+    ``listing`` is ``chunks/`` as listed *before* ``log_rows`` were read (default: listed here):
+    a live writer writes commit ``k``'s chunks only after row ``k - 1`` is durable, so a listing
+    taken first never shows chunks beyond the next commit of the rows read after it.
     """
     failures: list[tuple[str, str, str]] = []
     nbytes = 0
@@ -189,11 +290,12 @@ def verify_files(
                     )
                 )
     named = {f["name"] for r in commits for f in r["files"]}
-    try:
-        listing = sorted(p.name for p in check_dir(chunk_dir, "chunk directory").iterdir())
-    except Refusal as exc:
-        failures.append((chunk_dir.name, exc.code, exc.message))
-        listing = []
+    if listing is None:
+        try:
+            listing = list_chunks(chunk_dir)
+        except Refusal as exc:
+            failures.append((chunk_dir.name, exc.code, exc.message))
+            listing = []
     orphans = [n for n in listing if n not in named]
     shortened: dict[str, int] = {}
     for name in orphans:  # <segment>-<seq>-<table>.npy beyond the next commit: a lost row

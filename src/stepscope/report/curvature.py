@@ -56,9 +56,11 @@ def _epoch_of(name: str) -> int:
 
 def load_checkpoint(path: Path) -> dict[str, Any]:
     """Read one curvature JSON; refuses ``report_input_invalid`` if it is not a panel file."""
+    from stepscope.history.files import read_regular  # regular file, bounded, no link followed
+
     try:
-        doc = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
+        doc = json.loads(read_regular(path, "curvature panel", max_bytes=64 << 20).decode())
+    except (OSError, ValueError, RecursionError) as exc:
         raise Refusal(
             "report_input_invalid",
             f"{path} is not readable JSON ({exc}).",

@@ -14,6 +14,7 @@ Example
 from __future__ import annotations
 
 import json
+import os
 from typing import Any
 
 from stepscope.report.model import Item, ReportRun, Section, Table, fmt, fmt_unix, no_data
@@ -83,9 +84,11 @@ def _telemetry_accounting(r: ReportRun) -> Item | None:
     """``RUN/telemetry.json`` (written by ``stepscope demo``): what the telemetry seconds were spent
     on (probe, serialisation, snapshots, checkpoints, hooks) and the overall fraction."""
     path = r.path / "telemetry.json"
-    if not path.exists():
+    if not os.path.lexists(path):
         return None
-    doc = json.loads(path.read_text())
+    from stepscope.history.files import read_json  # the one safe reader: regular, bounded
+
+    doc = read_json(path, "telemetry record", max_bytes=1 << 20)
     rows: list[list[str]] = []
     _flat("", {k: v for k, v in doc.items() if k != "cadence_qualification"}, rows)
     return Table(

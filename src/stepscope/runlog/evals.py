@@ -35,6 +35,7 @@ import numpy as np
 
 from stepscope.codec import float_from_json, json_float
 from stepscope.errors import Refusal
+from stepscope.history.inputs import natural_or_none
 from stepscope.history.reader import EVAL_LOG as EVAL_LOG  # the artifact names the file
 from stepscope.runlog.names import HASH_WIDTH, METRIC_WIDTH, SPLIT_WIDTH, check_label
 
@@ -76,7 +77,6 @@ def expand_confusion(metrics: Mapping[str, Any]) -> dict[str, Any]:
     for p, count in enumerate(counts.sum(0).tolist()):
         out[f"predicted_counts/{p}"] = count
     return out
-_MAX_COUNT = 1 << 62
 
 
 def check_count(value: Any, what: str) -> int | None:
@@ -87,17 +87,7 @@ def check_count(value: Any, what: str) -> int | None:
     >>> check_count(8, "examples")
     8
     """
-    if value is None:
-        return None
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, (int, np.integer))
-        or not 0 <= value <= _MAX_COUNT
-    ):
-        raise Refusal(
-            "runlog_value_invalid", f"{what} {str(value)[:40]} is not an int in 0..2**62 or None."
-        )
-    return int(value)
+    return natural_or_none(value, what, "runlog_value_invalid")
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,7 @@ import torch
 
 from stepscope import transfer
 from stepscope.errors import Refusal
+from stepscope.history.inputs import check_step
 from stepscope.runlog.names import (
     BRANCH_PREFIX,
     BranchField,
@@ -153,8 +154,8 @@ class PendingStep:
             parsed = parse_branch_scalar(name)
             if parsed is not None and parsed[0] in self._masks:
                 _refuse_clash(name, parsed[0])
-        if step is not None and (isinstance(step, bool) or not isinstance(step, int) or step < 0):
-            raise Refusal("runlog_step_invalid", f"step {step!r} is not an int >= 0.", [])
+        if step is not None:  # at log() time, never at the next step boundary
+            step = check_step(step, "step", "runlog_step_invalid")
         self._scalars[(name, step)] = _host_or_tensor(value, f"scalar {name!r}")
 
     def add_mask(
@@ -173,7 +174,10 @@ class PendingStep:
         """
         check_label(name, "branch name", 200)
         if nominal_macs_per_unit is not None and not (
-            math.isfinite(nominal_macs_per_unit) and nominal_macs_per_unit >= 0
+            isinstance(nominal_macs_per_unit, (int, float))
+            and not isinstance(nominal_macs_per_unit, bool)
+            and math.isfinite(nominal_macs_per_unit)
+            and nominal_macs_per_unit >= 0
         ):
             raise Refusal(
                 "runlog_mask_invalid", "nominal_macs_per_unit must be finite and >= 0.", []
@@ -188,12 +192,29 @@ class PendingStep:
                 ["pass one boolean (or 0/1) entry per scheduled unit"],
             )
         mask = mask.detach()
+        # a NaN entry is neither active nor inactive (count_nonzero would call it active); a
+        # floating mask is checked here (one sync: pass a bool mask to stay asynchronous)
+        if mask.is_floating_point() and bool(torch.isnan(mask).any()):
+            raise Refusal(
+                "runlog_mask_invalid",
+                f"mask of branch {name!r} holds NaN entries (neither active nor inactive).",
+                ["pass a boolean mask, e.g. mask.isfinite() & (mask != 0)"],
+            )
         if branch_dim is None:
             self._add_count(name, mask.count_nonzero(), mask.numel(), nominal_macs_per_unit)
             return
-        dim = branch_dim % mask.dim() if mask.dim() else None
-        if dim is None:
-            raise Refusal("runlog_mask_invalid", "branch_dim needs a mask with dimensions.", [])
+        if (
+            isinstance(branch_dim, bool)
+            or not isinstance(branch_dim, int)
+            or not -mask.dim() <= branch_dim < mask.dim()
+        ):
+            raise Refusal(
+                "runlog_mask_invalid",
+                f"branch_dim {branch_dim!r} is not a dimension of the mask of branch {name!r} "
+                f"(shape {tuple(mask.shape)}).",
+                [f"pass branch_dim= an int in {-mask.dim()}..{mask.dim() - 1}"],
+            )
+        dim = branch_dim % mask.dim()
         others = [d for d in range(mask.dim()) if d != dim]
         counts = mask.count_nonzero(dim=others) if others else (mask != 0).to(torch.int64)
         per_branch = mask.numel() // mask.shape[dim]

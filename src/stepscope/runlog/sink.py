@@ -81,15 +81,14 @@ class ArtifactRows:
         from stepscope.history.files import append_log_row
 
         while self.unwritten:
-            row = {**self.unwritten[0], "n": self._rows_before()}  # its position: gaps show
             try:
+                row = {**self.unwritten[0], "n": self._rows_before()}  # its position: gaps show
                 append_log_row(self.path / EVAL_LOG, row, durable=self.writer.durable)
-            except Refusal:  # a refusal (even an OSError-like one) is not a disk fault to retry
-                raise
-            except OSError as exc:
+            except OSError as exc:  # a full disk, or evals.log replaced by a link/directory
+                why = exc.message if isinstance(exc, Refusal) else exc.strerror or exc
                 fault = Refusal(
                     "history_disk_fault",
-                    f"evals.log append failed ({exc.strerror or exc}); {len(self.unwritten)} "
+                    f"evals.log append failed ({why}); {len(self.unwritten)} "
                     "evaluation line(s) kept in RAM and retried.",
                     ["free disk space or remount the output read-write; training continues"],
                 )
@@ -173,8 +172,10 @@ def close_artifact(rows: ArtifactRows, summary: dict[str, Any]) -> Any:
     ``dropped_steps``, ``faults``), with an evaluation line that could not be written counted
     in ``faults``. ``runlog.json`` is a convenience: failing to write it is ignored.
     """
-    rows.flush()
-    report = rows.writer.close()
+    try:
+        rows.flush()  # never raises a fault (kept back and counted); the writer closes regardless
+    finally:
+        report = rows.writer.close()
     try:
         write_summary(rows.path, summary)
     except Refusal:
@@ -185,22 +186,40 @@ def close_artifact(rows: ArtifactRows, summary: dict[str, Any]) -> Any:
 
 
 def write_summary(directory: str | os.PathLike[str] | None, summary: dict[str, Any]) -> None:
-    """Atomically (re)write ``runlog.json`` in an artifact directory (no-op without one)."""
+    """Atomically (re)write ``runlog.json`` in an artifact directory (no-op without one).
+
+    The file carries its own ``sha256`` (of the canonical JSON of the other keys), checked by
+    :func:`read_summary` and by ``open_run(path).verify()``.
+    """
     if directory is None:
         return
-    from stepscope.history.files import atomic_write_json
+    from stepscope.history.files import atomic_write_json, json_sha256
 
-    atomic_write_json(Path(directory) / SUMMARY_FILE, summary, durable=True)
+    body = {k: v for k, v in summary.items() if k != "sha256"}
+    atomic_write_json(Path(directory) / SUMMARY_FILE, {**body, "sha256": json_sha256(body)})
 
 
 def read_summary(directory: str | os.PathLike[str]) -> dict[str, Any] | None:
-    """``runlog.json`` of an artifact, or ``None`` when the run never wrote one."""
-    path = Path(directory) / SUMMARY_FILE
-    if not path.exists():
-        return None
-    from stepscope.history.files import read_json
+    """``runlog.json`` of an artifact, or ``None`` when the run never wrote one.
 
-    return read_json(path, "run-log summary")
+    Read through the artifact's safe reader (a regular file, bounded, no link followed) and
+    checked against its ``sha256``: an edited, truncated or unsigned summary refuses
+    ``history_artifact_corrupt`` (its numbers feed the report's overhead table and ``clocks()``).
+    """
+    path = Path(directory) / SUMMARY_FILE
+    if not os.path.lexists(path):
+        return None
+    from stepscope.history.files import json_sha256, read_json
+
+    summary = read_json(path, "run-log summary", max_bytes=1 << 20)
+    claimed = summary.pop("sha256", None)
+    if claimed != json_sha256(summary):
+        raise Refusal(
+            "history_artifact_corrupt",
+            f"{path} fails its sha256 (edited, damaged, or written before summaries were signed).",
+            ["delete runlog.json (the per-step clock/* rows are authoritative)"],
+        )
+    return summary
 
 
 def read_eval_log(reader: Any) -> list[EvalRecord]:
