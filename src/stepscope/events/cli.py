@@ -148,7 +148,7 @@ def _export_one(run: Path, args: argparse.Namespace, jsonl: str | None) -> int:
         wandb_project=args.wandb_project,
         exponent_view=not args.no_exponent_view,
         overwrite=args.overwrite,
-        progress=None if args.no_progress else progress_bar(f"export {run.name}"),
+        progress=None if args.no_progress else progress_bar(f"export {run.name}", unit="step"),
     )
     if mark is not None and "tensorboard" in report.outputs and not report.subscriber_failures:
         atomic_write_json(Path(report.outputs["tensorboard"]) / EXPORT_MARK, mark)

@@ -59,7 +59,7 @@ def _main(args: argparse.Namespace) -> int:
         endpoints=endpoints,
         histogram_limit=args.histogram_limit,
         overlays=args.overlay,
-        progress=None if args.no_progress else progress_bar("report"),
+        progress=None if args.no_progress else progress_bar("report", unit="section"),
     )
     print(f"wrote {out}")
     return 0
