@@ -75,7 +75,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
-#: The ``stepscope --help`` epilog: exit codes and a first session.
+#: The ``stepscope --help`` epilog: exit codes and a first session. Every example runs as printed
+#: (tests/test_newcomer.py runs each one twice in a fresh directory).
 EPILOG = """\
 exit codes:
   0  success
@@ -84,12 +85,15 @@ exit codes:
   3  refused: stepscope.Refusal; "[code] message" and remedies are printed on stderr
   5  curvature: the panel stopped at its work budget (budget_censored), results so far kept
 
+A RUN is a run directory or a folder of runs, searched like `tensorboard --logdir`.
+
 examples:
-  stepscope demo                                  # train the reference model, write runs/demo
-  stepscope show runs/demo --json                 # the run record, sites, streams as JSON
-  stepscope report runs/demo --out report.html
+  stepscope demo                                  # train the reference study: runs/demo/<variant>-seed<N>
+  stepscope show runs/demo                        # one line per run found under runs/demo
+  stepscope show runs/demo --json                 # every run's record, sites, streams as JSON
+  stepscope report runs/demo --out report.html    # one HTML report over the runs
   stepscope export runs/demo --tensorboard tb     # then: tensorboard --logdir tb
-  stepscope COMMAND --help                        # every option of one command
+  stepscope show --help                           # every option of one command
 """
 
 
@@ -102,21 +106,24 @@ examples:
 """,
     "show": """\
 examples:
-  stepscope show runs/demo
+  stepscope show runs/demo                        # a folder: one line per run under it
+  stepscope show runs/demo/plain-seed0            # one run: record, sites, streams, scalars
   stepscope show runs/demo --json | python -m json.tool
 """,
     "verify": """\
 examples:
   stepscope verify runs/demo                      # exit 0 only when every chunk's sha256 holds
+  stepscope verify runs/demo/plain-seed0          # one run
 """,
     "merge": """\
 examples:
-  stepscope merge runs/ddp/rank000 runs/ddp/rank001 --out runs/ddp-merged
+  stepscope merge runs/ddp --out runs/ddp-merged  # every rank run under runs/ddp
+  stepscope merge runs/ddp/rank000 runs/ddp/rank001 --out runs/ddp-pair
 """,
     "report": """\
 examples:
-  stepscope report runs/demo/plain-seed0 --out report.html
-  stepscope report runs/a runs/b runs/c --out seeds.html --endpoints 0,990
+  stepscope report runs/demo --out report.html    # every run under runs/demo
+  stepscope report runs/demo/plain-seed0 --out plain.html --endpoints 0,50
 """,
     "curvature": """\
 examples:
