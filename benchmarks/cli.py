@@ -35,7 +35,7 @@ def commands(runs: Path, scratch: Path) -> dict[str, list[str]]:
     """Name -> argv after ``python -m stepscope`` (the demo's runs under ``runs``)."""
     one = next(iter(sorted(runs.glob("*-seed*"))))
     return {
-        "--help": ["--help"],
+        "help": ["--help"],
         "show RUN": ["show", str(one)],
         "show FOLDER --json": ["show", str(runs), "--json"],
         "verify RUN": ["verify", str(one)],
@@ -63,9 +63,7 @@ def time_one(argv: list[str], src: Path, repeat: int) -> tuple[list[float], floa
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         if i:  # the first run warms the file cache
             walls.append(wall)
-            cpus.append(
-                after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
-            )
+            cpus.append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
     return walls, statistics.median(cpus)
 
 
@@ -85,6 +83,9 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=5, help="counted runs per command")
     parser.add_argument("--vs", metavar="REV", help="also time the sources of this git revision")
     parser.add_argument("--runs", type=Path, help="a folder holding the demo's runs")
+    parser.add_argument(
+        "--only", nargs="+", metavar="NAME", help="time only these (e.g. help 'show RUN')"
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         scratch = Path(tmp)
@@ -92,8 +93,16 @@ def main() -> None:
         if runs is None:
             runs = scratch / "runs" / "demo"
             subprocess.run(
-                [sys.executable, "-m", "stepscope", "demo", "--quick", "--no-report"]
-                + ["--out", str(runs)],
+                [
+                    sys.executable,
+                    "-m",
+                    "stepscope",
+                    "demo",
+                    "--quick",
+                    "--no-report",
+                    "--out",
+                    str(runs),
+                ],
                 env={**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"},
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
@@ -107,6 +116,8 @@ def main() -> None:
         print(f"{'command':<28}" + "".join(f"{name:>34}" for name in sources))
         print(f"{'':<28}" + f"{'wall median (min-max), cpu':>34}" * len(sources))
         for name, argv in commands(runs, scratch).items():
+            if args.only and name not in args.only:
+                continue
             cells = []
             for src in sources.values():
                 walls, cpu = time_one(argv, src, args.repeat)

@@ -123,7 +123,8 @@ examples:
     "report": """\
 examples:
   stepscope report runs/demo --out report.html    # every run under runs/demo
-  stepscope report runs/demo/plain-seed0 --out plain.html --endpoints 0,50
+
+--endpoints 0,50 picks the optimizer steps whose evaluation rows are compared.
 """,
     "curvature": """\
 examples:
