@@ -11,6 +11,7 @@ The bottom layer: anything may import it, it imports nothing of stepscope.
 from __future__ import annotations
 
 import importlib
+import shutil
 import sys
 import time
 from collections.abc import Callable
@@ -37,7 +38,10 @@ def _tqdm(total: int, label: str, stream: TextIO, unit: str) -> Any | None:
         tqdm = importlib.import_module("tqdm").tqdm
     except ImportError:
         return None
-    return tqdm(total=total, desc=label, file=stream, unit=unit, dynamic_ncols=True, leave=True)
+    size = shutil.get_terminal_size()  # 80x24 where the terminal reports none (tqdm: no bar)
+    return tqdm(
+        total=total, desc=label, file=stream, unit=unit, ncols=size.columns, nrows=size.lines
+    )
 
 
 class Progress:
