@@ -262,5 +262,6 @@ def test_the_readme_quickstart_and_the_self_contained_docs_examples_run_twice(tm
         timeout=900,
         check=False,
     )
-    assert done.returncode == 0, textwrap.shorten(done.stderr[-6000:], 6000)
+    failed = [ln for ln in done.stderr.splitlines() if ln.startswith("FAILED ")]
+    assert done.returncode == 0, (failed, textwrap.shorten(done.stderr[-3000:], 3000))
     assert "refused [" not in done.stderr and "Traceback" not in done.stderr
