@@ -250,9 +250,10 @@ def test_the_readme_quickstart_and_the_self_contained_docs_examples_run_twice(tm
     assert set(NOT_SELF_CONTAINED) <= set(blocks)  # a stale entry goes
     names = [n for n in _self_contained(blocks, here / ".blocks") if n not in NOT_SELF_CONTAINED]
     assert names[0] == "README_0" and len(names) >= 10, names
-    # TODO(lead): remove once h30runs is merged (the quickstart uses WatchSettings(name=...))
+    # TODO(lead): remove once h30runs is merged: the quickstart uses WatchSettings(name=...), and
+    # the trainer callbacks' second run refuses history_run_exists before it (issue 30, finding 1)
     if "name" not in stepscope.WatchSettings.__dataclass_fields__:
-        names.remove("README_0")
+        names = [n for n in names if n not in ("README_0", "integrations_0", "integrations_2")]
     done = subprocess.run(
         [sys.executable, "-c", RUNNER, str(here), *names],
         cwd=here,
