@@ -110,9 +110,11 @@ def test_re_export_refuses_unless_overwrite_and_never_doubles_a_series(ev, tmp_p
     run_dir = tmp_path / "tb" / "run"
     assert _tb_scalar_steps(run_dir, "loss") == [0, 1, 2]
     capsys.readouterr()
-    assert main(args) == 3  # refused: a second export would double every series
-    assert "export_exists" in capsys.readouterr().err
+    assert main(args) == 0  # the same export again writes nothing (it would double every series)
+    assert "already holds this export" in capsys.readouterr().out
     assert _tb_scalar_steps(run_dir, "loss") == [0, 1, 2]
+    assert main([*args, "--axis", "epoch"]) == 3  # another export of it is refused
+    assert "export_exists" in capsys.readouterr().err
     assert main([*args, "--overwrite"]) == 0
     assert _tb_scalar_steps(run_dir, "loss") == [0, 1, 2]  # replaced, not appended
 
@@ -121,7 +123,7 @@ def test_export_prints_progress_per_step(ev, tmp_path, capsys):
     ev.train(tmp_path / "run", n_steps=4)
     assert main(["export", str(tmp_path / "run"), "--jsonl", str(tmp_path / "e.jsonl")]) == 0
     err = capsys.readouterr().err
-    assert "export [" in err and "4/4" in err
+    assert "export run [" in err and "4/4" in err and "step/s" in err
     calls = []
     export_run(
         tmp_path / "run", jsonl=tmp_path / "f.jsonl", progress=lambda d, t: calls.append((d, t))

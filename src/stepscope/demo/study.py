@@ -246,7 +246,11 @@ def train_run(
         log_validation(0)
         for epoch in range(cfg.epochs):
             order = torch.randperm(n, generator=gen)
-            bar = Progress(steps_per_epoch, f"{variant} seed {seed} epoch {epoch + 1}/{cfg.epochs}")
+            bar = Progress(
+                steps_per_epoch,
+                f"{variant} seed {seed} epoch {epoch + 1}/{cfg.epochs}",
+                unit="step",
+            )
             model.train()
             for i in range(steps_per_epoch):
                 idx = order[i * cfg.batch_size : (i + 1) * cfg.batch_size]

@@ -13,17 +13,23 @@ Example
 from __future__ import annotations
 
 import argparse
+import json
+from pathlib import Path
 from typing import Any
 
 from stepscope.events.coordinates import Axis
 
 EPILOG = """\
 examples:
-  stepscope export runs/demo --tensorboard tb          # writes tb/<run name>/ (the run's folder name)
+  stepscope export runs/demo --tensorboard tb          # every run under runs/demo: tb/<run name>/
   tensorboard --logdir tb                               # then open the Scalars page
-  stepscope export runs/demo --tensorboard tb --name baseline --detail full --overwrite
-  stepscope export runs/demo --jsonl demo.jsonl --wandb wb && wandb sync wb/wandb/offline-run-*
-  stepscope export runs/demo --parquet tables            # tables/observations.parquet
+  stepscope export runs/demo/plain-seed0 --tensorboard tb --name baseline --detail full --overwrite
+  stepscope export runs/demo --jsonl demo.jsonl --wandb wb  # demo.<run>.jsonl for each run
+  wandb sync wb/wandb/offline-run-*                     # send the offline W&B runs later
+  stepscope export runs/demo --parquet tables            # tables/<run>/observations.parquet
+
+A second export of an unchanged run into the same DIR writes nothing (the series would double);
+a run that has grown since refuses export_exists unless --overwrite.
 
 exit codes: 0 exported, 1 a tracker failed, 3 refused (e.g. export_exists)
 """
@@ -38,7 +44,10 @@ def register(subparsers: Any) -> None:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("run", help="artifact directory (finished, live or left by a killed run)")
+    p.add_argument(
+        "run",
+        help="artifact directory (finished, live or left by a killed run), or a folder of runs",
+    )
     p.add_argument(
         "--tensorboard",
         metavar="DIR",
@@ -108,19 +117,76 @@ def _parquet(run: str, out: str) -> None:
         )
 
 
-def _export(args: argparse.Namespace) -> int:
-    from stepscope.events.export import export_run
-    from stepscope.progress import progress_bar
+#: Written into ``DIR/<run>/`` after a TensorBoard export: what was exported, so that the same
+#: export again is recognised (and skipped) rather than doubling every series.
+EXPORT_MARK = "stepscope-export.json"
 
+
+def _mark(run: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """What identifies one TensorBoard export of ``run`` with these options."""
+    from stepscope.history.reader import open_history
+
+    h = open_history(run)
+    return {
+        "run": str(run.resolve()),
+        "run_id": h.run.run_id,
+        "steps": len(h.steps),
+        "commits": len(h.commits),
+        "axis": args.axis,
+        "exponent_view": not args.no_exponent_view,
+    }
+
+
+def _exported_before(mark: dict[str, Any], log_dir: str) -> Path | None:
+    """The folder under ``log_dir`` that already holds exactly this export, if any."""
+    for found in sorted(Path(log_dir).glob(f"*/{EXPORT_MARK}")):
+        try:
+            if json.loads(found.read_text()) == mark:
+                return found.parent
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def _export(args: argparse.Namespace) -> int:
+    from stepscope.history.discover import runs_at
+
+    runs = runs_at([args.run], "export")
     if args.parquet:
         _parquet(args.run, args.parquet)
         if not (args.tensorboard or args.jsonl or args.wandb):
             return 0
+    failed = 0
+    for run in runs:
+        jsonl = args.jsonl
+        if jsonl is not None and len(runs) > 1:  # one file per run: demo.jsonl -> demo.<run>.jsonl
+            rel = run.relative_to(args.run).as_posix().replace("/", ".")
+            jsonl = str(Path(jsonl).with_suffix(f".{rel}{Path(jsonl).suffix or '.jsonl'}"))
+        failed += _export_one(run, args, jsonl)
+    return 1 if failed else 0
 
+
+def _export_one(run: Path, args: argparse.Namespace, jsonl: str | None) -> int:
+    from stepscope.events.export import export_run
+    from stepscope.history.files import atomic_write_json
+    from stepscope.progress import progress_bar
+
+    tensorboard, mark = args.tensorboard, None
+    if tensorboard is not None:
+        mark = _mark(run, args)
+        done = None if args.overwrite else _exported_before(mark, tensorboard)
+        if done is not None:
+            print(
+                f"tensorboard: {done} already holds this export of run {mark['run_id']} (the run "
+                "is unchanged since); nothing written (--overwrite writes it again)"
+            )
+            if jsonl is None and args.wandb is None:
+                return 0
+            tensorboard = None
     report = export_run(
-        args.run,
-        tensorboard=args.tensorboard,
-        jsonl=args.jsonl,
+        run,
+        tensorboard=tensorboard,
+        jsonl=jsonl,
         wandb=args.wandb,
         axis=args.axis,
         name=args.name,
@@ -128,8 +194,10 @@ def _export(args: argparse.Namespace) -> int:
         wandb_project=args.wandb_project,
         exponent_view=not args.no_exponent_view,
         overwrite=args.overwrite,
-        progress=None if args.no_progress else progress_bar("export"),
+        progress=None if args.no_progress else progress_bar(f"export {run.name}", unit="step"),
     )
+    if mark is not None and "tensorboard" in report.outputs and not report.subscriber_failures:
+        atomic_write_json(Path(report.outputs["tensorboard"]) / EXPORT_MARK, mark)
     kinds = ", ".join(f"{k} {n}" for k, n in sorted(report.by_kind.items()))
     print(
         f"exported run {report.name} (id {report.run_id}): {report.steps} steps, "

@@ -2,7 +2,7 @@
 
 from stepscope.history.artifact import ArtifactWriter, CloseReport
 from stepscope.history.batch import ObservationBatch, batches_from_records
-from stepscope.history.discover import find_runs, is_run_dir
+from stepscope.history.discover import find_runs, is_run_dir, runs_at
 from stepscope.history.fingerprint import model_fingerprint
 from stepscope.history.merge import (
     fold_micro_batches,
@@ -65,4 +65,5 @@ __all__ = [
     "model_fingerprint",
     "open_history",
     "pick_run",
+    "runs_at",
 ]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -19,18 +20,20 @@ import numpy as np
 def register(subparsers: Any) -> None:
     """Add the history sub-commands to the ``stepscope`` parser."""
     p = subparsers.add_parser("show", help="print a run's record, sites, streams, steps, sizes")
-    p.add_argument("run", help="artifact directory")
+    p.add_argument("run", help="artifact directory, or a folder of runs (a table of them)")
     p.add_argument(
-        "--json", action="store_true", help="print the same facts as one JSON object (for scripts)"
+        "--json",
+        action="store_true",
+        help="print the same facts as one JSON object (for scripts); a folder: {path, runs: [...]}",
     )
     p.set_defaults(func=_show)
     p = subparsers.add_parser(
         "verify", help="recompute every chunk sha256 (exit 0 only if all hold)"
     )
-    p.add_argument("run", help="artifact directory")
+    p.add_argument("run", help="artifact directory, or a folder of runs (each verified)")
     p.set_defaults(func=_verify)
     p = subparsers.add_parser("merge", help="merge per-rank artifacts of one run")
-    p.add_argument("runs", nargs="+", help="rank artifact directories")
+    p.add_argument("runs", nargs="+", help="rank artifact directories, or a folder holding them")
     p.add_argument("--out", required=True, help="output artifact directory (must not exist)")
     p.set_defaults(func=_merge)
 
@@ -129,9 +132,43 @@ def show_payload(h: Any) -> dict[str, Any]:
     }
 
 
-def _show(args: argparse.Namespace) -> int:
+def _show_folder(folder: str, runs: list[Any], as_json: bool) -> int:
+    """``stepscope show FOLDER``: one line per run found under it (or every payload as JSON)."""
     from stepscope.history.reader import open_history
 
+    readers = [open_history(run) for run in runs]
+    if as_json:
+        payloads = [show_payload(h) for h in readers]
+        print(json.dumps({"path": folder, "runs": payloads}, indent=1, sort_keys=True))
+        return 0
+    print(f"{len(runs)} run(s) under {escape(folder)}\n")
+    rows = [["run", "id", "steps", "sites", "scalars", "size"]]
+    for run, h in zip(runs, readers):
+        steps = h.steps
+        span = f"{len(steps)} ({steps[0]}..{steps[-1]})" if len(steps) else "0"
+        size = _human(float(sum(h.sizes().values())))
+        rows.append(
+            [
+                escape(run),
+                escape(h.run.run_id),
+                span,
+                str(len(h.sites)),
+                str(len(h.scalar_names)),
+                size,
+            ]
+        )
+    print(_table(rows))
+    print(f"\none run in full: stepscope show {escape(runs[0])}")
+    return 0
+
+
+def _show(args: argparse.Namespace) -> int:
+    from stepscope.history.discover import runs_at
+    from stepscope.history.reader import open_history
+
+    runs = runs_at([args.run], "show")
+    if runs != [Path(args.run)]:  # a folder of runs
+        return _show_folder(args.run, runs, args.json)
     h = open_history(args.run)
     payload = show_payload(h)
     if args.json:
@@ -180,12 +217,30 @@ def _show(args: argparse.Namespace) -> int:
 
 
 def _verify(args: argparse.Namespace) -> int:
+    from stepscope.history.discover import runs_at
     from stepscope.history.reader import open_history
 
-    # the top-level CLI passes stepscope.open_run (evaluations decoded too): the same
-    # verification as open_run(path).verify(); this layer alone has only the plain reader
+    # the top-level CLI passes stepscope.open_run (evaluations and runlog.json checked too):
+    # the same verification as open_run(path).verify(); this layer alone has the plain reader
     opener = getattr(args, "opener", None) or open_history
-    h = opener(args.run)
+    runs = runs_at([args.run], "verify")
+    if runs == [Path(args.run)]:
+        return _verify_one(runs[0], opener)
+    failed = []
+    for run in runs:
+        print(f"{escape(run)}:")
+        if _verify_one(run, opener):
+            failed.append(run)
+    print(
+        f"{len(failed)} of {len(runs)} runs FAILED: " + ", ".join(escape(r) for r in failed)
+        if failed
+        else f"all {len(runs)} runs ok"
+    )
+    return 1 if failed else 0
+
+
+def _verify_one(run: Path, opener: Any) -> int:
+    h = opener(run)
     report = h.verify()
     for name, code, message in report.failures:
         print(f"FAIL {escape(name)}: [{code}] {escape(message)}")
@@ -207,8 +262,10 @@ def _verify(args: argparse.Namespace) -> int:
 
 
 def _merge(args: argparse.Namespace) -> int:
+    from stepscope.history.discover import runs_at
     from stepscope.history.merge import merge_ranks
 
-    out = merge_ranks(args.runs, args.out)
-    print(f"merged {len(args.runs)} rank artifacts into {out}")
+    runs = runs_at(args.runs, "merge")
+    out = merge_ranks(runs, args.out)
+    print(f"merged {len(runs)} rank artifacts into {out}")
     return 0

@@ -20,9 +20,12 @@ True
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from pathlib import Path
 
-__all__ = ["MANIFEST", "find_runs", "is_run_dir"]
+from stepscope.errors import Refusal
+
+__all__ = ["MANIFEST", "find_runs", "is_run_dir", "runs_at"]
 
 #: The file whose presence makes a directory a run directory.
 MANIFEST = "manifest.json"
@@ -63,3 +66,59 @@ def find_runs(path: str | os.PathLike[str]) -> list[Path]:
             continue
         dirs.sort()
     return sorted(found)
+
+
+def runs_at(paths: Iterable[str | os.PathLike[str]], command: str = "show") -> list[Path]:
+    """The runs that command-line arguments name: each a run directory or a folder of runs.
+
+    Each path goes through :func:`find_runs`; the runs of all paths are kept in order, each once.
+    A directory that holds a ``manifest.json`` of any kind (a damaged run, a linked manifest) is
+    passed through as it is, so that the reader names what is wrong with it.
+
+    Parameters
+    ----------
+    paths
+        What the user typed.
+    command
+        The sub-command, for the remedy's spelling.
+
+    Raises
+    ------
+    Refusal
+        ``history_artifact_missing`` when a path does not exist or holds no run at or below it.
+
+    >>> import tempfile, pathlib
+    >>> root = pathlib.Path(tempfile.mkdtemp())
+    >>> (root / "demo" / "a").mkdir(parents=True)
+    >>> _ = (root / "demo" / "a" / "manifest.json").write_text("{}")
+    >>> [p.name for p in runs_at([root / "demo", root / "demo" / "a"])]
+    ['a']
+    >>> runs_at([root / "nothing"])
+    Traceback (most recent call last):
+    ...
+    stepscope.errors.RefusalStorageError: [history_artifact_missing] ...
+    """
+    found: dict[Path, None] = {}
+    for raw in paths:
+        path = Path(raw)
+        runs = find_runs(path)
+        if not runs and os.path.lexists(path / MANIFEST):
+            runs = [path]
+        if not runs:
+            what = (
+                "does not exist"
+                if not os.path.lexists(path)
+                else (f"holds no stepscope run (no {MANIFEST} in it or in any folder below it)")
+            )
+            raise Refusal(
+                "history_artifact_missing",
+                f"{os.fspath(path)!r} {what}.",
+                [
+                    f"pass a run directory (the output_dir of a run) or a folder of runs: "
+                    f"`stepscope {command} runs` searches runs/ like `tensorboard --logdir`",
+                    f"`stepscope demo` writes runs/demo/<variant>-seed<N>; then "
+                    f"`stepscope {command} runs/demo`",
+                ],
+            )
+        found.update(dict.fromkeys(runs))
+    return list(found)

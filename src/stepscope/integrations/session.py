@@ -39,6 +39,7 @@ stepscope: run ... recording to .../version_0
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import os
 import time
@@ -55,6 +56,14 @@ from stepscope.collect import DEFAULT_STREAMS, HistoryCollector, StepTransaction
 from stepscope.errors import Refusal
 from stepscope.history.versions import default_root, newest_version
 from stepscope.probe import DenseProbe, choose_cadence, write_probe_record
+
+#: Where a run records is said through ``logging`` (this module's logger), as Lightning says its
+#: own: printed on stderr while the application has configured no logging, else its handlers.
+_log = logging.getLogger(__name__)
+if not logging.getLogger().hasHandlers() and not _log.handlers:
+    _log.setLevel(logging.INFO)
+    _log.addHandler(logging.StreamHandler())
+    _log.propagate = False
 
 #: Steps whose training-clock seconds are timed before the probe's cadence is chosen.
 PROBE_TIMING_STEPS = 5
@@ -172,14 +181,15 @@ class TrainerSession:
         default_dir: str | Path | None,
         trainer_step: int,
         rank: int,
-        announce: Callable[[str], None] = print,
+        announce: Callable[[str], None] | None = None,
     ) -> HistoryCollector:
         """Open the collector at the trainer's current optimizer step ``trainer_step``.
 
         ``trainer_step > 0`` (a run resumed from a checkpoint) appends a segment to the existing
         artifact whose steps continue at ``trainer_step`` (``WatchSettings.resume_step``): steps
         recorded after an earlier checkpoint are superseded by the new segment, never duplicated.
-        Rank 0 announces the run directory.
+        Rank 0 announces the run directory (``announce``, by default an INFO line of logger
+        ``stepscope.integrations.session``).
         """
         if self.collector is not None and not self.collector.closed:
             return self.collector
@@ -207,7 +217,9 @@ class TrainerSession:
         self.path = self.collector.path
         if rank == 0:
             where = self.path if self.path is not None else "RAM (in_memory=True)"
-            announce(f"stepscope: run {self.collector.run.run_id} recording to {where}")
+            (announce or _log.info)(
+                f"stepscope: run {self.collector.run.run_id} recording to {where}"
+            )
         if self.probe is not None and trainer_step == 0:
             self._measure_probe(0)
         return self.collector

@@ -12,7 +12,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "report", help="write a self-contained HTML report (plots embedded) over run artifacts"
     )
-    p.add_argument("runs", nargs="+", metavar="RUN", help="run directories (seeds of one recipe)")
+    p.add_argument(
+        "runs",
+        nargs="+",
+        metavar="RUN",
+        help="run directories (seeds of one recipe), or folders of runs (searched recursively)",
+    )
     p.add_argument("--out", required=True, help="HTML file to write")
     p.add_argument(
         "--endpoints",
@@ -40,6 +45,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _main(args: argparse.Namespace) -> int:
+    from stepscope.history.discover import runs_at
     from stepscope.progress import progress_bar
     from stepscope.report.html import render_report
 
@@ -54,13 +60,13 @@ def _main(args: argparse.Namespace) -> int:
                 ["e.g. --endpoints 0,990"],
             ) from None
     out = render_report(
-        args.runs,
+        [str(run) for run in runs_at(args.runs, "report")],
         args.out,
         endpoints=endpoints,
         histogram_limit=args.histogram_limit,
         overlays=args.overlay,
         every_seed=args.every_seed,
-        progress=None if args.no_progress else progress_bar("report"),
+        progress=None if args.no_progress else progress_bar("report", unit="section"),
     )
     print(f"wrote {out}")
     return 0
