@@ -1,4 +1,4 @@
-"""Confident softmax (issue 32 finding 5): the probe and the operators give the true tiny numbers.
+"""Confident softmax: the probe and the operators give the true tiny numbers.
 
 ``Linear(3, 3)`` with weight ``40 I`` on ``x = I``, ``y = [0, 1, 2]``: every ``p_y`` rounds to 1 in
 float64, so torch's cross-entropy backward (``p_y - 1``) returns 0 for the label entry. The

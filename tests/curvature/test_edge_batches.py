@@ -1,4 +1,4 @@
-"""Issue 32 findings 6, 7, 9: kfac_approx in the directional section, all-ignored batches, tied heads.
+"""kfac_approx in the directional section, all-ignored batches, tied heads.
 
 Brute force: float64 per-example autograd loops (tests/probe/oracle.py), each example alone.
 """
@@ -110,7 +110,7 @@ def test_a_tied_head_is_reported_unsupported_and_the_rest_is_analysed():
 
 
 def test_float32_internals_of_a_float64_model_are_recorded_not_hidden():
-    """Finding 10: HF LlamaRMSNorm normalises in float32 inside the float64 analysis copy."""
+    """HF LlamaRMSNorm normalises in float32 inside the float64 analysis copy."""
     from tests.probe.test_hf_verification import build, data
 
     model = build("llama")

@@ -2,7 +2,7 @@
 
 The run name is the run's folder name by default (never its hex id) or ``--name``; ``overwrite``
 deletes the run's export folder before writing, so a name that is not a path of folder names
-below the log directory (``..``, ``.``, ``a//b``, ``../../x``) would point that deletion at the
+below the log directory (``..``, ``.``, ``a//b``, two levels up) would point that deletion at the
 log directory itself or its parent. Such a name refuses ``export_run_name_invalid`` and nothing on
 disk changes.
 """

@@ -1,4 +1,4 @@
-"""Issue 32 findings 1-3, 8: batch-free calls, float-indexed and scaled embeddings, tied owners.
+"""Batch-free calls, float-indexed and scaled embeddings, tied owners.
 
 Every number is checked against the float64 brute force of tests/probe/oracle.py: one
 ``autograd.grad`` per example, each example run alone (a batch of one), so a position table

@@ -1,4 +1,4 @@
-"""Issue 32 verification suite: HF Llama, T5, BART and position-embedding GPTs vs float64 brute force.
+"""Verification suite: HF Llama, T5, BART and position-embedding GPTs vs float64 brute force.
 
 Tiny configs built here (no download). Every parameter of every model must be covered by the
 probe (``record.uncovered_parameters == {}``) and agree with the per-example ``autograd.grad``

@@ -103,7 +103,7 @@ def test_outer_and_gram_agree_with_explicit_sums_for_any_shape(n, d, o, position
 
 
 def test_the_float32_cancellation_number_is_named_a_floor_not_a_bound():
-    """Issue 32 finding 11: at cov/fisher = 2e-9 the estimate (2.8) is below the true error (47)."""
+    """At cov/fisher = 2e-9 the estimate (2.8) is below the true error (47)."""
     import numpy as np
 
     from stepscope.probe.moments import gradient_moments

@@ -1,4 +1,4 @@
-"""Issue 32 finding 4: norm layers resolved by behaviour, uncovered parameters listed.
+"""Norm layers resolved by behaviour, uncovered parameters listed.
 
 The rule (docs/probe.md): a module with a 1-D ``weight``, an optional ``bias`` of the same shape
 and no child parameters is measured when each call's output is ``weight * xhat + bias`` with

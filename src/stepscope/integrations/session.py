@@ -1,5 +1,8 @@
 """The framework-agnostic half of the trainer integrations: one optimizer step at a time.
 
+Over the house's 400 lines on purpose: the one place both trainer callbacks share (run
+directory, resume, manual and automatic optimization), kept whole rather than split by size.
+
 A trainer (Lightning, Hugging Face) calls its callbacks at fixed events; a
 :class:`TrainerSession` turns those events into the collector's explicit spelling::
 

@@ -1,34 +1,81 @@
-"""Run log: user scalars, evaluation rows, clocks and branch activity in the run's history."""
+"""Run log: user scalars, evaluation rows, clocks and branch activity in the run's history.
 
-from stepscope.runlog.clocks import ClockKind, ClockRow, StepClock
-from stepscope.runlog.evals import EVAL_LOG, EvalRecord, check_count
-from stepscope.runlog.masks import withhold_inactive
-from stepscope.runlog.names import (
-    CLOCK_ELAPSED,
-    CLOCK_NAMES,
-    CLOCK_TELEMETRY,
-    CLOCK_TRAINING,
-    BranchField,
-    Split,
-    branch_scalar,
-)
-from stepscope.runlog.pending import BranchActivity, Drained, PendingStep
-from stepscope.runlog.runlog import (
-    RunLog,
-    clock_scalars,
-    make_eval,
-    write_clock_rows,
-    write_eval,
-)
-from stepscope.runlog.sink import (
-    ArtifactRows,
-    MemoryRows,
-    close_artifact,
-    read_eval_log,
-    read_summary,
-    write_summary,
-)
-from stepscope.runlog.view import BranchSeries, Clocks, RunView, ScalarSeries
+Names are imported on first use (PEP 562): reading a run's evaluations and ``runlog.json``
+(``stepscope verify``, ``stepscope show``) loads no torch; writing (``RunLog``, clocks) does.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from stepscope.runlog.clocks import ClockKind, ClockRow, StepClock
+    from stepscope.runlog.evals import EVAL_LOG, EvalRecord, check_count
+    from stepscope.runlog.masks import withhold_inactive
+    from stepscope.runlog.names import (
+        CLOCK_ELAPSED,
+        CLOCK_NAMES,
+        CLOCK_TELEMETRY,
+        CLOCK_TRAINING,
+        BranchField,
+        Split,
+        branch_scalar,
+    )
+    from stepscope.runlog.pending import BranchActivity, Drained, PendingStep
+    from stepscope.runlog.runlog import (
+        RunLog,
+        clock_scalars,
+        make_eval,
+        write_clock_rows,
+        write_eval,
+    )
+    from stepscope.runlog.sink import (
+        ArtifactRows,
+        MemoryRows,
+        close_artifact,
+        read_eval_log,
+        read_summary,
+        write_summary,
+    )
+    from stepscope.runlog.view import BranchSeries, Clocks, RunView, ScalarSeries
+
+#: public name -> the module that defines it
+_WHERE: dict[str, str] = {
+    "ClockKind": "stepscope.runlog.clocks",
+    "ClockRow": "stepscope.runlog.clocks",
+    "StepClock": "stepscope.runlog.clocks",
+    "EVAL_LOG": "stepscope.runlog.evals",
+    "EvalRecord": "stepscope.runlog.evals",
+    "check_count": "stepscope.runlog.evals",
+    "withhold_inactive": "stepscope.runlog.masks",
+    "CLOCK_ELAPSED": "stepscope.runlog.names",
+    "CLOCK_NAMES": "stepscope.runlog.names",
+    "CLOCK_TELEMETRY": "stepscope.runlog.names",
+    "CLOCK_TRAINING": "stepscope.runlog.names",
+    "BranchField": "stepscope.runlog.names",
+    "Split": "stepscope.runlog.names",
+    "branch_scalar": "stepscope.runlog.names",
+    "BranchActivity": "stepscope.runlog.pending",
+    "Drained": "stepscope.runlog.pending",
+    "PendingStep": "stepscope.runlog.pending",
+    "RunLog": "stepscope.runlog.runlog",
+    "clock_scalars": "stepscope.runlog.runlog",
+    "make_eval": "stepscope.runlog.runlog",
+    "write_clock_rows": "stepscope.runlog.runlog",
+    "write_eval": "stepscope.runlog.runlog",
+    "ArtifactRows": "stepscope.runlog.sink",
+    "MemoryRows": "stepscope.runlog.sink",
+    "close_artifact": "stepscope.runlog.sink",
+    "read_eval_log": "stepscope.runlog.sink",
+    "read_summary": "stepscope.runlog.sink",
+    "write_summary": "stepscope.runlog.sink",
+    "BranchSeries": "stepscope.runlog.view",
+    "Clocks": "stepscope.runlog.view",
+    "RunView": "stepscope.runlog.view",
+    "ScalarSeries": "stepscope.runlog.view",
+}
+
 
 __all__ = [
     "CLOCK_ELAPSED",
@@ -64,3 +111,11 @@ __all__ = [
     "write_eval",
     "write_summary",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _WHERE:
+        value = getattr(importlib.import_module(_WHERE[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'stepscope.runlog' has no attribute {name!r}")
