@@ -307,6 +307,12 @@ class Code(str, Enum):
         "an optional dependency is not installed",
         "install the stepscope extra named in the message",
     )
+    EXPORT_DESTINATION_INVALID = (
+        "export_destination_invalid",
+        _INPUT,
+        "an export destination is the wrong kind of path (a file where a folder goes, or back)",
+        "pass --tensorboard a folder (new or existing) and --jsonl/--parquet a file/folder path",
+    )
     EXPORT_EXISTS = (
         "export_exists",
         _STORAGE,

@@ -161,6 +161,12 @@ class HistoryCollector(UserLog):
             raise TypeError(f"model must be a torch.nn.Module, not {type(model).__name__}")
         streams = check_streams(streams)
         self.model = model
+        if settings is not None and not isinstance(settings, WatchSettings):
+            raise Refusal(
+                "settings_invalid",
+                f"settings must be a stepscope.WatchSettings, not {type(settings).__name__}",
+                [f"pass settings=ss.WatchSettings(...), e.g. ss.WatchSettings(name={'run'!r})"],
+            )
         self.settings = settings or WatchSettings()
         self.settings.check_spelling(implicit=optimizer is not None)
         self.streams = streams

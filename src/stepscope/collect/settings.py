@@ -189,13 +189,29 @@ def resolve_cadence(
     return dict.fromkeys(streams, c)
 
 
+def _non_finite(value: Any, where: str = "") -> str | None:
+    """The key path of the first NaN/inf float inside ``value`` (nested mappings and lists)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return where
+    items = (
+        value.items()
+        if isinstance(value, Mapping)
+        else (enumerate(value) if isinstance(value, (list, tuple)) else ())
+    )
+    for k, v in items:
+        found = _non_finite(v, f"{where}[{k!r}]")
+        if found is not None:
+            return found
+    return None
+
+
 def _check_types(s: Any) -> None:
     """Plain ``TypeError`` for a field of the wrong type (never a silent coercion)."""
     ints = ("ram_capacity", "update_sample_size", "update_seed", "commit_steps")
     checks: list[tuple[str, tuple[type, ...], str]] = [(f, (int,), "an int") for f in ints]
     checks += [(f, (bool,), "a bool") for f in ("resume", "durable", "in_memory")]
     checks += [(f, (str,), "a str") for f in ("ram_policy", "kernel_backend")]
-    checks += [("extra", (Mapping,), "a mapping")]
+    checks += [("extra", (Mapping,), "a mapping"), ("output_keys", (Mapping,), "a mapping")]
     for name, kinds, what in checks:
         v = getattr(s, name)
         if not isinstance(v, kinds) or (kinds == (int,) and isinstance(v, bool)):
@@ -399,6 +415,17 @@ class WatchSettings:
             not self.name.strip() or ".." in Path(self.name).parts or Path(self.name).is_absolute()
         ):
             problems.append(f"name {self.name!r} must be a relative folder name (no '..')")
+        if self.event_stream is not None and not (
+            callable(getattr(self.event_stream, "publish", None))
+            and hasattr(self.event_stream, "active")
+        ):
+            problems.append(
+                f"event_stream must be a stepscope.EventStream or None, not "
+                f"{type(self.event_stream).__name__} (event_stream=ss.EventStream())"
+            )
+        bad = _non_finite(self.extra)
+        if bad is not None:
+            problems.append(f"extra{bad} is not finite: the run record holds JSON numbers only")
         if not all(isinstance(k, str) and isinstance(v, str) for k, v in self.output_keys.items()):
             problems.append("output_keys must map site globs to dotted paths (str -> str)")
         if (self.resume_step is not None or self.resume_examples_seen is not None) and not (

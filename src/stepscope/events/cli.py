@@ -17,6 +17,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from stepscope.errors import Refusal
 from stepscope.events.coordinates import Axis
 
 EPILOG = """\
@@ -148,9 +149,29 @@ def _exported_before(mark: dict[str, Any], log_dir: str) -> Path | None:
     return None
 
 
+def _check_destinations(args: argparse.Namespace) -> None:
+    """Refuse ``export_destination_invalid`` before any work: a folder option given an existing
+    file, or the JSONL file option given an existing folder (each once raised a raw OSError)."""
+    folders = {"--tensorboard": args.tensorboard, "--parquet": args.parquet, "--wandb": args.wandb}
+    for flag, value in folders.items():
+        if value is not None and Path(value).exists() and not Path(value).is_dir():
+            raise Refusal(
+                "export_destination_invalid",
+                f"{flag} {value!r} is an existing file; it needs a folder (new or existing).",
+                [f"pass {flag} a folder path, e.g. {flag} tb/"],
+            )
+    if args.jsonl is not None and Path(args.jsonl).is_dir():
+        raise Refusal(
+            "export_destination_invalid",
+            f"--jsonl {args.jsonl!r} is a folder; it needs a file path.",
+            [f"pass --jsonl a file, e.g. --jsonl {Path(args.jsonl) / 'events.jsonl'}"],
+        )
+
+
 def _export(args: argparse.Namespace) -> int:
     from stepscope.history.discover import runs_at
 
+    _check_destinations(args)
     runs = runs_at([args.run], "export")
     if args.parquet:
         _parquet(args.run, args.parquet)

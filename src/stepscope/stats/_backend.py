@@ -29,6 +29,17 @@ def prepare(t: torch.Tensor) -> torch.Tensor:
             f"expected a torch.Tensor, got {type(t).__name__}",
             ["pass tensors (torch.as_tensor(x))"],
         )
+    if t.is_nested or t.layout is not torch.strided:
+        what = "nested" if t.is_nested else str(t.layout).replace("torch.", "")
+        raise Refusal(
+            "stat_dtype_unsupported",
+            f"a {what} tensor has no flat element order to reduce",
+            [
+                "reduce the stored values: t.coalesce().values() (sparse COO) or t.values() "
+                "(CSR/CSC); a nested tensor: torch.cat([x.reshape(-1) for x in t.unbind()])",
+                "or t.to_dense() when the implicit zeros should count",
+            ],
+        )
     t = t.detach()
     if t.is_neg() or t.is_conj():  # lazy views: the memory holds the un-negated values
         t = t.resolve_conj().resolve_neg()

@@ -213,6 +213,15 @@ class RunningStats:
             raise Refusal(
                 "stat_payload_invalid", f"spine row must have shape ({SPINE_WIDTH},), got {v.shape}"
             )
+        counts = v[: len(COUNT_FIELDS)]
+        if not (
+            np.isfinite(counts).all() and (counts >= 0).all() and (counts == np.floor(counts)).all()
+        ):
+            raise Refusal(
+                "stat_payload_invalid",
+                f"spine counts {counts.tolist()} must be whole numbers >= 0 (not NaN or inf)",
+                ["decode rows written by reduce_spines or RunningStats.to_vector"],
+            )
         out = cls()
         out.reduction_dtype = reduction_dtype
         for i, name in enumerate(COUNT_FIELDS):
