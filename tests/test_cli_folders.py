@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from stepscope.cli import main
+from stepscope.events import run_name
 from stepscope.history import (
     ArtifactWriter,
     ObservationBatch,
@@ -133,8 +134,9 @@ def test_export_of_a_folder_writes_each_run_once_however_often_it_is_run(folder,
     assert main(["export", str(folder), "--tensorboard", str(tb), "--jsonl", str(jsonl)]) == 0
     runs = find_runs(folder)
     written = _events(tb)
-    assert sorted({k.split("/")[0] for k in written}) == sorted(
-        open_history(r).run.run_id for r in runs
+    # each run in the folder named after its directory (a version keeps its parent's name)
+    assert sorted({k.rsplit("/", 1)[0] for k in written}) == sorted(
+        run_name(open_history(r).run, r) for r in runs
     )
     for run in runs:  # one JSONL file per run: out.<run>.jsonl, every committed step in it
         rel = run.relative_to(folder).as_posix().replace("/", ".")

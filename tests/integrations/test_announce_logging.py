@@ -41,7 +41,7 @@ def test_the_run_directory_is_announced_on_stderr_by_logging(tmp_path):
     done = _run(START + "start('runs/a')\n", tmp_path)
     assert done.stdout == ""
     assert done.stderr.splitlines()[-1].startswith("stepscope: run ")
-    assert done.stderr.splitlines()[-1].endswith("recording to runs/a")
+    assert done.stderr.splitlines()[-1].endswith("recording to runs/a/version_0")
 
 
 def test_the_applications_logging_configuration_governs_the_announcement(tmp_path):
@@ -56,5 +56,5 @@ def test_the_applications_logging_configuration_governs_the_announcement(tmp_pat
     )
     assert done.stdout == ""
     said = [ln for ln in done.stderr.splitlines() if "recording to" in ln]
-    assert len(said) == 1 and said[0].endswith("recording to runs/a")
+    assert len(said) == 1 and said[0].endswith("recording to runs/a/version_0")
     assert said[0].startswith("LOGGED INFO stepscope.integrations.session stepscope: run ")

@@ -191,7 +191,7 @@ def test_torchrun_two_ranks_write_segments_of_one_run_that_merge(tmp_path):
         cwd=script.parent,
     )
     assert done.returncode == 0, done.stderr[-4000:]
-    assert done.stdout.count("stepscope: run") == 1  # rank 0 alone says where the run is
+    assert (done.stdout + done.stderr).count("stepscope: run ") == 1  # rank 0 alone says where
     ranks = [tmp_path / "stepscope" / "version_0" / f"rank{r:03d}" for r in range(2)]
     readers = [ss.open_history(p) for p in ranks]
     assert [(h.run.rank, h.run.world_size) for h in readers] == [(0, 2), (1, 2)]

@@ -135,12 +135,14 @@ def _mark(run: Path, args: argparse.Namespace) -> dict[str, Any]:
         "commits": len(h.commits),
         "axis": args.axis,
         "exponent_view": not args.no_exponent_view,
+        "name": args.name,
+        "detail": args.detail,
     }
 
 
 def _exported_before(mark: dict[str, Any], log_dir: str) -> Path | None:
     """The folder under ``log_dir`` that already holds exactly this export, if any."""
-    for found in sorted(Path(log_dir).glob(f"*/{EXPORT_MARK}")):
+    for found in sorted(Path(log_dir).rglob(EXPORT_MARK)):  # run names may hold a "/"
         try:
             if json.loads(found.read_text()) == mark:
                 return found.parent

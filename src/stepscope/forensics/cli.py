@@ -24,7 +24,7 @@ from stepscope.history.discover import find_runs
 
 EPILOG = """\
 examples:
-  stepscope spikes runs/a                         # each trigger, the dense steps, layers that moved first
+  stepscope spikes runs/demo                      # each trigger, the dense steps, layers that moved first
   stepscope spikes runs/ --json                   # every run under runs/, as one JSON object
 """
 
