@@ -95,7 +95,7 @@ def _owned_logical(row) -> list[int]:  # the logical update indices this rank sa
     from torch.distributed.tensor import DTensor
     from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
-    from stepscope.collect.sharded import owned_flat_indices
+    from stepscope.collect.distributed import owned_flat_indices
 
     logical = row.update_index
     if logical is None:

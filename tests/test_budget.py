@@ -10,7 +10,7 @@ from fractions import Fraction
 import pytest
 
 from stepscope.budget import densest_cadence
-from stepscope.collect.autocadence import choose_stream_cadences
+from stepscope.collect.cadence import choose_stream_cadences
 from stepscope.probe.cadence import choose_cadence
 
 

@@ -121,5 +121,5 @@ def test_a_misspelt_name_is_an_error_and_public_names_have_real_types(mypy_error
     notes = "\n".join(lines)
     assert "stepscope.collect.collector.HistoryCollector" in notes
     assert "stepscope.runlog.runlog.RunLog" in notes
-    assert "stepscope.collect.autocadence.AutoCadence" in notes
+    assert "stepscope.collect.cadence.AutoCadence" in notes
     assert "def (result: stepscope.profile.results.ProfileResult" in notes

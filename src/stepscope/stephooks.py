@@ -21,7 +21,7 @@ once. Nested calls inside a compiled step are not told apart (its wrapper's fram
 dynamo's): the hooks then run at every level, as torch's own do.
 
 A bottom-level module (it imports only torch) so that the collector
-(:mod:`stepscope.collect.optimizers`) and the probe (:mod:`stepscope.probe.state`) share it.
+(:mod:`stepscope.collect.optimizer`) and the probe (:mod:`stepscope.probe.state`) share it.
 
 Example
 -------

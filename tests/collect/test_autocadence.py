@@ -140,7 +140,7 @@ def test_warmup_times_the_step_body_not_the_gap_between_steps(tmp_path, monkeypa
     monkeypatch.setattr(time, "perf_counter", clock)
     monkeypatch.setattr(time, "sleep", clock.sleep)
     # torch's per-hook dispatch is measured once in CPU time, outside any clock: zero it here
-    monkeypatch.setattr("stepscope.collect.warmup.hook_dispatch_seconds", lambda: 0.0)
+    monkeypatch.setattr("stepscope.collect.cadence.hook_dispatch_seconds", lambda: 0.0)
     d = _sleepy_run(tmp_path, between_s=0.03, body_s=0.01)
     # the training time is the transaction body (10 ms), not body + the user's 30 ms gap; the
     # clock moves only in the test's sleeps, so nothing else is charged and the figure is exact
@@ -153,7 +153,7 @@ def test_warmup_charges_the_write_and_commit_spikes_the_steady_state_pays(tmp_pa
     clock = _FakeClock()
     monkeypatch.setattr(time, "perf_counter", clock)
     monkeypatch.setattr(time, "sleep", clock.sleep)
-    monkeypatch.setattr("stepscope.collect.warmup.hook_dispatch_seconds", lambda: 0.0)
+    monkeypatch.setattr("stepscope.collect.cadence.hook_dispatch_seconds", lambda: 0.0)
     # every 4th write is a 12 ms "commit": the steady state pays 3 ms per step on average
     d = _sleepy_run(tmp_path, 0.0, 0.01, write_sleep=lambda n: 0.012 if n % 4 == 0 else 0.0)
     train = d["training_seconds_median"]
@@ -163,7 +163,7 @@ def test_warmup_charges_the_write_and_commit_spikes_the_steady_state_pays(tmp_pa
 
 
 def test_meter_recovers_costs_and_its_prediction_matches_a_simulated_steady_state():
-    from stepscope.collect.warmup import WarmupMeter
+    from stepscope.collect.cadence import WarmupMeter
 
     F, S, C, H, HS, T = (
         0.001,
@@ -222,7 +222,7 @@ def _simulated_warmup(meter, T, F, hook_s=0.0, hook_calls=0):
 
 
 def test_meter_moves_the_hooks_seconds_from_training_to_the_fixed_cost():
-    from stepscope.collect.warmup import WarmupMeter
+    from stepscope.collect.cadence import WarmupMeter
 
     meter = WarmupMeter(AutoCadence(target=0.05, warmup=40), ["a", "b"])
     meter.dispatch_s = 2e-6  # torch's call path per hooked call (measured at construction)
@@ -237,7 +237,7 @@ def test_meter_moves_the_hooks_seconds_from_training_to_the_fixed_cost():
     [((1024, 10.0), 100.0), ((32, 10.0), 32.0), ((1024, None), 1024.0), ((4, 0.05), 1.0)],
 )
 def test_one_measured_commit_is_spread_over_the_steps_between_commits(policy, steps_per_commit):
-    from stepscope.collect.warmup import WarmupMeter
+    from stepscope.collect.cadence import WarmupMeter
 
     meter = WarmupMeter(AutoCadence(target=0.05, warmup=40), ["a"], commit_policy=policy)
     meter.dispatch_s = 0.0

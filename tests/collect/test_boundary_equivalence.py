@@ -2,7 +2,8 @@
 
 The boundary caches per-stream row plans, builds its batches without re-validating what it
 constructed itself, skips host work on steps where nothing is due, and reuses step facts that
-did not change (:data:`stepscope.collect.stepstate.FAST_BOUNDARY`). Each test records the same
+did not change (in :mod:`stepscope.collect.write` and :mod:`stepscope.collect.step`; only that
+path ships, and :func:`_plain` below switches it off for the reference). Each test records the same
 25-step run of a real model twice, once as shipped and once with every fast path off and the
 batches assembled by the previous per-row implementation
 (:func:`tests.collect.boundary_reference.reference_assemble_batches`), then reads both artifacts
@@ -24,11 +25,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import stepscope.collect.boundary as boundary_mod
-import stepscope.collect.stepstate as stepstate_mod
+import stepscope.collect.step as step_mod
+import stepscope.collect.surgery as surgery_mod
+import stepscope.collect.write as write_mod
 from stepscope.collect import Cadence, HistoryCollector, WatchSettings
-from stepscope.collect.reduce import Reducer
+from stepscope.collect.staging import Reducer
 from stepscope.history import open_history
+from stepscope.history.artifact import ArtifactWriter
 from stepscope.history.layout import TABLES
 from tests.collect.boundary_reference import reference_assemble_batches
 from tests.collect.models import LENGTHS, ResNetish, TinyGPT
@@ -95,7 +98,11 @@ def _record(model_name: str, cadence: Cadence | None, path: str | None) -> Histo
     opt = torch.optim.SGD(model.parameters(), lr=1e-2, momentum=0.9)
     g = torch.Generator().manual_seed(1)
     c = HistoryCollector(
-        model, cadence=cadence, settings=WatchSettings(output_dir=path, update_sample_size=64)
+        model,
+        cadence=cadence,
+        settings=WatchSettings(
+            output_dir=path, update_sample_size=64, commit_steps=5, commit_seconds=1e9
+        ),  # commits by count, never by the wall clock: both runs commit at the same steps
     )
     for step in range(STEPS):
         if step == SURGERY_AT:
@@ -139,6 +146,25 @@ def _stored(path: str) -> dict:
     return out
 
 
+def _plain(m: pytest.MonkeyPatch) -> None:
+    """Every fast path of the step boundary off: the reference the shipped path is compared to.
+
+    Batches assembled row by row (:func:`reference_assemble_batches`) and checked by the writer
+    like any other producer's, the step facts built afresh every step, and model surgery
+    searched for on every checked step (no identity shortcut).
+    """
+    m.setattr(write_mod, "assemble_batches", reference_assemble_batches)
+    truth = step_mod.step_truth
+    m.setattr(write_mod, "step_truth", lambda s, sc, p, k, seen=None: truth(s, sc, p, k, None))
+    write_step = ArtifactWriter.write_step
+
+    def checked(self, block, batches=(), observations=(), scalars=None, *, trusted=False):
+        return write_step(self, block, batches, observations, scalars, trusted=False)
+
+    m.setattr(ArtifactWriter, "write_step", checked)
+    m.setattr(surgery_mod, "identity_edges", lambda *a: [({}, "never bound", object())])
+
+
 def _assert_same(fast: dict, plain: dict) -> None:
     for key in ("sites", "scalar_names", "disclosures", "blocks"):
         assert fast[key] == plain[key], key
@@ -160,14 +186,13 @@ def test_fast_boundary_stores_exactly_what_the_plain_boundary_stores(
     _inject(monkeypatch, model_name)
     _record(model_name, cadence, str(tmp_path / "fast"))
     with monkeypatch.context() as m:
-        m.setattr(stepstate_mod, "FAST_BOUNDARY", False)
-        m.setattr(boundary_mod, "assemble_batches", reference_assemble_batches)
+        _plain(m)
         _record(model_name, cadence, str(tmp_path / "plain"))
     fast, plain = _stored(str(tmp_path / "fast")), _stored(str(tmp_path / "plain"))
     _assert_same(fast, plain)
     # the run exercised what it claims: histograms, every presence, row disclosures, masks
     assert len(fast["histograms"]) > 0 and len(fast["blocks"]) == STEPS
-    codes = {stepstate_mod.OBSERVED, stepstate_mod.FAILED, stepstate_mod.UNSUPPORTED}
+    codes = {step_mod.OBSERVED, step_mod.FAILED, step_mod.UNSUPPORTED}
     assert codes <= _presences(fast)
     notes = {d for ds in fast["disclosures"] for d in ds}
     assert {"capture_failed:RuntimeError", "capture_failed:ValueError"} <= notes
@@ -177,7 +202,7 @@ def test_fast_boundary_stores_exactly_what_the_plain_boundary_stores(
     ended = {s["ended_reason"] for s in fast["sites"]}
     assert "module_replaced" in ended  # the surgery started new series mid-run
     if model_name == "gpt":  # its attention dropout never runs
-        assert stepstate_mod.ABSENT in _presences(fast)
+        assert step_mod.ABSENT in _presences(fast)
 
 
 def test_the_plain_boundary_is_a_different_code_path(tmp_path, monkeypatch):
@@ -188,10 +213,10 @@ def test_the_plain_boundary_is_a_different_code_path(tmp_path, monkeypatch):
         calls.append(1)
         return reference_assemble_batches(*args, **kwargs)
 
-    monkeypatch.setattr(stepstate_mod, "FAST_BOUNDARY", False)
-    monkeypatch.setattr(boundary_mod, "assemble_batches", spy)
+    _plain(monkeypatch)
+    monkeypatch.setattr(write_mod, "assemble_batches", spy)
     _record("gpt", Cadence(5, 0), str(tmp_path / "run"))
-    assert len(calls) == STEPS
+    assert len(calls) == len(range(0, STEPS, 5))  # every step with a stream due
 
 
 def _ring(c: HistoryCollector) -> list:
@@ -216,7 +241,6 @@ def test_fast_boundary_keeps_the_same_ram_ring(cadence, monkeypatch):
     _inject(monkeypatch, "gpt")
     fast = _ring(_record("gpt", cadence, None))
     with monkeypatch.context() as m:
-        m.setattr(stepstate_mod, "FAST_BOUNDARY", False)
-        m.setattr(boundary_mod, "assemble_batches", reference_assemble_batches)
+        _plain(m)
         plain = _ring(_record("gpt", cadence, None))
     assert len(fast) > STEPS and fast == plain

@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from stepscope.collect import HistoryCollector, WatchSettings
-from stepscope.collect import capture as capture_mod
+from stepscope.collect import staging as capture_mod
 from stepscope.collect import staging as staging_mod
-from stepscope.collect.capture import find_path, find_tensor, reducible
+from stepscope.collect.staging import find_path, find_tensor, reducible
 from stepscope.history import Presence
 from stepscope.history.batch import member_of
 from tests.collect.models import Numbers, close, spine_numbers

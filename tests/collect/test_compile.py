@@ -137,8 +137,14 @@ def test_a_compiled_optimizer_step_records_true_rows_and_does_not_crash(case, wh
     tensors and the process died (SIGSEGV). They now run eagerly, around the compiled step.
     A child process: a crash is a failed test, not a dead test session."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([sys.executable, "-c", COMPILED_STEP, case, when], capture_output=True,
-                          text=True, timeout=1800, env=env, cwd=ROOT)  # a hang fails, load does not
+    done = subprocess.run(
+        [sys.executable, "-c", COMPILED_STEP, case, when],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        env=env,
+        cwd=ROOT,
+    )  # a hang fails, load does not
     assert done.returncode == 0, (done.returncode, done.stderr[-3000:])
     out = json.loads(done.stdout.strip().splitlines()[-1])
     assert len(out["got"]) == 3

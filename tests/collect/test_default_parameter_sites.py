@@ -59,9 +59,10 @@ def test_parameters_of_modules_with_children_have_rows_equal_to_the_consumed_gra
         got = h.series(name, "gradient", "sum_squares").values
         want = [float(g[name].double().square().sum()) for g in consumed]
         assert got.tolist() == pytest.approx(want, rel=1e-12), name
-        assert h.series(name, "parameter", "total").values.tolist() == [
-            float(dict(model.named_parameters())[name].numel())
-        ] * 3
+        assert (
+            h.series(name, "parameter", "total").values.tolist()
+            == [float(dict(model.named_parameters())[name].numel())] * 3
+        )
     # every parameter of the model has a gradient row, each parameter once
     for name in names:
         assert len(h.series(name, "gradient", "total").values) == 3, name

@@ -20,7 +20,7 @@ import torch
 
 import stepscope as ss
 from stepscope.collect import Cadence
-from stepscope.collect.livemerge import LiveMerge, packed_width, safe_merge
+from stepscope.collect.distributed import LiveMerge, packed_width, safe_merge
 from stepscope.history import StepBlockRecord
 from stepscope.stats import SPINE_WIDTH
 
@@ -41,8 +41,12 @@ def recorded():
         torch.nn.Linear(24, 2),
     )
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    c = ss.HistoryCollector(model, sites=lambda n, m: True, cadence=Cadence(1, 1),
-                            settings=ss.WatchSettings(update_sample_size=16))
+    c = ss.HistoryCollector(
+        model,
+        sites=lambda n, m: True,
+        cadence=Cadence(1, 1),
+        settings=ss.WatchSettings(update_sample_size=16),
+    )
     with c.step(opt, examples=4):
         model(torch.randn(4, 3, 8)).pow(2).mean().backward()
         opt.step()
@@ -100,8 +104,8 @@ ONLY_RANK0 = textwrap.dedent(
     """
     import os, warnings, torch, torch.distributed as dist
     import stepscope as ss
-    from stepscope.collect import livemerge
-    livemerge.HANDSHAKE_SECONDS = 1.0
+    from stepscope.collect import distributed
+    distributed.HANDSHAKE_SECONDS = 1.0
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     torch.manual_seed(0)
@@ -132,11 +136,23 @@ def test_a_rank_without_a_collector_turns_the_live_merge_off_instead_of_hanging(
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-           "WORLD_SIZE": "2", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    env = {
+        **os.environ,
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+        "WORLD_SIZE": "2",
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": str(ROOT),
+    }
     procs = [
-        subprocess.Popen([sys.executable, "-c", ONLY_RANK0], env={**env, "RANK": str(r)},
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+        subprocess.Popen(
+            [sys.executable, "-c", ONLY_RANK0],
+            env={**env, "RANK": str(r)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=tmp_path,
+        )
         for r in range(2)
     ]
     try:  # a hang (the old behaviour) fails the test and leaves no process behind

@@ -308,8 +308,13 @@ def test_user_scalars_land_at_their_step(small_net, tmp_path):
 
 def test_an_evaluation_inside_the_step_is_not_folded_into_its_activation_rows(small_net, tmp_path):
     opt = torch.optim.SGD(small_net.parameters(), lr=0.1)
-    c = HistoryCollector(small_net, sites="fc", streams=("activation",), cadence=1,
-                         settings=WatchSettings(output_dir=str(tmp_path / "e")))
+    c = HistoryCollector(
+        small_net,
+        sites="fc",
+        streams=("activation",),
+        cadence=1,
+        settings=WatchSettings(output_dir=str(tmp_path / "e")),
+    )
     x, y = batches(1)[0]
     with c.step(opt):
         F.cross_entropy(small_net(x), y).backward()

@@ -1,4 +1,4 @@
-"""``collect/reduce.py``: staged rows equal torch's own numbers; what cannot be reduced is
+"""``collect/staging.py``: staged rows equal torch's own numbers; what cannot be reduced is
 recorded (``unsupported`` / ``capture_failed``), never raised."""
 
 from __future__ import annotations
@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from stepscope.collect.reduce import Reducer
 from stepscope.collect.sites import Row
-from stepscope.collect.stepstate import StepState
+from stepscope.collect.staging import Reducer
+from stepscope.collect.step import StepState
 from stepscope.stats import SPINE_FIELDS, HistogramDescriptor
 
 CPU = torch.device("cpu")
@@ -207,7 +207,7 @@ def test_a_row_already_written_this_step_folds_instead_of_being_overwritten():
 def _activation_rows(model_name: str, monkeypatch, direct: bool) -> tuple[list[bytes], int]:
     """Every step's activation and activation-gradient spines of a real model, as bytes."""
     from stepscope.collect import Cadence, HistoryCollector, WatchSettings
-    from stepscope.collect import reduce as reduce_mod
+    from stepscope.collect import staging as reduce_mod
     from tests.collect.models import CASES
 
     case = CASES[model_name]

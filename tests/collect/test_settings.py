@@ -2,7 +2,7 @@
 
 import pytest
 
-from stepscope.collect.settings import DEFAULT_CADENCE, Cadence, DueTable
+from stepscope.collect.cadence import DEFAULT_CADENCE, Cadence, DueTable
 
 STREAMS = ("activation", "gradient", "update")
 

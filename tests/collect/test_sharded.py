@@ -15,14 +15,19 @@ import torch
 
 import stepscope as ss
 from stepscope.collect import Cadence
-from stepscope.collect.sharded import local_part, local_sample_index, owned_flat_indices
+from stepscope.collect.distributed import local_part, local_sample_index, owned_flat_indices
 from stepscope.stats import SPINE_FIELDS
 
 
 @pytest.mark.parametrize(
     ("shape", "offset", "local"),
-    [((6, 5), (2, 0), (3, 5)), ((4, 3, 5), (1, 1, 0), (2, 2, 5)), ((7,), (5,), (2,)),
-     ((4, 6), (0, 3), (4, 3)), ((3, 4), (3, 0), (0, 4))],
+    [
+        ((6, 5), (2, 0), (3, 5)),
+        ((4, 3, 5), (1, 1, 0), (2, 2, 5)),
+        ((7,), (5,), (2,)),
+        ((4, 6), (0, 3), (4, 3)),
+        ((3, 4), (3, 0), (0, 4)),
+    ],
 )
 def test_owned_flat_indices_match_a_brute_force_box(shape, offset, local):
     """Against slicing a tensor that holds its own logical flat index at every position."""
@@ -32,8 +37,12 @@ def test_owned_flat_indices_match_a_brute_force_box(shape, offset, local):
     logical = torch.randperm(numel, generator=torch.Generator().manual_seed(3))[: numel // 2]
     logical = logical.sort().values
     pos, flat = owned_flat_indices(logical, shape, offset, local)
-    want = [(p, i) for p, v in enumerate(logical.tolist()) for i, b in
-            enumerate(box.reshape(-1).tolist()) if b == v]
+    want = [
+        (p, i)
+        for p, v in enumerate(logical.tolist())
+        for i, b in enumerate(box.reshape(-1).tolist())
+        if b == v
+    ]
     assert list(zip(pos.tolist(), flat.tolist())) == want
     assert box.reshape(-1)[flat].tolist() == logical[pos].tolist()
 
@@ -71,7 +80,7 @@ SCRIPT = textwrap.dedent(
     import json, torch, torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
-    from stepscope.collect.capture import reducible
+    from stepscope.collect.staging import reducible
     dist.init_process_group("gloo", rank=0, world_size=1)
     mesh = init_device_mesh("cpu", (1,))
     t = torch.arange(6.0).reshape(2, 3)
@@ -91,14 +100,19 @@ def test_dtensor_placements_shard_replicate_and_partial():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "PYTHONPATH": str(ROOT),
-           "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True,
-                          timeout=240, env=env)
+    env = {
+        **os.environ,
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+        "PYTHONPATH": str(ROOT),
+        "OMP_NUM_THREADS": "1",
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=240, env=env
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     got = json.loads(done.stdout.strip().splitlines()[-1])
     whole = [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]]
     assert got["shard"] == [whole, None]
     assert got["replicate"] == [whole, None]  # coordinate 0 of the replicated dim reduces it
     assert got["partial"] == [None, "dtensor_partial"]  # a summand, not a value
-

@@ -1,15 +1,16 @@
 """Module-tier collection: the ``HistoryCollector`` and its settings."""
 
-from stepscope.collect.autocadence import AutoCadence, CadenceChoice, choose_stream_cadences
+from stepscope.collect.cadence import (
+    DEFAULT_CADENCE,
+    AutoCadence,
+    Cadence,
+    CadenceChoice,
+    choose_stream_cadences,
+)
 from stepscope.collect.collector import DEFAULT_STREAMS, HistoryCollector, StepTransaction
 from stepscope.collect.misuse import MisuseWarning
 from stepscope.collect.plan import Plan, PlanRow
-from stepscope.collect.settings import (
-    ALL_STREAMS,
-    DEFAULT_CADENCE,
-    Cadence,
-    WatchSettings,
-)
+from stepscope.collect.settings import ALL_STREAMS, WatchSettings
 
 __all__ = [
     "ALL_STREAMS",

@@ -38,7 +38,7 @@ region or a compiled model was seen the hooks stay on (no recompilation for a ch
 
 Which tensor, which series
 --------------------------
-The tensor is found by the rule of :mod:`stepscope.collect.capture`; its structural signature
+The tensor is found by the rule of :mod:`stepscope.collect.staging`; its structural signature
 (dtype and rank, see :func:`~stepscope.collect.sites.output_signature`) names the series. A
 module with no tensor output is ``unsupported`` (``no_tensor_output``); a module that has not
 run by the end of a due step is registered with signature ``not_run`` and recorded
@@ -54,7 +54,6 @@ from typing import Any, Protocol
 
 import torch
 
-from stepscope.collect.capture import TORCH_FUNC, in_backward, module_output, under_transform
 from stepscope.collect.sites import (
     ACTIVATION_STREAMS,
     NO_TENSOR,
@@ -64,7 +63,8 @@ from stepscope.collect.sites import (
     output_signature,
     unwrap_compiled,
 )
-from stepscope.collect.stepstate import StepState
+from stepscope.collect.staging import TORCH_FUNC, in_backward, module_output, under_transform
+from stepscope.collect.step import StepState
 
 
 class SiteHost(Protocol):

@@ -8,12 +8,12 @@ device; rows reach the host in one copy per buffer at the step boundary, and the
 to the history (disk-first artifact or RAM ring) and published on the event stream.
 
 The class orchestrates; each job lives in its own module: which forwards count and which tensor
-(:mod:`.activations`, :mod:`.capture`), reductions into staged rows (:mod:`.reduce`), what is
-read at an optimizer's step hooks (:mod:`.stepping`), model surgery (:mod:`.surgery`),
-optimizer hooks and ownership (:mod:`.optimizers`), update sampling (:mod:`.updates`),
-loss-scaler facts (:mod:`.scaler`), step assembly (:mod:`.stepstate`), the step boundary's
-write and publish (:mod:`.boundary`), the destination (:mod:`.store`), auto cadence
-measurement (:mod:`.warmup`), the telemetry window (:mod:`.telemetry`) and the user log
+(:mod:`.activations`, :mod:`.staging`), reductions into staged rows (:mod:`.staging`), what is
+read at an optimizer's step hooks (:mod:`.optimizer`), model surgery (:mod:`.surgery`),
+optimizer hooks and ownership (:mod:`.optimizer`), update sampling (:mod:`.updates`),
+loss-scaler facts (:mod:`.step`), step assembly (:mod:`.step`), the step boundary's
+write and publish (:mod:`.write`), the destination (:mod:`.write`), auto cadence
+measurement (:mod:`.cadence`), the telemetry window (:mod:`.step`) and the user log
 (:class:`stepscope.runlog.userlog.UserLog`, shared with ``RunLog``). What every row means:
 ``docs/sites.md``.
 
@@ -53,23 +53,14 @@ from typing import Any
 
 import torch
 
-from stepscope.collect import stepstate
 from stepscope.collect.activations import ActivationSites
-from stepscope.collect.autocadence import AutoCadence
-from stepscope.collect.boundary import StepBoundary
+from stepscope.collect.cadence import AutoCadence, Cadence, DueTable, WarmupMeter, resolve_cadence
+from stepscope.collect.distributed import LiveMerge, safe_merge
 from stepscope.collect.flight import open_flight
-from stepscope.collect.livemerge import LiveMerge, safe_merge
 from stepscope.collect.misuse import MisuseGuard
-from stepscope.collect.optimizers import OptimizerWatch
+from stepscope.collect.optimizer import OptimizerSteps, OptimizerWatch
 from stepscope.collect.plan import Plan, build_plan
-from stepscope.collect.reduce import Reducer
-from stepscope.collect.settings import (
-    Cadence,
-    DueTable,
-    WatchSettings,
-    check_streams,
-    resolve_cadence,
-)
+from stepscope.collect.settings import WatchSettings, check_streams
 from stepscope.collect.sites import (
     Row,
     build_rows,
@@ -78,14 +69,11 @@ from stepscope.collect.sites import (
     register_param_sites,
     unwrap_compiled,
 )
-from stepscope.collect.staging import Staging
-from stepscope.collect.stepping import OptimizerSteps
-from stepscope.collect.stepstate import StepState, StepTransaction
-from stepscope.collect.store import open_store
+from stepscope.collect.staging import Reducer, Staging
+from stepscope.collect.step import StepState, StepTransaction, TelemetryWindow
 from stepscope.collect.surgery import StructureWatch
-from stepscope.collect.telemetry import TelemetryWindow
 from stepscope.collect.updates import assign_update_indices
-from stepscope.collect.warmup import WarmupMeter
+from stepscope.collect.write import StepBoundary, open_store
 from stepscope.errors import Refusal
 from stepscope.history import CloseReport, StepBlockRecord, StepProvenance
 from stepscope.runlog import (
@@ -360,7 +348,7 @@ class HistoryCollector(UserLog):
 
         Its seconds count in the step's ``clock/telemetry_seconds``, never in its training
         seconds, and the forwards, backwards and optimizer steps run inside it never reach the
-        step's rows. See :mod:`stepscope.collect.telemetry`.
+        step's rows. See :mod:`stepscope.collect.step`.
         """
         return self._telemetry()
 
@@ -388,7 +376,7 @@ class HistoryCollector(UserLog):
         self.clock.begin(step)
         # rows are staged only while a step with something due is open: after a quiet step the
         # buffers' flags are still clear (no numpy call on nine steps in ten by default)
-        if self._staged or not stepstate.FAST_BOUNDARY:
+        if self._staged:
             self._reducer.reset()
         self._staged = any_due
         return state

@@ -15,9 +15,9 @@ from typing import Any
 
 import torch
 
-from stepscope.collect.capture import module_output
 from stepscope.collect.settings import WatchSettings
 from stepscope.collect.sites import ROOT_SITE, build_rows, update_indices
+from stepscope.collect.staging import module_output
 from stepscope.forensics.channels import build_channels
 from stepscope.forensics.flight import Flight
 from stepscope.forensics.reading import SiteReader, local

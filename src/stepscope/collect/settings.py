@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,159 +34,6 @@ from stepscope.stats import HistogramDescriptor
 
 #: The five things a collector can watch (the values of :class:`~stepscope.history.Stream`).
 ALL_STREAMS: tuple[str, ...] = tuple(s.value for s in Stream)
-
-Schedule = int | Callable[[int], bool]
-
-
-@dataclass(frozen=True)
-class Cadence:
-    """How often each kernel runs for one stream.
-
-    Parameters
-    ----------
-    spine
-        Take the spine every ``spine`` optimizer steps (steps 0, k, 2k, ...) or when the
-        predicate ``spine(step)`` is true.
-    histogram
-        The same for the histogram (``0`` or ``None``: never). A histogram step that is not a
-        spine step still takes the spine (the histogram's ``num/sum`` come from it).
-    """
-
-    spine: Schedule = 1
-    histogram: Schedule | None = 10
-
-    def __post_init__(self) -> None:
-        for name in ("spine", "histogram"):
-            v = getattr(self, name)
-            if v is None or callable(v):
-                continue
-            if (
-                isinstance(v, bool)
-                or not isinstance(v, int)
-                or v < 0
-                or (name == "spine" and v == 0)
-            ):
-                raise Refusal(
-                    "cadence_invalid",
-                    f"cadence {name}={v!r} must be a positive int (histogram: >= 0) or a predicate",
-                    ["use Cadence(spine=1, histogram=10)"],
-                )
-
-    @staticmethod
-    def _due(schedule: Schedule | None, step: int) -> bool:
-        if schedule is None or schedule == 0:
-            return False
-        if callable(schedule):
-            return bool(schedule(step))
-        return step % schedule == 0
-
-    def spine_due(self, step: int) -> bool:
-        """Whether the spine is taken at ``step`` (histogram steps imply it)."""
-        return self._due(self.spine, step) or self.histogram_due(step)
-
-    def histogram_due(self, step: int) -> bool:
-        """Whether the histogram is taken at ``step``."""
-        return self._due(self.histogram, step)
-
-    def describe(self) -> dict[str, Any]:
-        """JSON-safe description for the run record."""
-
-        def d(v: Schedule | None) -> Any:
-            return getattr(v, "__name__", "predicate") if callable(v) else v
-
-        return {"spine": d(self.spine), "histogram": d(self.histogram)}
-
-
-#: Default cadences, chosen by measurement (README, ``benchmarks/overhead.py``): every stream's
-#: spine every 10 steps (the same steps, so nine steps in ten copy nothing and write only their
-#: step block), histograms every 100 steps. Activation spines every step cost 9-17% of a step
-#: on the benchmark's GPT-like decoder and ResNet-like CNN (the spine kernel over every module
-#: output, plus its hook Python), three times the 3% the defaults aim at; a telemetry plan that
-#: keeps within 5% collects most scalars at evaluation boundaries anyway. Ask for denser rows with
-#: ``cadence=`` (e.g. ``{"activation": 1}``) or let ``cadence="auto"`` spend a budget.
-DEFAULT_CADENCE: dict[str, Cadence] = {
-    "activation": Cadence(10, 100),
-    "activation_grad": Cadence(10, 100),
-    "gradient": Cadence(10, 100),
-    "parameter": Cadence(10, 100),
-    "update": Cadence(10, 100),
-}
-
-
-class DueTable:
-    """Which streams' spines and histograms are due at a step, for a fixed set of cadences.
-
-    With int cadences the pattern repeats every ``lcm`` of the periods, so each residue is
-    computed once (at most :attr:`MAX_PERIOD` of them); a predicate cadence is asked at every
-    step. :meth:`at` returns fresh dicts, equal to asking each :class:`Cadence`.
-
-    >>> cadences = {"activation": Cadence(10, 100), "gradient": Cadence(5, 0)}
-    >>> table = DueTable(cadences, ("activation", "gradient"))
-    >>> table.at(105), table.period
-    (({'activation': False, 'gradient': True}, {'activation': False, 'gradient': False}), 100)
-    """
-
-    MAX_PERIOD = 4096
-
-    def __init__(self, cadences: Mapping[str, Cadence], streams: Iterable[str]) -> None:
-        self.cadences = tuple((s, cadences[s]) for s in streams)
-        self.streams = tuple(s for s, _ in self.cadences)
-        self.values = tuple(c for _, c in self.cadences)
-        schedules = [v for _, c in self.cadences for v in (c.spine, c.histogram)]
-        # a Cadence holds predicates, None or ints >= 0 (checked when it was made)
-        periods = [v for v in schedules if isinstance(v, int) and v > 0]
-        fixed = periods and not any(callable(v) for v in schedules)
-        period = math.lcm(*periods) if fixed else 0
-        self.period = period if 0 < period <= self.MAX_PERIOD else 0
-        self._seen: dict[int, tuple[dict[str, bool], dict[str, bool]]] = {}
-
-    def matches(self, cadences: Mapping[str, Cadence]) -> bool:
-        """Whether this table answers for ``cadences`` (the same, or equal, cadences)."""
-        return tuple(map(cadences.get, self.streams)) == self.values
-
-    def _ask(self, step: int) -> tuple[dict[str, bool], dict[str, bool]]:
-        spine = {s: c.spine_due(step) for s, c in self.cadences}
-        return spine, {s: c.histogram_due(step) for s, c in self.cadences}
-
-    def at(self, step: int) -> tuple[dict[str, bool], dict[str, bool]]:
-        """``(spine_due, hist_due)`` by stream at ``step``."""
-        if not self.period:
-            return self._ask(step)
-        seen = self._seen.get(step % self.period)
-        if seen is None:
-            seen = self._seen[step % self.period] = self._ask(step)
-        return dict(seen[0]), dict(seen[1])
-
-
-def resolve_cadence(
-    cadence: int | Cadence | Mapping[str, int | Cadence] | None, streams: Iterable[str]
-) -> dict[str, Cadence]:
-    """Turn the user's ``cadence=`` into one :class:`Cadence` per watched stream.
-
-    An int ``k`` means spine every ``k`` steps and histogram every ``10*k``.
-    """
-
-    def one(v: int | Cadence) -> Cadence:
-        if isinstance(v, Cadence):
-            return v
-        if isinstance(v, int) and not isinstance(v, bool) and v > 0:
-            return Cadence(v, 10 * v)
-        raise Refusal("cadence_invalid", f"cadence {v!r} is not a positive int or a Cadence")
-
-    streams = list(streams)
-    if cadence is None:
-        return {s: DEFAULT_CADENCE[s] for s in streams}
-    if isinstance(cadence, Mapping):
-        unknown = set(cadence) - set(ALL_STREAMS)
-        if unknown:
-            raise Refusal(
-                "stream_unknown",
-                f"cadence names unknown streams {sorted(unknown)}",
-                [f"use {ALL_STREAMS}"],
-            )
-        return {s: one(cadence[s]) if s in cadence else DEFAULT_CADENCE[s] for s in streams}
-    c = one(cadence)
-    return dict.fromkeys(streams, c)
 
 
 def _non_finite(value: Any, where: str = "") -> str | None:
@@ -328,11 +175,11 @@ class WatchSettings:
     output_keys
         ``{site glob: path}``: which tensor of a structured module output is the site's
         activation (a dotted path of keys, attributes, indices, e.g. ``"logits"``); sites not
-        named use the first tensor depth-first (see :mod:`stepscope.collect.capture`).
+        named use the first tensor depth-first (see :mod:`stepscope.collect.staging`).
     live_merge
         Under a ``torch.distributed`` group of more than one rank, gather every logged step's
         rows to rank 0 in one collective and publish the merged rows there (see
-        :mod:`stepscope.collect.livemerge`); ``False``: no communication at all.
+        :mod:`stepscope.collect.distributed`); ``False``: no communication at all.
     tensorboard
         Stream every written step to TensorBoard while training runs: a log directory (the run
         goes to ``DIR/<run name>``, the output directory's name) or a

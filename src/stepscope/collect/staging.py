@@ -1,19 +1,79 @@
-"""Preallocated per-device staging buffers: one row per (stream, site), one host copy per phase.
+"""Staging: what a hook may reduce, and its reduction into per-device staging rows.
+
+Preallocated per-device staging buffers: one row per (stream, site), one host copy per phase.
 
 Hooks write fixed-width reduction rows into a buffer that lives on the observed tensors' device;
 nothing leaves the device until :meth:`Staging.to_host` copies the whole buffer at the step
 boundary. The number of host transfers per step is therefore independent of the number of sites
 (a test counts calls of :func:`stepscope.transfer.to_host`, the one copy every layer uses).
+
+Reductions: a hooked tensor becomes a staged row, and telemetry never raises.
+
+:class:`Reducer` owns the per-device :class:`~stepscope.collect.staging.Staging` buffers of one
+collector. Every hook of the collector hands its tensor here:
+
+* :meth:`Reducer.reduce` writes one row (activations, activation gradients, a closure's
+  gradient);
+* :meth:`Reducer.reduce_many` writes the due parameter-sized rows of a stream (gradients,
+  parameters, updates) with one multi-tensor call per device; a batch the native call refuses
+  falls back to one reduction per row.
+
+A tensor that cannot be reduced (see :func:`~stepscope.collect.staging.reducible`) is recorded
+``unsupported`` with its reason, a reduction that raises is recorded ``capture_failed`` with the
+exception's type; neither reaches the training step. The seconds spent are charged to the
+step's stream (:meth:`~stepscope.collect.step.StepState.charge`) and profiled under
+``collector.reduce`` as stepscope's own work.
+
+What a hook may reduce: the tensor inside a module's output, and whether it is reducible.
+
+Output rule (documented in ``docs/sites.md``)
+-------------------------------------------------
+A module's activation is the **first tensor found depth-first** in its output: a tensor is
+itself; a ``dict``/``Mapping`` (``ModelOutput``, ``OrderedDict``) is searched in insertion order
+of its values; a dataclass in field order; a ``tuple``/``list`` in order; ``None`` values are
+skipped; other objects are not searched, nor anything nested deeper than
+:data:`MAX_DEPTH` levels. ``WatchSettings(output_keys={glob: path})`` names the tensor instead: a
+dotted path of mapping keys, attribute names and sequence indices (``"logits"``,
+``"0"``, ``"hidden_states.-1"``), for the sites whose qualified name matches ``glob``.
+An output with no tensor records ``unsupported`` with reason ``no_tensor_output``; a named path
+that does not resolve records ``unsupported`` with reason ``output_key_missing``.
+
+Reducibility
+------------
+:func:`reducible` decides before any kernel runs: complex dtypes, dtypes with no order
+(``unsupported:complex``; a dtype the kernels refuse, ``unsupported:dtype``), tensor subclasses
+other than ``DTensor`` such as fake tensors (``unsupported:tensor_subclass``, whose storage the
+native kernel must not read; a ``DTensor`` reduces its local shard, see :mod:`.distributed`) and
+hooks firing during CUDA-graph stream capture (``unsupported:cuda_graph_capture``: the capture's
+replays are not observed). Sparse tensors are reduced over their stored values with the
+disclosure ``sparse_values`` (implicit zeros are not counted).
+
+Example
+-------
+>>> import torch
+>>> t = torch.ones(2, 3)
+>>> find_tensor({"loss": None, "logits": (t,)}) is t, find_tensor([None, "x"])
+(True, None)
+>>> find_path({"logits": (t,)}, "logits.0") is t
+True
 """
 
 from __future__ import annotations
 
+import dataclasses
+import time
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import torch
 
 from stepscope import transfer
+from stepscope.collect.distributed import local_part
+from stepscope.collect.sites import Row
+from stepscope.collect.step import StepState
+from stepscope.errors import Refusal
+from stepscope.profile.scope import internal_scope
 from stepscope.stats import (
     SPINE_WIDTH,
     HistogramDescriptor,
@@ -24,6 +84,9 @@ from stepscope.stats import (
 )
 from stepscope.stats.reduce import merge_spine_into, native_spine_kernels
 
+__all__ = ["Reducer"]
+
+# ------------------------------------------------------------------ (staging)
 _ROW = SPINE_WIDTH * 8  # bytes per spine row (float64)
 
 
@@ -209,3 +272,272 @@ def by_device(pairs: list[tuple[int, torch.Tensor]]) -> dict[torch.device, tuple
         rows.append(row)
         ts.append(t.detach())
     return out
+
+
+# ------------------------------------------------------------------ (reduce)
+_CPU = torch.device("cpu")
+
+
+class Reducer:
+    """The staging buffers of one collector and the reductions that fill them.
+
+    Parameters
+    ----------
+    n_rows
+        Number of row keys of the collector (every staging buffer has that many rows).
+    descriptor, backend
+        Histogram grid and kernel backend of the staging buffers.
+    recording
+        Returns the step being recorded, or ``None`` when nothing may be recorded now (no
+        step, or a :meth:`~stepscope.HistoryCollector.telemetry` window is open).
+    """
+
+    def __init__(
+        self,
+        n_rows: int,
+        descriptor: HistogramDescriptor,
+        backend: str,
+        recording: Callable[[], StepState | None],
+    ) -> None:
+        self.n_rows, self.descriptor, self.backend = n_rows, descriptor, backend
+        self.recording = recording
+        self.stagings: dict[torch.device, Staging] = {}
+        self._cpu: Staging | None = None  # the CPU buffer, once allocated (the hot path's)
+
+    def staging(self, device: torch.device) -> Staging:
+        """The staging buffer of ``device`` (allocated at its first use)."""
+        st = self.stagings.get(device)
+        if st is None:
+            st = Staging(self.n_rows, device, self.descriptor, self.backend)
+            self.stagings[device] = st
+            if device == _CPU:
+                self._cpu = st
+        return st
+
+    def reset(self) -> None:
+        """Empty every buffer (a step begins)."""
+        for st in self.stagings.values():
+            st.reset()
+
+    def to_host(
+        self, with_histograms: bool
+    ) -> dict[torch.device, tuple[np.ndarray, np.ndarray | None]]:
+        """Every buffer's rows on the host: one copy per buffer (and per histogram buffer)."""
+        return {dev: st.to_host(with_histograms) for dev, st in self.stagings.items()}
+
+    def reduce(self, row: Row, tensor: torch.Tensor) -> None:
+        """Reduce ``tensor`` into ``row`` when the row's stream is due this step."""
+        state = self.recording()
+        if state is None or not state.spine_due[row.stream]:
+            return
+        t0 = time.perf_counter()
+        try:
+            if self._write_plain(state, row, tensor):  # the activation hooks' common case
+                state.charge(row.stream, time.perf_counter() - t0)
+                return
+            with internal_scope("collector.reduce"):  # profiled as stepscope's work, not the user's
+                x, note = reducible(tensor)  # detached: no graph is built
+                if x is None:
+                    state.unsupported[row.index] = note or "unknown"
+                else:
+                    self.staging(x.device).write(row.index, x, state.hist_due[row.stream])
+                    if note is not None:
+                        state.row_notes[row.index] = note
+        except Exception as e:  # telemetry never raises into the training step
+            if isinstance(e, Refusal) and e.code == "stat_dtype_unsupported":  # no ordered stats
+                state.unsupported[row.index] = f"dtype:{str(tensor.dtype).replace('torch.', '')}"
+            else:
+                state.failed[row.index] = type(e).__name__
+        state.charge(row.stream, time.perf_counter() - t0)
+
+    def _write_plain(self, state: StepState, row: Row, tensor: torch.Tensor) -> bool:
+        """A plain contiguous float CPU tensor on a fresh row, no histogram due and no profiler
+        recording: straight to the C kernel (what the general path runs for it, without its
+        checks and indirections); ``False`` (nothing written) otherwise."""
+        cpu = self._cpu
+        return (
+            cpu is not None
+            and type(tensor) is torch.Tensor
+            and tensor.is_cpu
+            and tensor.layout is torch.strided
+            and not state.hist_due[row.stream]
+            and not torch.autograd._profiler_enabled()
+            and not capture_probe()
+            and cpu.write_plain(row.index, tensor)
+        )
+
+    def reduce_many(self, stream: str, pairs: Sequence[tuple[Row, torch.Tensor]]) -> None:
+        """Parameter-sized streams: every due tensor of a device in one multi-tensor reduction.
+
+        Tensors that cannot be reduced are recorded as :meth:`reduce` records them; a batch the
+        native call refuses falls back to one reduction per row (telemetry never raises).
+        """
+        state = self.recording()
+        if not pairs or state is None or not state.spine_due[stream]:
+            return
+        t0 = time.perf_counter()
+        with internal_scope("collector.reduce"):  # profiled as stepscope's work, not the user's
+            self._write_many(state, stream, pairs)
+        state.charge(stream, time.perf_counter() - t0)
+
+    def _write_many_native(self, pairs: Sequence[tuple[Row, torch.Tensor]]) -> bool:
+        """Every pair in one C call when all are plain CPU float tensors on fresh rows
+        (:meth:`Staging.write_many_native`); ``False`` (nothing written) otherwise."""
+        if not pairs or not pairs[0][1].is_cpu or capture_probe():
+            return False  # (during a CUDA graph capture every row is recorded unsupported)
+        rows, tensors = [r.index for r, _ in pairs], [t for _, t in pairs]
+        return self.staging(_CPU).write_many_native(rows, tensors)
+
+    def _write_many(
+        self, state: StepState, stream: str, pairs: Sequence[tuple[Row, torch.Tensor]]
+    ) -> None:
+        if not state.hist_due[stream]:  # the common case: one native call, no per-row Python
+            try:
+                if self._write_many_native(pairs):
+                    return
+            except Exception:  # nothing counts as written: the general path records every row
+                pass
+        by_index: dict[int, Row] = {}
+        ready: list[tuple[int, torch.Tensor]] = []
+        for row, tensor in pairs:
+            try:
+                x, note = reducible(tensor)
+            except Exception as e:
+                state.failed[row.index] = type(e).__name__
+                continue
+            if x is None:
+                state.unsupported[row.index] = note or "unknown"
+                continue
+            if note is not None:
+                state.row_notes[row.index] = note
+            by_index[row.index] = row
+            ready.append((row.index, x))
+        histogram = state.hist_due[stream]
+        for dev, (idx, ts) in by_device(ready).items():
+            staging = self.staging(dev)
+            try:
+                staging.write_many(idx, ts, histogram)
+            except Exception:  # e.g. a dtype the kernels refuse: record each row on its own
+                for i, t in zip(idx, ts):
+                    if staging.fired[i] == 0:
+                        self.reduce(by_index[i], t)
+
+
+# ------------------------------------------------------------------ (capture)
+MAX_DEPTH = 4
+
+
+def _children(value: Any) -> list[Any] | None:
+    if isinstance(value, Mapping):
+        return list(value.values())
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return [getattr(value, f.name) for f in dataclasses.fields(value)]
+    if isinstance(value, (tuple, list)):
+        return list(value)
+    return None
+
+
+def find_tensor(output: Any, depth: int = 0) -> torch.Tensor | None:
+    """The first tensor depth-first in ``output`` (the rule above), or ``None``."""
+    if isinstance(output, torch.Tensor):
+        return output
+    if depth >= MAX_DEPTH:
+        return None
+    children = _children(output)
+    for child in children or ():
+        if child is not None:
+            found = find_tensor(child, depth + 1)
+            if found is not None:
+                return found
+    return None
+
+
+def find_path(output: Any, path: str) -> torch.Tensor | None:
+    """The tensor at a dotted ``path`` of keys, attributes and indices (``None``: not there)."""
+    value = output
+    for part in path.split("."):
+        if isinstance(value, Mapping):
+            value = value.get(part)
+        elif isinstance(value, (tuple, list)):
+            try:
+                value = value[int(part)]
+            except (ValueError, IndexError):
+                return None
+        else:
+            value = getattr(value, part, None)
+        if value is None:
+            return None
+    return value if isinstance(value, torch.Tensor) else None
+
+
+def module_output(output: Any, key: str | None) -> tuple[torch.Tensor | None, str | None]:
+    """``(tensor, None)``, or ``(None, reason)`` when the output holds no reducible tensor."""
+    if key is None:
+        t = find_tensor(output)
+        return (t, None) if t is not None else (None, "no_tensor_output")
+    t = find_path(output, key)
+    return (t, None) if t is not None else (None, f"output_key_missing:{key}")
+
+
+def _not_capturing() -> bool:
+    return False
+
+
+#: the CUDA-graph capture probe (tests substitute it on the CPU)
+capture_probe = (
+    torch.cuda.is_current_stream_capturing if torch.cuda.is_available() else _not_capturing
+)
+
+
+def reducible(t: torch.Tensor) -> tuple[torch.Tensor | None, str | None]:
+    """``(tensor to reduce, disclosure or None)``, or ``(None, unsupported reason)``."""
+    if capture_probe():
+        return None, "cuda_graph_capture"
+    t = t.detach()
+    if type(t) is not torch.Tensor:  # a DTensor: its local shard (see .sharded)
+        local, reason = local_part(t)
+        if local is None:  # FakeTensor, other subclasses (detach keeps them), Partial DTensors
+            return None, reason
+        t = local
+    if t.layout is torch.strided and not t.is_meta and not t.is_complex():
+        return t, None  # the common case, decided as the checks below decide it
+    note = None
+    if t.layout is not torch.strided:
+        if t.layout is torch.sparse_coo:
+            t = t.coalesce().values()
+        elif t.layout in (torch.sparse_csr, torch.sparse_csc, torch.sparse_bsr, torch.sparse_bsc):
+            t = t.values()
+        else:
+            return None, f"layout:{str(t.layout).replace('torch.', '')}"
+        note = "sparse_values"
+    if t.is_complex():  # other dtypes the kernels refuse are caught by the collector
+        return None, f"complex:{str(t.dtype).replace('torch.', '')}"
+    if t.device.type == "meta":
+        return None, "meta_tensor"
+    return t, note
+
+
+#: Unsupported reason (and ``skipped_calls:`` disclosure) of a call under a ``torch.func`` transform.
+TORCH_FUNC = "torch_func"
+
+_functorch = getattr(torch._C, "_functorch", None)
+
+
+def under_transform(t: torch.Tensor) -> bool:
+    """Whether ``t`` is a ``torch.func`` (functorch) wrapper: a module called inside ``vmap``,
+    ``grad`` or ``jvp``. Its values live in the transform's batched view, not in a storage a
+    kernel may read."""
+    return (
+        _functorch is not None
+        and _functorch.peek_interpreter_stack() is not None
+        and _functorch.is_functorch_wrapped_tensor(t)
+    )
+
+
+_graph_task_id = getattr(torch._C, "_current_graph_task_id", lambda: -1)
+
+
+def in_backward() -> bool:
+    """Whether the autograd engine is running a backward on this thread (a checkpoint recompute
+    is the only forward that happens there)."""
+    return _graph_task_id() != -1

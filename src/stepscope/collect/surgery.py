@@ -25,7 +25,6 @@ from typing import Any
 
 import torch
 
-from stepscope.collect import stepstate
 from stepscope.collect.sites import ROOT_SITE, Row, param_signature, update_indices
 
 
@@ -144,7 +143,7 @@ class StructureWatch:
             self._edges = None
         if self._edges is None:
             self._edges = identity_edges(self.model, self.sites.bound, self._params)
-        if stepstate.FAST_BOUNDARY and all(holder.get(k) is obj for holder, k, obj in self._edges):
+        if all(holder.get(k) is obj for holder, k, obj in self._edges):
             return []  # every object still where it was bound: find_changes would find none
         changes = find_changes(self.model, self.sites.bound, self._params)
         for change in changes:

@@ -4,7 +4,7 @@ Before the step, each ``update`` row's parameter is sampled at fixed indices (or
 has at most ``sample_size`` elements; see :func:`~stepscope.collect.sites.update_indices`); after
 the step the same indices are sampled again and the difference is reduced. The indices are
 logical: a sharded (DTensor) parameter samples the ones its local shard owns
-(:func:`~stepscope.collect.sharded.local_sample_index`), so the merged sample does not depend on
+(:func:`~stepscope.collect.distributed.local_sample_index`), so the merged sample does not depend on
 the world size.
 
 The common case takes one native call per step and direction (:class:`UpdateSampler`): the
@@ -23,7 +23,7 @@ from collections.abc import Iterable, Iterator, MutableMapping, Sequence
 
 import torch
 
-from stepscope.collect.sharded import is_sharded, local_part, local_sample_index
+from stepscope.collect.distributed import is_sharded, local_part, local_sample_index
 from stepscope.collect.sites import Row, update_indices
 from stepscope.stats import _native
 from stepscope.stats.gather import SampleGather, gatherable

@@ -58,7 +58,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from stepscope.collect import DEFAULT_STREAMS, WatchSettings
-from stepscope.collect.optimizers import unwrap_optimizer
+from stepscope.collect.optimizer import unwrap_optimizer
 from stepscope.errors import require_extra
 from stepscope.integrations.session import ProbePlan, TrainerSession
 from stepscope.probe import DenseProbe

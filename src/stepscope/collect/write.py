@@ -1,6 +1,8 @@
-"""The step boundary: a finished step's rows become its record and reach the destination.
+"""Writing a step: the step boundary, batch assembly, the destination, and resume.
 
-At the end of every step the collector hands its :class:`~stepscope.collect.stepstate.StepState`
+The step boundary: a finished step's rows become its record and reach the destination.
+
+At the end of every step the collector hands its :class:`~stepscope.collect.step.StepState`
 to :meth:`StepBoundary.write`, which
 
 1. copies the staged rows to the host (one copy per buffer; none when no stream is due),
@@ -8,43 +10,77 @@ to :meth:`StepBoundary.write`, which
    :class:`~stepscope.history.ObservationBatch` per due stream (rows of inactive branches
    withheld),
 3. builds the :class:`~stepscope.history.StepBlockRecord` (``examples_seen`` accumulated, the
-   optimizer facts of :func:`~stepscope.collect.stepstate.step_truth`),
+   optimizer facts of :func:`~stepscope.collect.step.step_truth`),
 4. closes the step's clocks (``clock/*`` scalars) and, during an ``"auto"`` cadence warm-up,
-   feeds the :class:`~stepscope.collect.warmup.WarmupMeter` (``cadence/*`` scalars),
+   feeds the :class:`~stepscope.collect.cadence.WarmupMeter` (``cadence/*`` scalars),
 5. writes the step (artifact, or RAM ring and run-log rows).
 
 :meth:`StepBoundary.close` flushes what is left when the collector closes.
 
 :meth:`StepBoundary.publish` then puts the step on the event stream; the collector calls it
 last, once the next step has begun, so that a check raising there leaves it ready.
+
+Where a collector's steps go: a disk-first artifact (a new version, or ``output_dir``) or RAM.
+
+:func:`open_store` builds the run record (fingerprint, descriptor, cadences, streams) and the
+writer, ring and site catalog that the collector writes through.
+
+Resume: where a resumed collector's step and ``examples_seen`` continue from.
+
+The checks themselves (same run, same model fingerprint, same histogram descriptor) are made by
+the writer (:func:`stepscope.history.artifact.check_resume_facts`), which also records the new
+segment's own facts with its ancestry. This module answers the two questions the collector
+has before its first step:
+
+* which run the artifact holds (:func:`artifact_run_id`), so that a resume without an explicit
+  ``run_id`` continues it;
+* how many examples were consumed before the resume step (:func:`resumed_examples_seen`).
+
+Example
+-------
+>>> from stepscope.history import StepBlockRecord
+>>> resumed_examples_seen(10, StepBlockRecord(9, examples_seen=640), None)
+640
+>>> resumed_examples_seen(12, StepBlockRecord(9, examples_seen=640), None) is None  # a gap
+True
+>>> resumed_examples_seen(12, StepBlockRecord(9, examples_seen=640), 768)  # declared
+768
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 from typing import Any
 
-from stepscope.collect import stepstate
+import torch
+
 from stepscope.collect.activations import ActivationSites
-from stepscope.collect.reduce import Reducer
-from stepscope.collect.settings import Cadence, WatchSettings
-from stepscope.collect.sites import Row
-from stepscope.collect.stepstate import StepState, StreamPlan, assemble_batches, step_truth
-from stepscope.collect.store import Store
-from stepscope.collect.warmup import WarmupMeter
+from stepscope.collect.cadence import Cadence, WarmupMeter
+from stepscope.collect.settings import WatchSettings
+from stepscope.collect.sites import Row, SiteCatalog
+from stepscope.collect.staging import Reducer
+from stepscope.collect.step import StepState, StreamPlan, assemble_batches, step_truth
 from stepscope.errors import Refusal
 from stepscope.events.convert import events_from_step
 from stepscope.events.live import LiveStream, open_live
 from stepscope.history import (
+    ArtifactWriter,
     CloseReport,
     ObservationBatch,
+    RunRecord,
     StepBlockRecord,
     StepProvenance,
+    StepRing,
     StepTruth,
+    model_fingerprint,
 )
+from stepscope.history.files import read_json
+from stepscope.history.versions import claim_version, default_root
 from stepscope.runlog import (
+    ClockRow,
     Drained,
     PendingStep,
     StepClock,
@@ -53,9 +89,11 @@ from stepscope.runlog import (
     withhold_inactive,
     write_clock_rows,
 )
+from stepscope.stats import backend_info
 
-__all__ = ["StepBoundary", "WrittenStep"]
+__all__ = ["StepBoundary", "WrittenStep", "artifact_run_id", "resumed_examples_seen"]
 
+# ------------------------------------------------------------------ (boundary)
 #: what a step that logged nothing drains (never mutated: the boundary copies its scalars)
 NOTHING_LOGGED = Drained()
 
@@ -135,13 +173,12 @@ class StepBoundary:
         hist_step = any(state.hist_due.values())
         any_due = any(state.spine_due.values())  # nothing due: no copy at all this step
         host = self.reducer.to_host(hist_step) if any_due else {}
-        fast = stepstate.FAST_BOUNDARY
         # nothing logged this step (the common case): nothing to drain
-        drained = self.pending.drain(state.step) if self.pending or not fast else NOTHING_LOGGED
+        drained = self.pending.drain(state.step) if self.pending else NOTHING_LOGGED
         scalars = dict(drained.scalars)
         inactive = {a.name for a in drained.activity if not a.ran}
         batches: list[ObservationBatch] = []
-        if any_due or not fast:  # nothing due: no batch (none is assembled)
+        if any_due:  # nothing due: no batch (none is assembled)
             batches = assemble_batches(
                 state,
                 self.streams,
@@ -150,7 +187,7 @@ class StepBoundary:
                 self.reducer.stagings,
                 scaler,
                 self.settings.update_sample_size,
-                self._plans if fast else None,
+                self._plans,
             )
             batches = withhold_inactive(batches, self.store.catalog.sites, inactive)
         if examples_seen is not None:  # None: unknown since a resume (never restarted at 0)
@@ -160,9 +197,7 @@ class StepBoundary:
             examples_seen=examples_seen if state.examples is not None else None,
             epoch=state.epoch,
             provenance=provenance,
-            truth=step_truth(
-                state, scaler, provenance, optimizer_known, self._truths if fast else None
-            ),
+            truth=step_truth(state, scaler, provenance, optimizer_known, self._truths),
             wall_time=time.time(),
         )
         # clocks before the write: a host-clock row travels in the block's scalars (and live
@@ -246,3 +281,171 @@ class StepBoundary:
         stream = self.settings.event_stream
         if stream is not None and stream.active:
             stream.publish(events_from_step(block, batches, sites, descriptor, written.scalars))
+
+
+# ------------------------------------------------------------------ (store)
+@dataclass
+class Store:
+    """The opened destination of a collector."""
+
+    run: RunRecord
+    ring: StepRing
+    catalog: Any  # ArtifactWriter (disk) or SiteCatalog (RAM): both register and end sites
+    writer: ArtifactWriter | None
+    path: Path | None
+    next_step: int  # 0, or the step after the last committed one when resuming
+    examples_seen: int | None = 0  # examples consumed before next_step (None: unknown)
+
+    def write_step(
+        self,
+        rows: Any,
+        block: StepBlockRecord,
+        batches: Sequence[ObservationBatch],
+        scalars: Mapping[str, float],
+        dated: Sequence[tuple[str, int, float]],
+        late_clocks: Sequence[ClockRow],
+    ) -> None:
+        """Write one finished step: its block and observations (artifact, or RAM ring and
+        ``rows``), user scalars logged for other steps, and clock rows of earlier steps resolved
+        late (CUDA events)."""
+        if self.writer is not None:  # the boundary's own batches: see ArtifactWriter.write_step
+            self.writer.write_step(block, list(batches), scalars=dict(scalars), trusted=True)
+        else:
+            self.ring.push(block, list(batches))
+            rows.write_step(block, scalars=dict(scalars))
+        for name, at, value in dated:
+            rows.write_scalar(name, at, value)
+        write_clock_rows(rows, list(late_clocks))
+
+
+def run_directory(settings: WatchSettings, rank: int = 0, world: int = 1) -> Path | None:
+    """The directory a collector writes to (``None``: ``in_memory``); claims a new version.
+
+    ``output_dir`` is used as given; otherwise the next ``version_<N>`` of
+    ``<root_dir>/<name>`` is created (:func:`~stepscope.history.versions.claim_version`). Under
+    several ranks each rank writes its own ``rank<r>`` subdirectory.
+    """
+    s = settings
+    if s.in_memory:
+        return None
+    slot = f"rank{rank:03d}" if world > 1 else None
+    if s.output_dir:
+        return Path(s.output_dir) / (slot or "")
+    parent = Path(s.root_dir) if s.root_dir else default_root()
+    return claim_version(parent / s.name if s.name else parent, slot)
+
+
+def run_exists_remedies(path: Path) -> list[str]:
+    """What to do when an exact ``output_dir`` already holds a run: the two exact spellings."""
+    name = (
+        path.name
+        if (default_root() / path.name).resolve() != path.resolve()
+        else f"{path.name}_runs"
+    )
+    return [
+        f"continue that run: ss.WatchSettings(output_dir={str(path)!r}, resume=True)",
+        f"or a new run every time: ss.WatchSettings(name={name!r}) writes "
+        f"{default_root() / name}/version_<N> (collector.run_dir says which)",
+    ]
+
+
+def open_store(
+    model: torch.nn.Module,
+    settings: WatchSettings,
+    streams: Sequence[str],
+    cadences: Mapping[str, Cadence],
+    auto: Any,
+) -> Store:
+    """Open the artifact (or RAM ring) a collector of ``model`` writes to."""
+    s = settings
+    rank, world = 0, 1
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
+    device = next((str(p.device) for p in model.parameters()), "cpu")
+    run = RunRecord.new(
+        run_id=s.run_id,
+        model_fingerprint=model_fingerprint(model),
+        histogram_descriptor=s.descriptor.to_dict(),
+        cadences={k: c.spine for k, c in cadences.items() if isinstance(c.spine, int)},
+        device=device,
+        rank=rank,
+        world_size=world,
+        extra={
+            **dict(s.extra),
+            "cadences": {k: c.describe() for k, c in cadences.items()},
+            "auto_cadence": None if auto is None else asdict(auto),
+            "streams": list(streams),
+            "update_sample_size": s.update_sample_size,
+            "update_seed": s.update_seed,
+            "kernel_backend": backend_info(),  # which reduction kernels produced the rows
+        },
+    )
+    path = run_directory(s, rank, world)
+    if path is None:
+        ring = StepRing(s.ram_capacity, s.ram_policy)
+        return Store(run, ring, SiteCatalog(), None, None, 0)
+    ring = StepRing(s.ram_capacity, "refuse", disk_backed=True)
+    if s.resume and s.run_id is None:
+        found = artifact_run_id(path)
+        if found is not None:  # continue the artifact's run (none yet: keep the new run id)
+            run = replace(run, run_id=found)
+    try:
+        writer = ArtifactWriter(
+            path,
+            run,
+            resume=s.resume,
+            resume_at_step=s.resume_step,
+            commit_steps=s.commit_steps,
+            commit_seconds=s.commit_seconds,
+            durable=s.durable,
+            ring=ring,
+        )
+    except Refusal as err:
+        if err.code != "history_run_exists":
+            raise
+        raise Refusal("history_run_exists", err.message, run_exists_remedies(path)) from err
+    if not s.resume:
+        return Store(run, ring, writer, writer, path, 0)
+    step = int(writer.run.resumed_at_step or 0)
+    seen = resumed_examples_seen(step, writer.resumed_after, s.resume_examples_seen)
+    return Store(writer.run, ring, writer, writer, path, step, seen)
+
+
+# ------------------------------------------------------------------ (resume)
+def artifact_run_id(path: str | Path) -> str | None:
+    """The run id of the artifact in ``path`` (``None`` when there is none yet)."""
+    manifest = Path(path) / "manifest.json"
+    if not manifest.exists():
+        return None
+    segments = read_json(manifest, "manifest").get("segments") or [{}]
+    run_id = segments[-1].get("run_id")
+    return run_id if isinstance(run_id, str) else None
+
+
+def resumed_examples_seen(
+    step: int, before: StepBlockRecord | None, declared: int | None
+) -> int | None:
+    """``examples_seen`` at the resume ``step``: declared, or the committed block just before.
+
+    Parameters
+    ----------
+    step
+        The first step of the new segment.
+    before
+        The last committed step block before ``step`` (``None``: there is none).
+    declared
+        The user's ``resume_examples_seen`` (wins when given).
+
+    Returns
+    -------
+    int or None
+        ``0`` at step 0; the block's value when it is exactly ``step - 1``; otherwise ``None``
+        (the steps in between were never committed, so the count is unknown, never restarted).
+    """
+    if declared is not None:
+        return int(declared)
+    if step == 0:
+        return 0
+    if before is None or before.optimizer_step != step - 1:
+        return None
+    return before.examples_seen

@@ -1,27 +1,64 @@
-"""Step assembly: what one step has seen, the user's step handle, and the step's batches.
+"""The step: what one step has seen, its handle, its loss-scaler facts and telemetry window.
+
+Step assembly: what one step has seen, the user's step handle, and the step's batches.
 
 The collector's hooks fill a :class:`StepState`; at the step boundary :func:`assemble_batches`
 turns the staged rows (already copied to the host) into one
 :class:`~stepscope.history.ObservationBatch` per due stream, and :func:`step_truth` states the
 optimizer facts of the step.
+
+Loss-scaler inspection: is a gradient read now scaled or unscaled, and what scale is in force.
+
+Only public facts of a ``torch.amp.GradScaler`` are read (its per-optimizer stage and
+``get_scale()``); nothing is changed.
+
+The telemetry window: work the user does *for* telemetry, outside the collector's hooks.
+
+``with collector.telemetry(): ...`` brackets work such as a dense probe's measurement, its
+serialisation, or a parameter snapshot. While a window is open:
+
+* its wall-clock seconds are charged to the current step's ``clock/telemetry_seconds`` (the
+  step being recorded, or the next one between steps), never to the isolated training seconds
+  ``clock/training_seconds`` of a step transaction it runs inside;
+* the collector's hooks record nothing: forwards, backwards and optimizer steps run inside the
+  window never reach the step's activation, gradient, parameter or update rows.
+
+Windows nest; only the outermost one is timed.
+
+Example
+-------
+>>> import torch, stepscope as ss
+>>> model = torch.nn.Linear(4, 2)
+>>> opt = torch.optim.SGD(model.parameters(), lr=0.1)
+>>> with ss.HistoryCollector(model, sites="Linear") as c:
+...     with c.step(opt, examples=8):
+...         model(torch.randn(8, 4)).pow(2).mean().backward(); opt.step()
+...         with c.telemetry():
+...             _ = model(torch.randn(100, 4))  # a probe forward: not folded into the step
+>>> int(c.last_batches[0].spines[0, 0])  # the activation row counts the 8x2 training output
+16
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
 
-from stepscope.collect.scaler import as_scale, scale_grad_of, scale_in_force, update_marker
 from stepscope.collect.sites import Row
 from stepscope.history import ObservationBatch, Presence, StepProvenance, StepTruth, Tristate
 from stepscope.history.batch import code_of
 from stepscope.history.vocab import UPDATE_SAMPLED, Phase, ScaleGrad, Stream
 from stepscope.stats import SPINE_WIDTH
 
+__all__ = ["TelemetryWindow"]
+
+# ------------------------------------------------------------------ (stepstate)
 OBSERVED, ABSENT = code_of(Presence.OBSERVED), code_of(Presence.SITE_ABSENT)
 UNSUPPORTED, FAILED = code_of(Presence.UNSUPPORTED), code_of(Presence.CAPTURE_FAILED)
 PHASE: dict[str, Phase] = {
@@ -31,11 +68,6 @@ PHASE: dict[str, Phase] = {
     "parameter": Phase.POST_STEP,
     "update": Phase.POST_STEP,
 }
-
-#: The step boundary's fast paths (cached per-stream plans, batches built without re-checking
-#: what the boundary constructed itself, no host work on steps where nothing is due). ``False``
-#: takes the plain path everywhere; a test records the same run both ways and compares.
-FAST_BOUNDARY = True
 
 
 @dataclass
@@ -293,13 +325,12 @@ def assemble_batches(
     run, or its gradient was ``None``).
 
     ``plans`` caches each stream's :class:`StreamPlan` between steps (``None``: built afresh).
-    With :data:`FAST_BOUNDARY` the batches are built by
-    :meth:`~stepscope.history.ObservationBatch.trusted` (their arrays are made here, of the
-    right kinds, one row per series); otherwise they are checked like any other batch.
+    The batches are built by :meth:`~stepscope.history.ObservationBatch.trusted`: their arrays
+    are made here, of the right kinds, one row per site (``tests/collect/boundary_reference.py``
+    keeps the checked per-row assembly the equivalence test compares against).
     """
     out = []
     plans = {} if plans is None else plans
-    fast = FAST_BOUNDARY
     for stream in streams:
         if not state.spine_due[stream]:
             continue
@@ -330,9 +361,8 @@ def assemble_batches(
         )
         grad_scale = None if scale_grad is None else ScaleGrad(scale_grad)
         row_disclosures = tuple(notes) if any(notes) else None
-        make = ObservationBatch.trusted if fast else ObservationBatch
         out.append(
-            make(
+            ObservationBatch.trusted(
                 plan.stream,
                 phase,
                 plan.site_ids,
@@ -369,3 +399,103 @@ def _row_notes(
             note = (*note, *plan.sampled[j])
         notes.append(note)  # an absent row's note says why (e.g. not_stepped:grad_none)
     return notes
+
+
+# ------------------------------------------------------------------ (scaler)
+def grad_scale_status(scaler: Any, explicit: bool) -> str:
+    """``scaled``/``unscaled``/``unknown`` for parameter gradients read right now.
+
+    Outside an explicit transaction the collector cannot know (``unknown``); inside one without a
+    scaler the gradients are unscaled; with a scaler, ``GradScaler.step`` unscales before it
+    calls ``optimizer.step``, which its per-optimizer stage records.
+    """
+    if not explicit:
+        return "unknown"
+    if scaler is None:
+        return "unscaled"  # the explicit transaction declared no loss scaling
+    try:
+        stages = [str(s.get("stage")) for s in scaler._per_optimizer_states.values()]
+        return "unscaled" if any("UNSCALED" in s or "STEPPED" in s for s in stages) else "scaled"
+    except AttributeError:
+        return "unknown"
+
+
+def scale_grad_of(stream: str, grad_status: str, explicit: bool, scaler: Any) -> str | None:
+    """The ``scale_grad`` field of a stream's batch (``None`` for non-gradient streams)."""
+    if stream == "gradient":
+        return grad_status
+    if stream == "activation_grad":  # taken during backward: scaled iff a scaler scaled the loss
+        if not explicit:
+            return "unknown"
+        return "scaled" if scaler is not None else "unscaled"
+    return None
+
+
+def loss_scale(scaler: Any) -> float | None:
+    """The scaler's current scale (``None`` without a scaler)."""
+    return None if scaler is None else float(scaler.get_scale())
+
+
+def scale_in_force(scaler: Any) -> torch.Tensor | float | None:
+    """The scale that multiplies this iteration's loss, read without a host sync.
+
+    Taken when the iteration begins (before ``scaler.update()`` changes it): a device copy of
+    the scale tensor, the initial scale before the first ``scaler.scale``, ``1.0`` for a
+    disabled scaler, ``None`` without a scaler. :func:`as_scale` turns it into a float.
+    """
+    if scaler is None:
+        return None
+    if hasattr(scaler, "is_enabled") and not scaler.is_enabled():
+        return 1.0
+    current = getattr(scaler, "_scale", None)
+    if isinstance(current, torch.Tensor):
+        return current.detach().clone()
+    init = getattr(scaler, "_init_scale", None)
+    return float(init) if init is not None else float(scaler.get_scale())
+
+
+def as_scale(value: torch.Tensor | float | None) -> float | None:
+    """A :func:`scale_in_force` value as a float (one host read at the step boundary)."""
+    return None if value is None else float(value)
+
+
+def update_marker(scaler: Any) -> Any:
+    """An object that changes identity at every ``scaler.update()`` (its per-optimizer states).
+
+    ``GradScaler.update`` replaces ``_per_optimizer_states`` with a fresh dict, so a changed
+    marker means an iteration ended, even when ``GradScaler.step`` skipped ``optimizer.step``
+    (and with it the optimizer's hooks) because of an inf/NaN gradient.
+    """
+    return getattr(scaler, "_per_optimizer_states", None)
+
+
+# ------------------------------------------------------------------ (telemetry)
+class TelemetryWindow:
+    """Depth and timing of nested ``telemetry()`` windows of one collector.
+
+    Parameters
+    ----------
+    charge
+        Called with the seconds of each outermost window when it closes.
+    """
+
+    def __init__(self, charge: Callable[[float], None]) -> None:
+        self._charge = charge
+        self.depth = 0
+
+    @property
+    def open(self) -> bool:
+        """Whether a window is open (the hooks must record nothing)."""
+        return self.depth > 0
+
+    @contextmanager
+    def __call__(self) -> Iterator[None]:
+        """Open a window; on exit (also by an exception) charge its seconds and close it."""
+        t0 = time.perf_counter()
+        self.depth += 1
+        try:
+            yield
+        finally:
+            self.depth -= 1
+            if self.depth == 0:
+                self._charge(time.perf_counter() - t0)

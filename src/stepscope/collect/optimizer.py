@@ -1,11 +1,42 @@
-"""Optimizer steps: what the collector reads at an optimizer's step hooks, and when.
+"""Optimizers: step hooks, closures, ownership, and where an implicit iteration ends.
 
-:class:`OptimizerSteps` holds the :class:`~stepscope.collect.optimizers.OptimizerWatch` of every
+Optimizer hooks: which rows an optimizer owns, and when its gradients are read.
+
+* :func:`unwrap_optimizer` follows wrappers that expose the real optimizer as ``.optimizer``
+  (accelerate's ``AcceleratedOptimizer``, which the Hugging Face ``Trainer`` uses) or
+  ``._optimizer`` (Lightning's ``LightningOptimizer``) down to the ``torch.optim.Optimizer``
+  whose step hooks fire; anything else refuses ``optimizer_unsupported``.
+* :class:`OptimizerWatch` holds one optimizer's step hooks and the ``gradient``, ``parameter``
+  and ``update`` rows of the parameters in its ``param_groups``. Each optimizer reduces only
+  its own rows, so with two optimizers neither writes (fake, zero) updates of the other's
+  parameters.
+* Gradient timing: the rows hold the ``.grad`` the optimizer consumes. Without a closure, the
+  pre-step hook reads them (after the step's last backward and any clipping or unscaling done
+  before ``step()``). With ``optimizer.step(closure)`` (LBFGS, Lightning's automatic and manual
+  optimization, whose precision plugin wraps the user's closure with its clipping) the backward,
+  clipping and unscaling run *inside* the step: the pre-step hook hands torch the closure
+  wrapped by :func:`read_after`, which reads the gradients right after the closure returns and
+  before the optimizer reads ``.grad`` (for LBFGS with several closure evaluations per step:
+  each evaluation replaces the rows, the last one's stays).
+
+Example
+-------
+>>> import torch
+>>> inner = torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=0.1)
+>>> class Wrapped:  # what accelerate / HF hand to a callback
+...     def __init__(self, optimizer):
+...         self.optimizer = optimizer
+>>> unwrap_optimizer(Wrapped(inner)) is inner
+True
+
+Optimizer steps: what the collector reads at an optimizer's step hooks, and when.
+
+:class:`OptimizerSteps` holds the :class:`~stepscope.collect.optimizer.OptimizerWatch` of every
 optimizer the collector saw and decides, at each step hook, what is read:
 
 * pre-step: the owned ``gradient`` rows, as the optimizer consumes them (after the step's last
   backward and any clipping/unscaling; with ``optimizer.step(closure)`` right after the closure
-  returns, inside the step: see :mod:`.optimizers`) and the pre-step sample of the owned
+  returns, inside the step: see :mod:`.optimizer`) and the pre-step sample of the owned
   ``update`` rows;
 * post-step: the owned ``update`` rows (after - before on the sampled indices) of the
   parameters the optimizer stepped, and ``parameter`` rows; in the implicit spelling the
@@ -19,7 +50,24 @@ Which steps count: once an explicit transaction was used (or the collector resum
 its iteration staged and warns; the next transaction refuses ``step_transaction_required``).
 In the implicit spelling with a ``GradScaler``, an iteration whose optimizer step the scaler
 skipped is ended at the next training forward or at :meth:`~stepscope.HistoryCollector.close`
-as its own step with ``applied=no`` (:mod:`.iterations`).
+as its own step with ``applied=no`` (:mod:`.optimizer`).
+
+Implicit spelling: where an iteration ends when no optimizer step ends it.
+
+``HistoryCollector(model, optimizer=opt)`` ends a step at each optimizer post-step hook. An
+iteration whose optimizer step never ran fires no hook:
+
+* with ``scaler=`` (a ``GradScaler``), an iteration whose step the scaler skipped (inf/NaN
+  gradients) is seen at the next training forward (the scaler's ``update()`` replaced its
+  per-optimizer states, :func:`~stepscope.collect.step.update_marker`) or at ``close()``, and
+  ends as its own step with ``applied=no`` (:meth:`ImplicitIterations.iteration_hook`);
+* without ``scaler=``, the collector cannot see the scaler; it sees a training forward after a
+  backward whose gradients were reset (``zero_grad``) with no optimizer step in between. That
+  iteration is merged into the next step (what it can record), and a ``RuntimeWarning`` says so
+  once, naming ``scaler=`` (:meth:`ImplicitIterations.unstepped_iteration_hook`). A backward is
+  noticed by a post-accumulate-grad hook on one trainable parameter of the optimizer (its
+  gradient is never read there); gradient accumulation (gradients kept between forwards) and a
+  loop that steps every iteration never warn.
 """
 
 from __future__ import annotations
@@ -32,20 +80,193 @@ from typing import Any, Protocol
 import torch
 
 from stepscope.collect.activations import ActivationSites
-from stepscope.collect.iterations import ImplicitIterations
-from stepscope.collect.optimizers import OptimizerWatch, read_after, unwrap_optimizer
-from stepscope.collect.reduce import Reducer
-from stepscope.collect.scaler import grad_scale_status, update_marker
-from stepscope.collect.sites import Row
-from stepscope.collect.stepstate import StepState
+from stepscope.collect.sites import PARAM_STREAMS, Row
+from stepscope.collect.staging import Reducer
+from stepscope.collect.step import StepState, grad_scale_status, scale_in_force, update_marker
 from stepscope.collect.updates import UpdateSampler, stepped_only
 from stepscope.errors import Refusal
 from stepscope.history import StepProvenance
 from stepscope.profile.scope import internal_scope
-from stepscope.stephooks import user_stacklevel
+from stepscope.stephooks import OuterStepHooks, user_stacklevel
 
-__all__ = ["OptimizerSteps", "StepHost"]
+__all__ = [
+    "ImplicitIterations",
+    "OptimizerSteps",
+    "OptimizerWatch",
+    "StepHost",
+    "closure_of",
+    "read_after",
+    "unwrap_optimizer",
+    "with_closure",
+]
 
+# ------------------------------------------------------------------ (optimizers)
+_WRAPPER_ATTRS = ("optimizer", "_optimizer")
+
+
+def _hookable(obj: Any) -> bool:
+    # a constructed torch optimizer: its step is patched to run the registered step hooks
+    return isinstance(obj, torch.optim.Optimizer) and hasattr(obj, "_optimizer_step_pre_hooks")
+
+
+def unwrap_optimizer(optimizer: Any) -> torch.optim.Optimizer:
+    """The ``torch.optim.Optimizer`` whose step hooks fire for ``optimizer``.
+
+    Wrappers are followed through ``.optimizer`` / ``._optimizer`` (several levels deep).
+
+    Raises
+    ------
+    Refusal
+        ``optimizer_unsupported`` when no hookable torch optimizer is found.
+    """
+    seen: set[int] = set()
+    current = optimizer
+    while id(current) not in seen:
+        seen.add(id(current))
+        inner = next(
+            (
+                getattr(current, a)
+                for a in _WRAPPER_ATTRS
+                if getattr(current, a, None) is not None and getattr(current, a) is not current
+            ),
+            None,
+        )
+        if inner is None:
+            break
+        current = inner
+    if not _hookable(current):
+        raise Refusal(
+            "optimizer_unsupported",
+            f"{type(optimizer).__name__} is not a torch.optim.Optimizer with step hooks and "
+            "exposes none as .optimizer or ._optimizer.",
+            [
+                "pass the underlying torch.optim.Optimizer",
+                "or a wrapper that exposes it as .optimizer",
+            ],
+        )
+    return current
+
+
+def closure_of(
+    optimizer: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Callable[[], Any] | None:
+    """The closure passed to ``optimizer.step`` (positional or keyword), if any.
+
+    A step hook's ``args`` start with the optimizer itself (``step``'s ``self``).
+    """
+    if args and args[0] is optimizer:
+        args = args[1:]
+    closure = args[0] if args else kwargs.get("closure")
+    return closure if callable(closure) else None
+
+
+def with_closure(
+    optimizer: Any, args: tuple[Any, ...], kwargs: dict[str, Any], closure: Callable[[], Any]
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """``step``'s ``(args, kwargs)`` with its closure (as :func:`closure_of` found it) replaced.
+
+    >>> opt, old, new = object(), (lambda: 1), (lambda: 2)
+    >>> with_closure(opt, (opt, old), {}, new)[0][1] is new
+    True
+    >>> with_closure(opt, (opt,), {"closure": old}, new)[1]["closure"] is new
+    True
+    """
+    lead = 1 if args and args[0] is optimizer else 0
+    if len(args) > lead:
+        return (*args[:lead], closure, *args[lead + 1 :]), kwargs
+    return args, {**kwargs, "closure": closure}
+
+
+def read_after(closure: Callable[[], Any], read: Callable[[], None]) -> Callable[[], Any]:
+    """``closure`` followed by ``read()``: what the optimizer calls instead of ``closure``.
+
+    The closure's result is returned unchanged; ``read`` must never raise (the collector's
+    telemetry guard is inside it).
+
+    >>> seen = []
+    >>> wrapped = read_after(lambda: seen.append("backward") or 1.5, lambda: seen.append("read"))
+    >>> wrapped(), seen
+    (1.5, ['backward', 'read'])
+    """
+
+    def closure_then_read() -> Any:
+        result = closure()
+        read()
+        return result
+
+    return closure_then_read
+
+
+class OptimizerWatch:
+    """One optimizer's step hooks and the parameter rows it owns.
+
+    Parameters
+    ----------
+    optimizer
+        A hookable ``torch.optim.Optimizer`` (see :func:`unwrap_optimizer`).
+    rows
+        All rows of the collector; the ones of parameters in ``optimizer.param_groups`` are owned.
+    on_pre, on_post
+        Called as ``on_pre(watch, closure)`` and ``on_post(watch)`` from the step hooks;
+        ``on_pre`` may return a closure to run in place of the step's own (see
+        :func:`read_after`), or ``None``.
+    """
+
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        rows: Sequence[Row],
+        on_pre: Callable[[OptimizerWatch, Callable[[], Any] | None], Callable[[], Any] | None],
+        on_post: Callable[[OptimizerWatch], None],
+    ) -> None:
+        self.optimizer = optimizer
+        self._all_rows = list(rows)
+        self._owned_count = -1
+        self.rows: dict[str, list[Row]] = {}
+        self.param_ids: frozenset[int] = frozenset()  # ids of the parameters it steps
+        self.refresh()
+        self._on_pre = on_pre
+        self.hooks = OuterStepHooks(  # once per step() call, also when it nests super().step()
+            optimizer, pre=self._pre, post=lambda _o, _a, _k: on_post(self)
+        )
+
+    def _pre(
+        self, optimizer: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
+        closure = closure_of(optimizer, args, kwargs)
+        replacement = self._on_pre(self, closure)
+        if replacement is None or closure is None:
+            return None
+        return with_closure(optimizer, args, kwargs, replacement)
+
+    def refresh(self) -> None:
+        """Recompute ownership when the optimizer's parameter list changed (add_param_group)."""
+        count = sum(len(g["params"]) for g in self.optimizer.param_groups)
+        if count == self._owned_count:
+            return
+        self._owned_count = count
+        owned = {id(p) for g in self.optimizer.param_groups for p in g["params"]}
+        self.param_ids = frozenset(owned)
+        self.rows = {
+            s: [r for r in self._all_rows if r.stream == s and id(r.param) in owned]
+            for s in PARAM_STREAMS
+        }
+
+    def invalidate(self) -> None:
+        """Recompute ownership at the next :meth:`owned` (rows were rebound: model surgery)."""
+        self._owned_count = -1
+
+    def owned(self, stream: str) -> list[Row]:
+        """This optimizer's rows of ``stream`` (``gradient``, ``parameter`` or ``update``)."""
+        self.refresh()
+        return self.rows[stream]
+
+    def remove(self) -> None:
+        """Remove every hook of this watch (idempotent)."""
+        self.hooks.remove()
+
+
+# ------------------------------------------------------------------ (stepping)
 #: Disclosure (and unsupported reason of update rows) of a parameter stepped twice in one step.
 AGAIN = "several_optimizer_steps"
 #: Disclosure of the ``site_absent`` update row of a parameter the optimizer skipped (no grad).
@@ -118,7 +339,7 @@ class OptimizerSteps:
         self, model: torch.nn.Module, optimizer: Any, scaler: Any, sites: ActivationSites
     ) -> None:
         """Implicit spelling: the optimizer's step hooks end each step; where an iteration
-        ends without one is :class:`~stepscope.collect.iterations.ImplicitIterations`'."""
+        ends without one is :class:`~stepscope.collect.optimizer.ImplicitIterations`'."""
         watch = self.attach(optimizer)
         self.implicit = ImplicitIterations(self.host, sites)
         self.implicit.attach(model, watch, scaler)
@@ -393,3 +614,117 @@ def _update_failed(state: StepState, rows: Sequence[Row], error: Exception) -> N
     """The update sample of ``rows`` raised: each is recorded ``capture_failed`` this step."""
     for row in rows:
         state.failed[row.index] = type(error).__name__
+
+
+# ------------------------------------------------------------------ (iterations)
+class IterationHost(Protocol):
+    """What the iteration watch needs from its collector."""
+
+    _state: StepState | None
+    _txn_open: bool
+
+    def _finish_step(self, provenance: StepProvenance, optimizer_known: bool = True) -> None: ...
+
+
+class ImplicitIterations:
+    """The implicit spelling's iteration boundaries that no optimizer step marks.
+
+    Parameters
+    ----------
+    host
+        The collector (its current step and step boundary).
+    sites
+        The activation sites (which forwards are training forwards).
+    """
+
+    def __init__(self, host: IterationHost, sites: ActivationSites) -> None:
+        self.host, self.sites = host, sites
+        self.scaler: Any = None  # the scaler= given to the collector
+        self._handles: list[Any] = []
+        self._probe: torch.Tensor | None = None  # the parameter whose backward is noticed
+        self._backward = False  # a backward reached the probe since the last training forward
+        self._warned = False
+
+    def attach(self, model: torch.nn.Module, watch: OptimizerWatch, scaler: Any) -> None:
+        """Watch ``model``'s forwards (and, without a scaler, one parameter's backward)."""
+        if scaler is not None:
+            self.scaler = scaler
+            self._handles.append(model.register_forward_pre_hook(self.iteration_hook))
+            return
+        params = (p for g in watch.optimizer.param_groups for p in g["params"])
+        probe = next((p for p in params if p.requires_grad), None)
+        if probe is None:
+            return
+        self._probe = probe
+        self._handles.append(probe.register_post_accumulate_grad_hook(self._backward_seen))
+        self._handles.append(model.register_forward_pre_hook(self.unstepped_iteration_hook))
+
+    def remove(self) -> None:
+        """Remove every hook (idempotent)."""
+        handles, self._handles = self._handles, []
+        for h in handles:
+            h.remove()
+
+    def stepped(self) -> None:
+        """An optimizer step ended the iteration: its backward was stepped."""
+        self._backward = False
+
+    def _backward_seen(self, _param: torch.Tensor) -> None:
+        self._backward = True
+
+    def unstepped_iteration_hook(self, _module: torch.nn.Module, _inputs: Any) -> None:
+        """No ``scaler=``: a training forward after a backward whose gradients were reset, with
+        no optimizer step between them, warns once (the iteration is merged into this step)."""
+        state = self.host._state
+        if self._warned or state is None or self.host._txn_open:
+            return
+        if not self.sites.training_forward():
+            return
+        backward, self._backward = self._backward, False
+        probe = self._probe
+        if backward and probe is not None and probe.grad is None:
+            self._warned = True
+            warnings.warn(
+                f"stepscope: an iteration ended without an optimizer step (step {state.step}: a "
+                "backward ran, its gradients were reset, no optimizer.step() hook fired); it is "
+                "merged into this step. With a GradScaler that skips steps, pass it: "
+                "HistoryCollector(model, optimizer=opt, scaler=scaler), so a skipped iteration "
+                "is its own step with applied=no; or use `with collector.step(opt, "
+                "scaler=scaler):`.",
+                RuntimeWarning,
+                stacklevel=user_stacklevel(),  # the user's model(...) call
+            )
+
+    def iteration_hook(self, _module: torch.nn.Module, _inputs: Any) -> None:
+        """With ``scaler=``: a training forward after ``scaler.update()``.
+
+        An iteration whose optimizer step the scaler skipped never fires the step hooks; its
+        ``update()`` is seen here, at the next iteration's first forward, and ends it as its
+        own step with ``applied=no``.
+        """
+        state = self.host._state
+        if state is None or self.host._txn_open or not self.sites.training_forward():
+            return
+        marker = update_marker(self.scaler)
+        if state.scaler_marker is not None and marker is not state.scaler_marker:
+            state.skipped = True
+            self.host._finish_step(StepProvenance.IMPLICIT)
+            state = self.host._state
+            if state is None:
+                return
+        if state.scaler_marker is None:
+            state.scaler_marker = marker
+            state.scale_in_force = scale_in_force(self.scaler)
+
+    def finish_skipped(self) -> None:
+        """At close: the last iteration's skipped step (with ``scaler=``) is still a step."""
+        state = self.host._state
+        scaler = self.scaler
+        if (
+            scaler is not None
+            and state is not None
+            and state.scaler_marker is not None
+            and update_marker(scaler) is not state.scaler_marker
+        ):
+            state.skipped = True
+            self.host._finish_step(StepProvenance.IMPLICIT)
