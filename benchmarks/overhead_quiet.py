@@ -37,8 +37,8 @@ def keep_quiet_work(c: HistoryCollector) -> None:
         return state
 
     c._begin_step = begin_checked  # type: ignore[method-assign]
-    if c._state is not None:
-        c._state.structure_checked = False
+    if c._open.state is not None:
+        c._open.state.structure_checked = False
 
 
 def measure(key: str, steps: int, warmup: int, tmp: str) -> str:

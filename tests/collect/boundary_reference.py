@@ -2,7 +2,7 @@
 
 :func:`reference_assemble_batches` rebuilds every index array, presence vector and note of a due
 stream from the rows at every step, one row at a time, exactly as the collector did before
-:class:`~stepscope.collect.step.StreamPlan` cached them. The boundary test
+:class:`~stepscope.collect.write.StreamPlan` cached them. The boundary test
 (``test_boundary_equivalence.py``) records the same run through it (with every fast path of the
 boundary switched off) and through the production path, and compares every stored value.
 """
@@ -15,15 +15,8 @@ from typing import Any
 import numpy as np
 
 from stepscope.collect.sites import Row
-from stepscope.collect.step import (
-    ABSENT,
-    FAILED,
-    OBSERVED,
-    PHASE,
-    UNSUPPORTED,
-    StepState,
-    scale_grad_of,
-)
+from stepscope.collect.step import StepState, scale_grad_of
+from stepscope.collect.write import ABSENT, FAILED, OBSERVED, PHASE, UNSUPPORTED
 from stepscope.history import ObservationBatch
 from stepscope.history.vocab import UPDATE_SAMPLED, Phase, ScaleGrad, Stream
 from stepscope.stats import SPINE_WIDTH

@@ -209,7 +209,7 @@ def test_quiet_steps_return_early_yet_a_module_first_run_then_is_recorded_when_d
             net(torch.randn(2, 4), use_b=step >= 3).sum().backward()
             opt.step()
             opt.zero_grad()
-            calls.append(c._state.hook_calls)
+            calls.append(c._open.state.hook_calls)
     c.close()
     h = open_history(tmp_path / "run")
     s = h.series("b", "activation", "sum")

@@ -2,7 +2,7 @@
 
 The boundary caches per-stream row plans, builds its batches without re-validating what it
 constructed itself, skips host work on steps where nothing is due, and reuses step facts that
-did not change (in :mod:`stepscope.collect.write` and :mod:`stepscope.collect.step`; only that
+did not change (in :mod:`stepscope.collect.write`; only that
 path ships, and :func:`_plain` below switches it off for the reference). Each test records the same
 25-step run of a real model twice, once as shipped and once with every fast path off and the
 batches assembled by the previous per-row implementation
@@ -25,7 +25,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import stepscope.collect.step as step_mod
 import stepscope.collect.surgery as surgery_mod
 import stepscope.collect.write as write_mod
 from stepscope.collect import Cadence, HistoryCollector, WatchSettings
@@ -154,7 +153,7 @@ def _plain(m: pytest.MonkeyPatch) -> None:
     searched for on every checked step (no identity shortcut).
     """
     m.setattr(write_mod, "assemble_batches", reference_assemble_batches)
-    truth = step_mod.step_truth
+    truth = write_mod.step_truth
     m.setattr(write_mod, "step_truth", lambda s, sc, p, k, seen=None: truth(s, sc, p, k, None))
     write_step = ArtifactWriter.write_step
 
@@ -192,7 +191,7 @@ def test_fast_boundary_stores_exactly_what_the_plain_boundary_stores(
     _assert_same(fast, plain)
     # the run exercised what it claims: histograms, every presence, row disclosures, masks
     assert len(fast["histograms"]) > 0 and len(fast["blocks"]) == STEPS
-    codes = {step_mod.OBSERVED, step_mod.FAILED, step_mod.UNSUPPORTED}
+    codes = {write_mod.OBSERVED, write_mod.FAILED, write_mod.UNSUPPORTED}
     assert codes <= _presences(fast)
     notes = {d for ds in fast["disclosures"] for d in ds}
     assert {"capture_failed:RuntimeError", "capture_failed:ValueError"} <= notes
@@ -202,7 +201,7 @@ def test_fast_boundary_stores_exactly_what_the_plain_boundary_stores(
     ended = {s["ended_reason"] for s in fast["sites"]}
     assert "module_replaced" in ended  # the surgery started new series mid-run
     if model_name == "gpt":  # its attention dropout never runs
-        assert step_mod.ABSENT in _presences(fast)
+        assert write_mod.ABSENT in _presences(fast)
 
 
 def test_the_plain_boundary_is_a_different_code_path(tmp_path, monkeypatch):

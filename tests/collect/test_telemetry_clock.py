@@ -118,9 +118,9 @@ def test_telemetry_window_closes_on_an_exception():
         with pytest.raises(KeyError):
             with c.telemetry():
                 raise KeyError("probe failed")
-        assert not c._telemetry.open
+        assert not c._open.window.open
         model(torch.randn(2, 3, 8, 8))
-        assert c._staging(torch.device("cpu")).fired.sum() == 1  # recording again
+        assert c._reducer.staging(torch.device("cpu")).fired.sum() == 1  # recording again
 
 
 def test_the_transactions_own_bookkeeping_is_telemetry_not_training(tmp_path):

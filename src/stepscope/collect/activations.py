@@ -49,8 +49,8 @@ from __future__ import annotations
 
 import fnmatch
 import time
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, Protocol
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 import torch
 
@@ -63,33 +63,47 @@ from stepscope.collect.sites import (
     output_signature,
     unwrap_compiled,
 )
-from stepscope.collect.staging import TORCH_FUNC, in_backward, module_output, under_transform
-from stepscope.collect.step import StepState
-
-
-class SiteHost(Protocol):
-    """What the activation hooks need from their collector."""
-
-    _state: StepState | None
-    catalog: Any
-
-    def _forward_may_count(self) -> bool: ...
-    def _reduce(self, row: Row, tensor: torch.Tensor) -> None: ...
-    def _check_structure(self) -> None: ...
+from stepscope.collect.staging import (
+    TORCH_FUNC,
+    Reducer,
+    in_backward,
+    module_output,
+    under_transform,
+)
+from stepscope.collect.step import OpenStep, StepState
 
 
 class ActivationSites:
-    """Forward hooks (one per selected module, two on the model) and the activation rows."""
+    """Forward hooks (one per selected module, two on the model) and the activation rows.
+
+    Parameters
+    ----------
+    step
+        The collector's open step: the hooks record into its state (never begin or end one).
+    reducer
+        Where an observed output (and its gradient) is reduced.
+    catalog
+        The site catalog (a discovered or changed output registers a site there).
+    check_structure
+        The collector's model-surgery check, run before a step's first forward.
+    model, modules, rows, output_keys
+        The watched model, its selected ``(name, module)`` pairs, every row, and
+        ``WatchSettings.output_keys``.
+    """
 
     def __init__(
         self,
-        host: SiteHost,
+        step: OpenStep,
+        reducer: Reducer,
+        catalog: Any,
+        check_structure: Callable[[], None],
         model: torch.nn.Module,
         modules: Sequence[tuple[str, torch.nn.Module]],
         rows: Sequence[Row],
         output_keys: Mapping[str, str],
     ) -> None:
-        self.host, self.model = host, model
+        self.step, self.reducer, self.catalog = step, reducer, catalog
+        self.check_structure, self.model = check_structure, model
         self.rows: dict[int, dict[str, Row]] = {}  # id(module) -> {stream: row}
         for r in rows:
             if r.stream in ACTIVATION_STREAMS:
@@ -170,12 +184,12 @@ class ActivationSites:
         self._depth += 1
         if self._depth == 1:
             self._root_grad = torch.is_grad_enabled() and not torch.is_inference_mode_enabled()
-            state = self.host._state
+            state = self.step.state
             if state is not None:
                 state.hook_calls += 2  # the model's own pre and post hooks
             if state is not None and not state.structure_checked:
                 try:
-                    self.host._check_structure()  # model surgery, before the first forward
+                    self.check_structure()  # model surgery, before the first forward
                 except Exception:  # never in the user's step; retried at the step's end
                     state.structure_checked = False
 
@@ -192,13 +206,16 @@ class ActivationSites:
             grad = self._root_grad
         else:
             grad = torch.is_grad_enabled() and not torch.is_inference_mode_enabled()
-        return grad and self.host._forward_may_count()
+        step = self.step  # the collector's half: a step is recorded, in training or a transaction
+        return (
+            grad and step.recording() is not None and (self.model.training or step.in_transaction)
+        )
 
     def _forward_hook(self, module: torch.nn.Module, _inputs: Any, output: Any) -> None:
         if torch.compiler.is_compiling():  # inside a compiled region: no graph break, no row
             self.compiled = self._compiled_seen = True
             return
-        state = self.host._state
+        state = self.step.state
         if state is None:  # between steps (closed, or a step that failed to begin)
             return
         if state.activations_quiet and self._all_discovered():  # nine steps in ten by default
@@ -247,9 +264,9 @@ class ActivationSites:
                 self.bind(rows.values(), sig, state.step)
                 break
         if row is not None:
-            self.host._reduce(row, t)
+            self.reducer.reduce(row, t)
         if grow is not None and due["activation_grad"] and t.requires_grad:
-            t.register_hook(lambda g, grow=grow: self.host._reduce(grow, g))
+            t.register_hook(lambda g, grow=grow: self.reducer.reduce(grow, g))
         for r in rows.values():
             r.numel = numel
 
@@ -271,7 +288,7 @@ class ActivationSites:
 
     def bind(self, rows: Iterable[Row], sig: str, step: int) -> None:
         """Register rows under ``sig``: discovery, or a structural change (a new series)."""
-        catalog = self.host.catalog
+        catalog = self.catalog
         self._discovered = self._registered = None
         for row in rows:
             if row.signature == sig:

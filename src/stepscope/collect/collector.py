@@ -69,8 +69,8 @@ from stepscope.collect.sites import (
     register_param_sites,
     unwrap_compiled,
 )
-from stepscope.collect.staging import Reducer, Staging
-from stepscope.collect.step import StepState, StepTransaction, TelemetryWindow
+from stepscope.collect.staging import Reducer
+from stepscope.collect.step import OpenStep, StepState, StepTransaction
 from stepscope.collect.surgery import StructureWatch
 from stepscope.collect.updates import assign_update_indices
 from stepscope.collect.write import StepBoundary, open_store
@@ -181,31 +181,42 @@ class HistoryCollector(UserLog):
         self._by_stream: dict[str, list[Row]] = {
             s: [r for r in self.rows if r.stream == s] for s in streams
         }
-        self._sites = ActivationSites(
-            self, model, self.modules, self.rows, self.settings.output_keys
-        )
-        self._reducer = Reducer(
-            len(self.rows), self.descriptor, self.settings.kernel_backend, self._recording
-        )
-        self._steps = OptimizerSteps(
-            self, self.rows, self._by_stream, streams, self._reducer, self.settings.resume
-        )
-        self._telemetry = TelemetryWindow(self._charge)
-        self._pending = PendingStep()  # user scalars and branch masks of the current step
-        self._timer = time.perf_counter
-        self._closed = False
-        self.close_report: CloseReport | None = None  # set by close(): what was not committed
-        self._state: StepState | None = None
-        self._txn_open = False
-        self._scaler: Any = None
-        self._staged = True  # rows may be staged since the buffers' last reset
-        self.last_block: StepBlockRecord | None = None
-        self.telemetry_seconds = 0.0
-        self._misuse = MisuseGuard(model)
+        self._open = OpenStep()  # the step the hooks record into; only this class ends one
         store = open_store(watched, self.settings, streams, self.cadences, self.auto)
         self._store = store
         self.run, self.ring, self.catalog = store.run, store.ring, store.catalog
         self.writer, self.path, self._next_step = store.writer, store.path, store.next_step
+        self._reducer = Reducer(
+            len(self.rows), self.descriptor, self.settings.kernel_backend, self._open.recording
+        )
+        self._sites = ActivationSites(
+            self._open,
+            self._reducer,
+            self.catalog,
+            self._check_structure,
+            model,
+            self.modules,
+            self.rows,
+            self.settings.output_keys,
+        )
+        self._steps = OptimizerSteps(
+            self._open,
+            self._finish_step,
+            self._restart_step,
+            self.rows,
+            self._by_stream,
+            streams,
+            self._reducer,
+            self.settings.resume,
+        )
+        self._pending = PendingStep()  # user scalars and branch masks of the current step
+        self._timer = time.perf_counter
+        self._closed = False
+        self.close_report: CloseReport | None = None  # set by close(): what was not committed
+        self._staged = True  # rows may be staged since the buffers' last reset
+        self.last_block: StepBlockRecord | None = None
+        self.telemetry_seconds = 0.0
+        self._misuse = MisuseGuard(model)
         self._examples_seen: int | None = store.examples_seen
         if self.path is not None:
             log.info("recording run %s to %s", self.run.run_id, self.path)
@@ -306,27 +317,9 @@ class HistoryCollector(UserLog):
             live_merge=None if live is None else (live.bytes_per_step(), live.world_size),
         )
 
-    # ------------------------------------------------------------------ hooks (delegates)
-    def _recording(self) -> StepState | None:
-        """The step being recorded, ``None`` when the hooks must record nothing."""
-        return None if self._telemetry.open else self._state
-
-    def _staging(self, device: torch.device) -> Staging:
-        return self._reducer.staging(device)
-
-    def _reduce(self, row: Row, tensor: torch.Tensor) -> None:
-        self._reducer.reduce(row, tensor)
-
+    # ------------------------------------------------------------------ hooks
     def _attach_optimizer(self, optimizer: Any) -> OptimizerWatch:
         return self._steps.attach(optimizer)
-
-    def _forward_may_count(self) -> bool:
-        """The collector's half of the training-forward rule (see :mod:`.activations`)."""
-        return (
-            self._state is not None
-            and not self._telemetry.open
-            and (self.model.training or self._txn_open)
-        )
 
     def _flight_optimizers(self) -> None:
         """The flight recorder reads every watched optimizer's steps (idempotent)."""
@@ -336,7 +329,7 @@ class HistoryCollector(UserLog):
 
     def _check_structure(self) -> None:
         """Model surgery: end the series of replaced or removed modules and parameters."""
-        state = self._state
+        state = self._open.state
         if state is None:
             return
         state.structure_checked = True
@@ -350,7 +343,7 @@ class HistoryCollector(UserLog):
         seconds, and the forwards, backwards and optimizer steps run inside it never reach the
         step's rows. See :mod:`stepscope.collect.step`.
         """
-        return self._telemetry()
+        return self._open.window()
 
     # ------------------------------------------------------------------ step lifecycle
     def _begin_step(self) -> StepState:
@@ -372,7 +365,7 @@ class HistoryCollector(UserLog):
         any_due = any(due.values())  # histogram steps are spine steps
         state.structure_checked = not any_due
         self._sites.rest(state.activations_quiet)  # quiet: module hooks off (torch's fast path)
-        self._state = state
+        self._open.state = state
         self.clock.begin(step)
         # rows are staged only while a step with something due is open: after a quiet step the
         # buffers' flags are still clear (no numpy call on nine steps in ten by default)
@@ -381,11 +374,17 @@ class HistoryCollector(UserLog):
         self._staged = any_due
         return state
 
+    def _restart_step(self) -> None:
+        """Drop the open step's observations and begin it afresh (a bare optimizer step outside
+        a transaction, where only transactions are steps: nothing of it is recorded)."""
+        self._open.state = None
+        self._begin_step()
+
     def _current(self) -> StepState:
         """The open step (one is always open between steps of an open collector)."""
-        if self._state is None:
+        if self._open.state is None:
             return self._begin_step()
-        return self._state
+        return self._open.state
 
     @contextmanager
     def step(
@@ -412,7 +411,7 @@ class HistoryCollector(UserLog):
         t_enter = time.perf_counter()
         self._check_open()
         examples, epoch = check_count(examples, "examples"), check_count(epoch, "epoch")
-        if self._txn_open:
+        if self._open.in_transaction:
             raise Refusal(
                 "step_transaction_nested", "a step transaction is already open", ["close it first"]
             )
@@ -425,18 +424,18 @@ class HistoryCollector(UserLog):
         if not state.structure_checked:
             self._check_structure()
         state.open_transaction(examples, epoch, scaler)
-        self._txn_open, self._scaler = True, scaler
+        self._open.in_transaction, self._open.scaler = True, scaler
         self.clock.begin(state.step)  # the training clock times the transaction body
         # the transaction's own bookkeeping (checks, optimizer watches, model surgery) is telemetry
         state.charge(None, time.perf_counter() - t_enter)
         state.window_from, state.started = state.telemetry_s, time.perf_counter()
         try:
-            yield StepTransaction(self, state)
+            yield StepTransaction(state, self._log_in)
         except BaseException:
-            self._txn_open = False
+            self._open.in_transaction = False
             self.close()
             raise
-        self._txn_open = False
+        self._open.in_transaction = False
         t_close, charged = time.perf_counter(), state.telemetry_s
         self._steps.close_transaction(scaler, state)
         # its bookkeeping beyond the reductions it charged is telemetry, not training
@@ -444,7 +443,7 @@ class HistoryCollector(UserLog):
         try:
             self._finish_step(StepProvenance.EXPLICIT, optimizer_known=bool(self._steps.watches))
         finally:
-            self._scaler = None
+            self._open.scaler = None
 
     def _finish_step(self, provenance: StepProvenance, optimizer_known: bool = True) -> None:
         state = self._current()
@@ -453,7 +452,7 @@ class HistoryCollector(UserLog):
         if not state.structure_checked:
             self._check_structure()
         written = self._boundary.write(
-            state, started, provenance, optimizer_known, self._scaler, self._examples_seen
+            state, started, provenance, optimizer_known, self._open.scaler, self._examples_seen
         )
         if written.cadences is not None:
             self.cadences = written.cadences
@@ -473,7 +472,7 @@ class HistoryCollector(UserLog):
                 self._live, written.block, written.batches, written.histogram_step
             )
         self._next_step = state.step + 1
-        self._state = None
+        self._open.state = None
         nxt = self._begin_step()
         # publish last, once the step is written and the next one begun: a check that raises
         # (action="raise") leaves the collector ready for the next step
@@ -485,13 +484,21 @@ class HistoryCollector(UserLog):
             nxt.telemetry_s += nxt.carried_s
 
     # ------------------------------------------------------------------ run log (UserLog)
+    def _log_in(
+        self, state: StepState, name: str, value: float | torch.Tensor, step: int | None
+    ) -> None:
+        """``StepTransaction.log``: after the step's ``with`` block ended it warns once and
+        records the value at that step (:mod:`stepscope.collect.misuse`)."""
+        if step is None and self._next_step > state.step:  # that step is written already
+            self._misuse.log_after_close(name, state.step)
+            step = state.step
+        self.log(name, value, step)
+
     def _charge(self, seconds: float) -> None:
-        # inside a telemetry() window its own timer counts everything (no double charge)
-        if self._state is not None and not self._telemetry.open:
-            self._state.telemetry_s += seconds
+        self._open.charge(seconds)
 
     def _eval_coordinate(self) -> tuple[int, int | None]:
-        step = self._state.step if self._state is not None else self._next_step
+        step = self._open.state.step if self._open.state is not None else self._next_step
         last = self.last_block
         if last is None and self._next_step == 0:  # nothing consumed yet: a true zero
             return step, 0
@@ -528,9 +535,9 @@ class HistoryCollector(UserLog):
             self._sites.remove()
         finally:
             self._steps.remove()  # optimizer hooks; pending update samples are dropped
-            if self._state is not None:  # telemetry after the last step is still telemetry
-                self.clock.trailing(self._state.telemetry_s)
-            self._state = None
+            if self._open.state is not None:  # telemetry after the last step is still telemetry
+                self.clock.trailing(self._open.state.telemetry_s)
+            self._open.state = None
             # disk faults are reported (close_report), not raised
             self.close_report = self._boundary.close(self._next_step)
             if self.forensics is not None:  # hooks off, the window written a last time

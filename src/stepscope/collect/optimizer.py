@@ -75,14 +75,20 @@ from __future__ import annotations
 import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 
 from stepscope.collect.activations import ActivationSites
 from stepscope.collect.sites import PARAM_STREAMS, Row
 from stepscope.collect.staging import Reducer
-from stepscope.collect.step import StepState, grad_scale_status, scale_in_force, update_marker
+from stepscope.collect.step import (
+    OpenStep,
+    StepState,
+    grad_scale_status,
+    scale_in_force,
+    update_marker,
+)
 from stepscope.collect.updates import UpdateSampler, stepped_only
 from stepscope.errors import Refusal
 from stepscope.history import StepProvenance
@@ -93,7 +99,6 @@ __all__ = [
     "ImplicitIterations",
     "OptimizerSteps",
     "OptimizerWatch",
-    "StepHost",
     "closure_of",
     "read_after",
     "unwrap_optimizer",
@@ -273,25 +278,16 @@ AGAIN = "several_optimizer_steps"
 NOT_STEPPED = "not_stepped:grad_none"
 
 
-class StepHost(Protocol):
-    """What the optimizer-step handling needs from its collector."""
-
-    _state: StepState | None
-    _txn_open: bool
-    _scaler: Any  # the open transaction's GradScaler
-
-    def _recording(self) -> StepState | None: ...
-    def _begin_step(self) -> StepState: ...
-    def _finish_step(self, provenance: StepProvenance, optimizer_known: bool = True) -> None: ...
-
-
 class OptimizerSteps:
     """The optimizer watches of one collector and the rows read at their step hooks.
 
     Parameters
     ----------
-    host
-        The collector (its current step, transaction and step boundary).
+    step
+        The collector's open step (read by the hooks; only the collector begins or ends one).
+    end_step, restart_step
+        The collector's callbacks: end the open step (an implicit optimizer step ends it), and
+        drop it and begin it afresh (a bare optimizer step outside a transaction).
     rows, by_stream, streams
         All rows, the per-stream rows (shared with model surgery, which retires rows), and the
         collector's streams.
@@ -303,14 +299,17 @@ class OptimizerSteps:
 
     def __init__(
         self,
-        host: StepHost,
+        step: OpenStep,
+        end_step: Callable[[StepProvenance], None],
+        restart_step: Callable[[], None],
         rows: Sequence[Row],
         by_stream: Mapping[str, list[Row]],
         streams: Sequence[str],
         reducer: Reducer,
         explicit_only: bool,
     ) -> None:
-        self.host, self.rows, self.by_stream, self.streams = host, rows, by_stream, streams
+        self.step, self.end_step, self.restart_step = step, end_step, restart_step
+        self.rows, self.by_stream, self.streams = rows, by_stream, streams
         self.reducer = reducer
         self.explicit_only = explicit_only  # bare optimizer steps are not steps
         self.stray_step: int | None = None  # a bare optimizer step after explicit ones
@@ -341,7 +340,7 @@ class OptimizerSteps:
         """Implicit spelling: the optimizer's step hooks end each step; where an iteration
         ends without one is :class:`~stepscope.collect.optimizer.ImplicitIterations`'."""
         watch = self.attach(optimizer)
-        self.implicit = ImplicitIterations(self.host, sites)
+        self.implicit = ImplicitIterations(self.step, self.end_step, sites)
         self.implicit.attach(model, watch, scaler)
 
     @property
@@ -395,7 +394,7 @@ class OptimizerSteps:
 
     def _outside_transaction(self) -> bool:
         """A bare ``optimizer.step()`` where only explicit steps count (never silently implicit)."""
-        return self.explicit_only and not self.host._txn_open
+        return self.explicit_only and not self.step.in_transaction
 
     # ------------------------------------------------------------------ step hooks
     def pre_step(
@@ -403,7 +402,7 @@ class OptimizerSteps:
     ) -> Callable[[], Any] | None:
         """Before the optimizer changes anything: gradients (or, with a closure, the closure to
         run instead, which reads them after the original returns) and the update sample."""
-        state = self.host._recording()
+        state = self.step.recording()
         if state is None or self._outside_transaction():
             return None
         t0, charged = time.perf_counter(), state.telemetry_s
@@ -446,8 +445,8 @@ class OptimizerSteps:
     def _scale_status(self) -> str:
         """Whether gradients read now are scaled (``unknown`` in the implicit spelling unless
         the scaler was given to the collector)."""
-        txn = self.host._txn_open
-        scaler = self.host._scaler if txn else self.implicit_scaler
+        txn = self.step.in_transaction
+        scaler = self.step.scaler if txn else self.implicit_scaler
         return grad_scale_status(scaler, txn or scaler is not None)
 
     def after_closure(self, watch: OptimizerWatch) -> None:
@@ -457,7 +456,7 @@ class OptimizerSteps:
         closure left without a gradient stays ``site_absent``, never a stale read. Telemetry:
         never raises into the closure's caller (the optimizer).
         """
-        state = self.host._recording()
+        state = self.step.recording()
         if state is None or not state.spine_due["gradient"]:
             return
         rows = watch.owned("gradient")
@@ -472,7 +471,7 @@ class OptimizerSteps:
 
     def post_step(self, watch: OptimizerWatch) -> None:
         """After the optimizer step: updates and parameter values; ends an implicit step."""
-        state = self.host._recording()
+        state = self.step.recording()
         if state is None:
             return
         if self._outside_transaction():
@@ -504,9 +503,9 @@ class OptimizerSteps:
             self.take_parameters(watch.owned("parameter"))
         state.hook_calls += 1
         state.hook_s += time.perf_counter() - t_hook - (state.telemetry_s - charged)
-        if not self.host._txn_open:  # implicit spelling: the optimizer step ends the step
+        if not self.step.in_transaction:  # implicit spelling: the optimizer step ends the step
             self.take_parameters(self.by_stream.get("parameter", []))  # frozen ones too
-            self.host._finish_step(StepProvenance.IMPLICIT)
+            self.end_step(StepProvenance.IMPLICIT)
 
     def _shared_params(self) -> frozenset[int]:
         """Ids of the parameters more than one watched optimizer owns (cached while every
@@ -563,7 +562,7 @@ class OptimizerSteps:
 
     def take_gradients(self, rows: Sequence[Row], phase_scale: str) -> None:
         """Read the gradients of ``rows`` not read yet this step."""
-        state = self.host._state
+        state = self.step.state
         if state is None or "gradient" not in self.streams:
             return
         if not state.spine_due["gradient"]:  # nothing is read; the step's scaling is still noted
@@ -584,7 +583,7 @@ class OptimizerSteps:
 
     def take_parameters(self, rows: Sequence[Row]) -> None:
         """Read the values of ``rows`` not read yet this step."""
-        state = self.host._state
+        state = self.step.state
         if state is None or not state.spine_due.get("parameter", False):
             return
         pairs: list[tuple[Row, torch.Tensor]] = []
@@ -606,8 +605,7 @@ class OptimizerSteps:
             stacklevel=user_stacklevel(),  # the bare optimizer.step()
         )
         self.updates.clear()
-        self.host._state = None
-        self.host._begin_step()
+        self.restart_step()
 
 
 def _update_failed(state: StepState, rows: Sequence[Row], error: Exception) -> None:
@@ -617,28 +615,24 @@ def _update_failed(state: StepState, rows: Sequence[Row], error: Exception) -> N
 
 
 # ------------------------------------------------------------------ (iterations)
-class IterationHost(Protocol):
-    """What the iteration watch needs from its collector."""
-
-    _state: StepState | None
-    _txn_open: bool
-
-    def _finish_step(self, provenance: StepProvenance, optimizer_known: bool = True) -> None: ...
-
-
 class ImplicitIterations:
     """The implicit spelling's iteration boundaries that no optimizer step marks.
 
     Parameters
     ----------
-    host
-        The collector (its current step and step boundary).
+    step, end_step
+        The collector's open step and its callback that ends it (see :class:`OptimizerSteps`).
     sites
         The activation sites (which forwards are training forwards).
     """
 
-    def __init__(self, host: IterationHost, sites: ActivationSites) -> None:
-        self.host, self.sites = host, sites
+    def __init__(
+        self,
+        step: OpenStep,
+        end_step: Callable[[StepProvenance], None],
+        sites: ActivationSites,
+    ) -> None:
+        self.step, self.end_step, self.sites = step, end_step, sites
         self.scaler: Any = None  # the scaler= given to the collector
         self._handles: list[Any] = []
         self._probe: torch.Tensor | None = None  # the parameter whose backward is noticed
@@ -675,8 +669,8 @@ class ImplicitIterations:
     def unstepped_iteration_hook(self, _module: torch.nn.Module, _inputs: Any) -> None:
         """No ``scaler=``: a training forward after a backward whose gradients were reset, with
         no optimizer step between them, warns once (the iteration is merged into this step)."""
-        state = self.host._state
-        if self._warned or state is None or self.host._txn_open:
+        state = self.step.state
+        if self._warned or state is None or self.step.in_transaction:
             return
         if not self.sites.training_forward():
             return
@@ -702,14 +696,14 @@ class ImplicitIterations:
         ``update()`` is seen here, at the next iteration's first forward, and ends it as its
         own step with ``applied=no``.
         """
-        state = self.host._state
-        if state is None or self.host._txn_open or not self.sites.training_forward():
+        state = self.step.state
+        if state is None or self.step.in_transaction or not self.sites.training_forward():
             return
         marker = update_marker(self.scaler)
         if state.scaler_marker is not None and marker is not state.scaler_marker:
             state.skipped = True
-            self.host._finish_step(StepProvenance.IMPLICIT)
-            state = self.host._state
+            self.end_step(StepProvenance.IMPLICIT)
+            state = self.step.state
             if state is None:
                 return
         if state.scaler_marker is None:
@@ -718,7 +712,7 @@ class ImplicitIterations:
 
     def finish_skipped(self) -> None:
         """At close: the last iteration's skipped step (with ``scaler=``) is still a step."""
-        state = self.host._state
+        state = self.step.state
         scaler = self.scaler
         if (
             scaler is not None
@@ -727,4 +721,4 @@ class ImplicitIterations:
             and update_marker(scaler) is not state.scaler_marker
         ):
             state.skipped = True
-            self.host._finish_step(StepProvenance.IMPLICIT)
+            self.end_step(StepProvenance.IMPLICIT)

@@ -55,6 +55,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from stepscope.collect.activations import ActivationSites
@@ -62,7 +63,7 @@ from stepscope.collect.cadence import Cadence, WarmupMeter
 from stepscope.collect.settings import WatchSettings
 from stepscope.collect.sites import Row, SiteCatalog
 from stepscope.collect.staging import Reducer
-from stepscope.collect.step import StepState, StreamPlan, assemble_batches, step_truth
+from stepscope.collect.step import StepState, as_scale, scale_grad_of
 from stepscope.errors import Refusal
 from stepscope.events.convert import events_from_step
 from stepscope.events.live import LiveStream, open_live
@@ -70,15 +71,19 @@ from stepscope.history import (
     ArtifactWriter,
     CloseReport,
     ObservationBatch,
+    Presence,
     RunRecord,
     StepBlockRecord,
     StepProvenance,
     StepRing,
     StepTruth,
+    Tristate,
     model_fingerprint,
 )
+from stepscope.history.batch import code_of
 from stepscope.history.files import read_json
 from stepscope.history.versions import claim_version, default_root
+from stepscope.history.vocab import UPDATE_SAMPLED, Phase, ScaleGrad, Stream
 from stepscope.runlog import (
     ClockRow,
     Drained,
@@ -89,9 +94,19 @@ from stepscope.runlog import (
     withhold_inactive,
     write_clock_rows,
 )
-from stepscope.stats import backend_info
+from stepscope.stats import SPINE_WIDTH, backend_info
 
 __all__ = ["StepBoundary", "WrittenStep", "artifact_run_id", "resumed_examples_seen"]
+
+OBSERVED, ABSENT = code_of(Presence.OBSERVED), code_of(Presence.SITE_ABSENT)
+UNSUPPORTED, FAILED = code_of(Presence.UNSUPPORTED), code_of(Presence.CAPTURE_FAILED)
+PHASE: dict[str, Phase] = {
+    "activation": Phase.FORWARD,
+    "activation_grad": Phase.BACKWARD,
+    "gradient": Phase.PRE_STEP,
+    "parameter": Phase.POST_STEP,
+    "update": Phase.POST_STEP,
+}
 
 # ------------------------------------------------------------------ (boundary)
 #: what a step that logged nothing drains (never mutated: the boundary copies its scalars)
@@ -281,6 +296,247 @@ class StepBoundary:
         stream = self.settings.event_stream
         if stream is not None and stream.active:
             stream.publish(events_from_step(block, batches, sites, descriptor, written.scalars))
+
+
+# ------------------------------------------------------------------ (batch assembly)
+def step_truth(
+    state: StepState,
+    scaler: Any,
+    provenance: StepProvenance,
+    optimizer_known: bool,
+    seen: dict[tuple[Any, ...], StepTruth] | None = None,
+) -> StepTruth:
+    """The optimizer facts of a finished step (``unknown`` wherever they were not seen).
+
+    ``seen`` keeps the facts of earlier steps by their inputs: most steps state the same facts,
+    and a :class:`~stepscope.history.StepTruth` is immutable, so it is built once and shared.
+    """
+    if state.skipped and not state.stepped:
+        applied = Tristate.NO  # the scaler ended the iteration without an optimizer step
+    elif optimizer_known and provenance is StepProvenance.EXPLICIT:
+        applied = Tristate.of(state.stepped)
+    else:
+        applied = Tristate.YES if state.stepped else Tristate.UNKNOWN
+    if seen is None:
+        return _truth(state, applied)
+    scale = state.scale_in_force
+    if scale is not None and not isinstance(scale, float):
+        return _truth(state, applied)  # a device scale: read once, never a key
+    key = (applied, scale, state.scale_grad, state.clipped, state.micro_batches)
+    truth = seen.get(key)
+    if truth is None:
+        truth = seen[key] = _truth(state, applied)
+    return truth
+
+
+def _truth(state: StepState, applied: Tristate) -> StepTruth:
+    return StepTruth(
+        applied=applied,
+        scale=as_scale(state.scale_in_force),
+        unscaled=Tristate.of(state.scale_grad == "unscaled")
+        if state.scale_grad != "unknown"
+        else Tristate.UNKNOWN,
+        clipped=Tristate.of(state.clipped),
+        micro_batches=state.micro_batches,
+    )
+
+
+@dataclass
+class StreamPlan:
+    """The registered rows of one stream and the arrays its batches need, built once.
+
+    Rebuilt by :func:`stream_plan` whenever the stream's row list is replaced (model surgery
+    retires a row), a row's series changes (discovery, surgery, ``site_absent`` registration)
+    or an update row's sampled indices change; it holds the lists and index tensors it was
+    built from, so their identities cannot be reused while it lives.
+    """
+
+    rows_list: Sequence[Row]  # the collector's row list of the stream it was built from
+    site_key: tuple[int | None, ...]  # every row's series id when built
+    sample_key: tuple[int, ...]  # ids of the update rows' sampled indices when built
+    samples: tuple[Any, ...]  # those index tensors (held: their ids stay unique)
+    rows: list[Row]  # the rows with a series, in order
+    idx: np.ndarray  # their staging rows (int64)
+    site_ids: np.ndarray  # their series ids (int32, read-only: shared by every step's batch)
+    sampled: tuple[tuple[str, ...], ...]  # each row's ``update_sampled:<k>`` note, or ()
+    any_sampled: bool
+    stream: Stream
+
+
+def stream_plan(plans: dict[str, StreamPlan], stream: str, rows_list: Sequence[Row]) -> StreamPlan:
+    """The cached :class:`StreamPlan` of ``stream``, rebuilt when its rows changed."""
+    site_key = tuple([r.site_id for r in rows_list])
+    samples = tuple([r.update_index for r in rows_list]) if stream == "update" else ()
+    sample_key = tuple(map(id, samples))
+    plan = plans.get(stream)
+    if (
+        plan is not None
+        and plan.rows_list is rows_list
+        and plan.site_key == site_key
+        and plan.sample_key == sample_key
+    ):
+        return plan
+    rows = [r for r in rows_list if r.site_id is not None]
+    site_ids = np.array([r.site_id for r in rows], dtype=np.int32)
+    site_ids.flags.writeable = False
+    sampled = tuple(
+        () if r.update_index is None else (f"{UPDATE_SAMPLED}:{len(r.update_index)}",) for r in rows
+    )
+    plan = StreamPlan(
+        rows_list,
+        site_key,
+        sample_key,
+        samples,
+        rows,
+        np.array([r.index for r in rows], dtype=np.int64),
+        site_ids,
+        sampled,
+        any(sampled),
+        Stream(stream),
+    )
+    plans[stream] = plan
+    return plan
+
+
+def _rows_of(
+    plan: StreamPlan,
+    state: StepState,
+    stream: str,
+    host: Mapping[Any, tuple[np.ndarray, np.ndarray | None]],
+    stagings: Mapping[Any, Any],
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]:
+    """Spines, presence and histograms of a plan's rows: whole-array operations per device."""
+    idx, n = plan.idx, len(plan.rows)
+    spines: np.ndarray | None = None
+    presence: np.ndarray | None = None
+    hist_rows: list[np.ndarray] = []
+    hists: list[np.ndarray] = []
+    take_hist = state.hist_due[stream]
+    failed = None
+    for dev, (sp, hi) in host.items():
+        st = stagings[dev]
+        fired = st.fired[idx] > 0
+        if spines is None and fired.all():  # the common case: every row written on one device
+            spines = sp[idx]
+            presence = np.full(n, OBSERVED, dtype=np.uint8)
+        else:
+            if spines is None or presence is None:
+                spines = np.full((n, SPINE_WIDTH), np.nan)
+                presence = np.full(n, ABSENT, dtype=np.uint8)
+            spines[fired] = sp[idx[fired]]
+            presence[fired] = OBSERVED
+        if hi is not None and take_hist:
+            ks = np.flatnonzero(st.hist_fired[idx])
+            if state.failed and len(ks):
+                if failed is None:
+                    failed = np.isin(idx, np.fromiter(state.failed, np.int64, len(state.failed)))
+                ks = ks[~failed[ks]]
+            if len(ks):
+                hist_rows.append(ks)
+                hists.append(hi[idx[ks]])
+    if spines is None or presence is None:  # no buffer at all: nothing was written
+        spines = np.full((n, SPINE_WIDTH), np.nan)
+        presence = np.full(n, ABSENT, dtype=np.uint8)
+    if not hists:
+        return spines, presence, None, None
+    if len(hists) == 1:
+        return spines, presence, hist_rows[0].astype(np.int64), np.ascontiguousarray(hists[0])
+    return spines, presence, np.concatenate(hist_rows).astype(np.int64), np.concatenate(hists)
+
+
+def assemble_batches(
+    state: StepState,
+    streams: Sequence[str],
+    by_stream: Mapping[str, Sequence[Row]],
+    host: Mapping[Any, tuple[np.ndarray, np.ndarray | None]],
+    stagings: Mapping[Any, Any],
+    scaler: Any,
+    update_sample_size: int,
+    plans: dict[str, StreamPlan] | None = None,
+) -> list[ObservationBatch]:
+    """One batch per due stream: every registered row of it, with its presence.
+
+    A row is ``observed`` when a hook wrote it on some device, ``unsupported`` when a hook saw it
+    but could not reduce it (the reason is a per-row disclosure ``unsupported:<reason>``),
+    ``capture_failed`` when the reduction raised (disclosure ``capture_failed:<exception>``;
+    the error never reaches the training step), and ``site_absent`` otherwise (the site did not
+    run, or its gradient was ``None``).
+
+    ``plans`` caches each stream's :class:`StreamPlan` between steps (``None``: built afresh).
+    The batches are built by :meth:`~stepscope.history.ObservationBatch.trusted`: their arrays
+    are made here, of the right kinds, one row per site (``tests/collect/boundary_reference.py``
+    keeps the checked per-row assembly the equivalence test compares against).
+    """
+    out = []
+    plans = {} if plans is None else plans
+    for stream in streams:
+        if not state.spine_due[stream]:
+            continue
+        plan = stream_plan(plans, stream, by_stream[stream])
+        rows = plan.rows
+        if not rows:
+            continue
+        if stream == "update" and not state.stepped:
+            continue  # a skipped optimizer step records no update at all
+        spines, presence, hist_rows, histograms = _rows_of(plan, state, stream, host, stagings)
+        notes: Sequence[tuple[str, ...]]
+        if not (state.failed or state.unsupported or state.row_notes):
+            # the common case: only update rows disclose anything (their sample size)
+            if not plan.any_sampled:
+                notes = ()
+            elif (presence == OBSERVED).all():
+                notes = plan.sampled
+            else:
+                notes = tuple(
+                    note if p == OBSERVED else ()
+                    for note, p in zip(plan.sampled, presence.tolist())
+                )
+        else:
+            notes = _row_notes(plan, state, spines, presence)
+        scale_grad = scale_grad_of(stream, state.scale_grad, state.explicit, scaler)
+        phase = (
+            PHASE[stream] if not (stream == "gradient" and not state.stepped) else Phase.BACKWARD
+        )
+        grad_scale = None if scale_grad is None else ScaleGrad(scale_grad)
+        row_disclosures = tuple(notes) if any(notes) else None
+        out.append(
+            ObservationBatch.trusted(
+                plan.stream,
+                phase,
+                plan.site_ids,
+                presence,
+                spines,
+                hist_rows=hist_rows,
+                histograms=histograms,
+                scale_grad=grad_scale,
+                row_disclosures=row_disclosures,
+            )
+        )
+    return out
+
+
+def _row_notes(
+    plan: StreamPlan, state: StepState, spines: np.ndarray, presence: np.ndarray
+) -> list[tuple[str, ...]]:
+    """Rows that failed, were refused or carry a note: presence and disclosures row by row."""
+    notes: list[tuple[str, ...]] = []
+    for j, r in enumerate(plan.rows):
+        reason = state.unsupported.get(r.index)
+        error = state.failed.get(r.index)
+        if error is not None:  # a partial row is not a fact: drop what was written
+            presence[j], spines[j] = FAILED, np.nan
+            notes.append((f"capture_failed:{error}",))
+            continue
+        if reason is not None and presence[j] != OBSERVED:
+            presence[j] = UNSUPPORTED
+            notes.append((f"unsupported:{reason}",))
+            continue
+        extra = state.row_notes.get(r.index)
+        note: tuple[str, ...] = () if extra is None else (extra,)
+        if presence[j] == OBSERVED:
+            note = (*note, *plan.sampled[j])
+        notes.append(note)  # an absent row's note says why (e.g. not_stepped:grad_none)
+    return notes
 
 
 # ------------------------------------------------------------------ (store)
