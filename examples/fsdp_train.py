@@ -5,7 +5,7 @@ float64, each rank on its slice of one global batch. With ``--mode fsdp`` every 
 ``fully_shard``-ed, so parameters, gradients and optimizer updates are ``DTensor`` shards: each
 rank reduces its local shard and ``stepscope merge`` of the rank segments gives the statistics
 of the full logical parameters. With the live merge (default) rank 0 gathers every logged step in
-one collective and publishes the merged rows on its event stream. ``--mode single`` trains the
+one collective and publishes the merged rows on its event bus. ``--mode single`` trains the
 same model unsharded in one process on the whole batch (the reference).
 
 Run it::
@@ -110,8 +110,16 @@ def _owned_logical(row) -> list[int]:  # the logical update indices this rank sa
 
 
 def train(
-    rank: int, world: int, mode: str, out: str, run_id: str, steps: int, dump: str | None,
-    live: bool = True, sample: int = 64, watch: bool = True,
+    rank: int,
+    world: int,
+    mode: str,
+    out: str,
+    run_id: str,
+    steps: int,
+    dump: str | None,
+    live: bool = True,
+    sample: int = 64,
+    watch: bool = True,
 ) -> dict:
     """Train ``steps`` steps on this rank's slice; returns the timing facts."""
     model = make_model().double()
@@ -129,8 +137,8 @@ def train(
     opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
     collector = None
     l2 = L2Events()  # what this rank publishes: rank 0 of a live merge publishes merged rows
-    stream = ss.EventStream()
-    stream.subscribe(l2)
+    bus = ss.EventBus()
+    bus.subscribe(l2)
     if watch:
         collector = ss.HistoryCollector(
             model,
@@ -138,8 +146,12 @@ def train(
             streams=STREAMS,
             cadence=Cadence(1, 1),
             settings=ss.WatchSettings(
-                output_dir=out, run_id=run_id, update_sample_size=sample, live_merge=live,
-                durable=False, event_stream=stream,
+                output_dir=out,
+                run_id=run_id,
+                update_sample_size=sample,
+                live_merge=live,
+                durable=False,
+                event_bus=bus,
             ),
         )
     share = GLOBAL_BATCH // world
@@ -203,8 +215,18 @@ def _record(facts, step, rank, model, grads, collector) -> None:
         facts["owned"] = {r.site: _owned_logical(r) for r in collector.rows if r.stream == "update"}
 
 
-def worker(rank: int, world: int, port: int, mode: str, out: str, run_id: str, steps: int,
-           dump: str | None, live: bool, watch: bool) -> None:
+def worker(
+    rank: int,
+    world: int,
+    port: int,
+    mode: str,
+    out: str,
+    run_id: str,
+    steps: int,
+    dump: str | None,
+    live: bool,
+    watch: bool,
+) -> None:
     """One rank: join the group, train, leave the group."""
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
@@ -236,8 +258,17 @@ def main(argv: list[str] | None = None) -> Path:
         return Path(args.out)
     torch.multiprocessing.spawn(
         worker,
-        args=(args.world_size, free_port(), args.mode, args.out, run_id, args.steps, args.dump,
-              not args.no_live_merge, not args.unwatched),
+        args=(
+            args.world_size,
+            free_port(),
+            args.mode,
+            args.out,
+            run_id,
+            args.steps,
+            args.dump,
+            not args.no_live_merge,
+            not args.unwatched,
+        ),
         nprocs=args.world_size,
         join=True,
     )

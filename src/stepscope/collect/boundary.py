@@ -243,6 +243,6 @@ class StepBoundary:
         block, batches = merged or (written.block, written.batches)
         if self.live is not None:  # queued for the streaming thread; never waits
             self.live.submit(block, batches, sites, descriptor, written.scalars)
-        stream = self.settings.event_stream
+        stream = self.settings.event_bus
         if stream is not None and stream.active:
             stream.publish(events_from_step(block, batches, sites, descriptor, written.scalars))
