@@ -110,16 +110,8 @@ def _owned_logical(row) -> list[int]:  # the logical update indices this rank sa
 
 
 def train(
-    rank: int,
-    world: int,
-    mode: str,
-    out: str,
-    run_id: str,
-    steps: int,
-    dump: str | None,
-    live: bool = True,
-    sample: int = 64,
-    watch: bool = True,
+    rank: int, world: int, mode: str, out: str, run_id: str, steps: int, dump: str | None,
+    live: bool = True, sample: int = 64, watch: bool = True,
 ) -> dict:
     """Train ``steps`` steps on this rank's slice; returns the timing facts."""
     model = make_model().double()
@@ -146,12 +138,8 @@ def train(
             streams=STREAMS,
             cadence=Cadence(1, 1),
             settings=ss.WatchSettings(
-                output_dir=out,
-                run_id=run_id,
-                update_sample_size=sample,
-                live_merge=live,
-                durable=False,
-                event_bus=bus,
+                output_dir=out, run_id=run_id, update_sample_size=sample, live_merge=live,
+                durable=False, event_bus=bus,
             ),
         )
     share = GLOBAL_BATCH // world
@@ -215,18 +203,8 @@ def _record(facts, step, rank, model, grads, collector) -> None:
         facts["owned"] = {r.site: _owned_logical(r) for r in collector.rows if r.stream == "update"}
 
 
-def worker(
-    rank: int,
-    world: int,
-    port: int,
-    mode: str,
-    out: str,
-    run_id: str,
-    steps: int,
-    dump: str | None,
-    live: bool,
-    watch: bool,
-) -> None:
+def worker(rank: int, world: int, port: int, mode: str, out: str, run_id: str, steps: int,
+           dump: str | None, live: bool, watch: bool) -> None:
     """One rank: join the group, train, leave the group."""
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
@@ -258,17 +236,8 @@ def main(argv: list[str] | None = None) -> Path:
         return Path(args.out)
     torch.multiprocessing.spawn(
         worker,
-        args=(
-            args.world_size,
-            free_port(),
-            args.mode,
-            args.out,
-            run_id,
-            args.steps,
-            args.dump,
-            not args.no_live_merge,
-            not args.unwatched,
-        ),
+        args=(args.world_size, free_port(), args.mode, args.out, run_id, args.steps, args.dump,
+              not args.no_live_merge, not args.unwatched),
         nprocs=args.world_size,
         join=True,
     )
