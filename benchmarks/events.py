@@ -6,7 +6,7 @@ each observed row gives eight spine scalars. Three numbers, best of ``--repeat``
 
 * ``spine`` — events/s of ``events_from_step`` on steps without histograms (the common step);
 * ``histogram`` — events/s on steps where every row also carries histogram counts;
-* ``checks`` — events/s through an ``EventStream`` with the four built-in checks subscribed.
+* ``checks`` — events/s through an ``EventBus`` with the four built-in checks subscribed.
 
 ``--against REV`` runs the same measurement on another commit's ``src/`` (``git archive``, this
 checkout's compiled kernel copied in) in alternating child processes and prints the ratios::
@@ -80,7 +80,7 @@ def measure(n_sites: int, repeat: int) -> dict[str, float]:
     import torch
 
     from stepscope.events import (
-        EventStream,
+        EventBus,
         GradientNormCheck,
         NonFiniteCheck,
         UpdateRatioCheck,
@@ -98,12 +98,12 @@ def measure(n_sites: int, repeat: int) -> dict[str, float]:
         )
     block, batches, sites, desc = _scenario(n_sites, False)
     events = events_from_step(block, batches, sites, desc, {"loss": 0.5})
-    stream = EventStream(capacity=64)
+    bus = EventBus(capacity=64)
     for check in (NonFiniteCheck(), ZeroFractionCheck(), GradientNormCheck(), UpdateRatioCheck()):
-        stream.subscribe(check)
+        bus.subscribe(check)
 
     def publish() -> int:
-        stream.publish(events)
+        bus.publish(events)
         return len(events)
 
     with warnings.catch_warnings():

@@ -5,7 +5,7 @@ float64, each rank on its slice of one global batch. With ``--mode fsdp`` every 
 ``fully_shard``-ed, so parameters, gradients and optimizer updates are ``DTensor`` shards: each
 rank reduces its local shard and ``stepscope merge`` of the rank segments gives the statistics
 of the full logical parameters. With the live merge (default) rank 0 gathers every logged step in
-one collective and publishes the merged rows on its event stream. ``--mode single`` trains the
+one collective and publishes the merged rows on its event bus. ``--mode single`` trains the
 same model unsharded in one process on the whole batch (the reference).
 
 Run it::
@@ -129,8 +129,8 @@ def train(
     opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
     collector = None
     l2 = L2Events()  # what this rank publishes: rank 0 of a live merge publishes merged rows
-    stream = ss.EventStream()
-    stream.subscribe(l2)
+    bus = ss.EventBus()
+    bus.subscribe(l2)
     if watch:
         collector = ss.HistoryCollector(
             model,
@@ -139,7 +139,7 @@ def train(
             cadence=Cadence(1, 1),
             settings=ss.WatchSettings(
                 output_dir=out, run_id=run_id, update_sample_size=sample, live_merge=live,
-                durable=False, event_stream=stream,
+                durable=False, event_bus=bus,
             ),
         )
     share = GLOBAL_BATCH // world

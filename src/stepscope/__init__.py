@@ -34,7 +34,7 @@ if TYPE_CHECKING:  # what the lazy table below resolves to, spelled out for type
     from stepscope.collect import MisuseWarning as MisuseWarning
     from stepscope.collect import WatchSettings as WatchSettings
     from stepscope.curvature import analyze_curvature as analyze_curvature
-    from stepscope.events import EventStream as EventStream
+    from stepscope.events import EventBus as EventBus
     from stepscope.events import ObserverEvent as ObserverEvent
     from stepscope.forensics import FlightRecorder as FlightRecorder
     from stepscope.probe import DenseProbe as DenseProbe
@@ -62,7 +62,7 @@ _EXPORTS: dict[str, str] = {
     "MisuseWarning": "stepscope.collect:MisuseWarning",
     "Cadence": "stepscope.collect:Cadence",
     "AutoCadence": "stepscope.collect:AutoCadence",
-    "EventStream": "stepscope.events:EventStream",
+    "EventBus": "stepscope.events:EventBus",
     "ObserverEvent": "stepscope.events:ObserverEvent",
     "RunLog": "stepscope.runlog:RunLog",
     "region": "stepscope.profile:region",

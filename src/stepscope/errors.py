@@ -87,6 +87,7 @@ class Code(str, Enum):
         "the tensor dtype cannot be reduced (e.g. complex)",
         "cast the tensor to a real floating dtype before reducing it",
     )
+    # "sketch" is the seeds' word for the histogram, kept in this one stable code string
     SKETCH_DESCRIPTOR_MISMATCH = (
         "sketch_descriptor_mismatch",
         _INPUT,

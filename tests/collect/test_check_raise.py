@@ -16,10 +16,10 @@ def test_a_raising_check_leaves_the_collector_usable(tmp_path, spelling):
     torch.manual_seed(0)
     model = LSTMTagger()
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
-    stream = ss.EventStream()
-    stream.subscribe(GradientNormCheck(lower=0.0, upper=1e-12, action="raise"))  # always fires
+    bus = ss.EventBus()
+    bus.subscribe(GradientNormCheck(lower=0.0, upper=1e-12, action="raise"))  # always fires
     settings = ss.WatchSettings(
-        output_dir=str(tmp_path / "r"), durable=False, commit_steps=1, event_stream=stream
+        output_dir=str(tmp_path / "r"), durable=False, commit_steps=1, event_bus=bus
     )
     g = torch.Generator().manual_seed(2)
     raised = 0

@@ -1,4 +1,4 @@
-"""The collector publishes each step's rows on an EventStream; checks see them without re-scanning."""
+"""The collector publishes each step's rows on an EventBus; checks see them without re-scanning."""
 
 import warnings
 
@@ -14,14 +14,14 @@ def test_nonfinite_check_names_the_first_step_and_site_of_an_injected_nan(tmp_pa
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    stream = ss.EventStream(capacity=10_000)
-    check = stream.subscribe(NonFiniteCheck(action="stop"))
+    bus = ss.EventBus(capacity=10_000)
+    check = bus.subscribe(NonFiniteCheck(action="stop"))
     c = HistoryCollector(
         model,
         sites="*",
         streams=("activation", "parameter"),
         cadence=Cadence(1, 5),
-        settings=WatchSettings(output_dir=str(tmp_path / "r"), event_stream=stream),
+        settings=WatchSettings(output_dir=str(tmp_path / "r"), event_bus=bus),
     )
     stopped_at = None
     with warnings.catch_warnings():
@@ -48,5 +48,5 @@ def test_nonfinite_check_names_the_first_step_and_site_of_an_injected_nan(tmp_pa
     h = ss.open_history(tmp_path / "r")
     assert h.series("0", "activation", "nan").values[4] == 0
     assert h.series("2", "activation", "nan").values[4] > 0
-    hist_steps = sorted({e.optimizer_step for e in stream.recent("histogram_counts")})
+    hist_steps = sorted({e.optimizer_step for e in bus.recent("histogram_counts")})
     assert hist_steps == [0]  # Cadence(1, 5): histograms at step 0 (the run stopped at step 4)

@@ -34,14 +34,14 @@ def _run(tmp_path, steps=4):
     torch.manual_seed(0)
     model = TinyGPT()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    stream = ss.EventStream(capacity=10)
-    keep = stream.subscribe(Keep())
-    stream.subscribe(UpdateRatioCheck(lower=0.0, upper=float("inf")))
+    bus = ss.EventBus(capacity=10)
+    keep = bus.subscribe(Keep())
+    bus.subscribe(UpdateRatioCheck(lower=0.0, upper=float("inf")))
     settings = ss.WatchSettings(
         output_dir=str(tmp_path / "r"),
         durable=False,
         update_sample_size=SAMPLE,
-        event_stream=stream,
+        event_bus=bus,
     )
     named = dict(model.named_parameters())
     truth: dict[tuple[str, int], float] = {}

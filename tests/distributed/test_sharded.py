@@ -207,7 +207,7 @@ def test_one_collective_per_logged_step_and_its_bytes_are_in_the_plan(
 
 @pytest.mark.parametrize(("mode", "world"), CASES[:1])
 def test_rank0_publishes_the_merged_rows_and_other_ranks_their_own(tmp_path_factory, mode, world):
-    """The event stream's ``l2`` of each parameter: the whole logical parameter's on rank 0
+    """The event bus's ``l2`` of each parameter: the whole logical parameter's on rank 0
     (from the offline merge), the rank's own shard's elsewhere (from its segment)."""
     run = distributed_run(tmp_path_factory, mode, world)
     col = SPINE_FIELDS.index("sum_squares")

@@ -16,7 +16,7 @@ import pytest
 import torch
 from torch import nn
 
-from stepscope.events import EventStream, events_from_step
+from stepscope.events import EventBus, events_from_step
 from stepscope.history import ArtifactWriter, ObservationBatch, RunRecord, StepBlockRecord
 from stepscope.history.batch import code_of
 from stepscope.history.schema import Presence
@@ -61,7 +61,7 @@ def train(
     n_steps: int = 6,
     *,
     subscribers=(),
-    stream: EventStream | None = None,
+    bus: EventBus | None = None,
     inject_nan: tuple[int, str] | None = None,
     lr: float = 0.1,
     hist_every: int = 1,
@@ -87,9 +87,9 @@ def train(
     writer = ArtifactWriter(  # no fsync: durability is tested in tests/history
         path, fixed_run_record(), commit_steps=2, commit_seconds=None, durable=False
     )
-    stream = stream if stream is not None else EventStream(capacity=100_000)
+    bus = bus if bus is not None else EventBus(capacity=100_000)
     for s in subscribers:
-        stream.subscribe(s)
+        bus.subscribe(s)
     names = [n for n, _ in model.named_children()]
     ids = {
         n: writer.register_site(n, type(m).__module__ + "." + type(m).__name__, "f32")
@@ -134,17 +134,15 @@ def train(
             events = events_from_step(block, batches, writer.sites, writer.descriptor, scalars)
             published.append(events)
             steps_run.append(step)
-            stream.publish(events)
+            bus.publish(events)
             if stop_on is not None and stop_on.should_stop:
                 break
     finally:
         for h in handles:
             h.remove()
         writer.close()
-        stream.close()
-    return SimpleNamespace(
-        model=model, events=published, steps=steps_run, stream=stream, writer=writer
-    )
+        bus.close()
+    return SimpleNamespace(model=model, events=published, steps=steps_run, bus=bus, writer=writer)
 
 
 def _batches(names, ids, captured, weights, before, desc, step, hist_every, skip, scale):

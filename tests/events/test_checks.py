@@ -41,7 +41,7 @@ def test_nonfinite_check_finds_the_injected_nan_at_its_step_and_site(ev, tmp_pat
     # steps before the injection raised nothing
     assert min(v.optimizer_step for v in check.verdicts) == 5
     assert all(v.kind is EventKind.VERDICT for v in check.verdicts)
-    assert run.stream.recent("verdict")  # verdicts went back on the stream
+    assert run.bus.recent("verdict")  # verdicts went back on the bus
 
 
 def test_stop_action_sets_should_stop_and_the_loop_ends(ev, tmp_path):
@@ -49,7 +49,7 @@ def test_stop_action_sets_should_stop_and_the_loop_ends(ev, tmp_path):
     run = ev.train(
         tmp_path / "run", n_steps=10, inject_nan=(3, "fc1"), subscribers=[check], stop_on=check
     )
-    assert check.should_stop and run.stream.stop_requested
+    assert check.should_stop and run.bus.stop_requested
     assert run.steps == [0, 1, 2, 3]
     assert (check.first.optimizer_step, check.first.site) == (3, "fc1")
     assert open_history(tmp_path / "run").steps.tolist() == [0, 1, 2, 3]  # written before publish
@@ -119,7 +119,7 @@ def test_update_ratio_check_matches_the_real_parameter_change(ev, tmp_path):
         run = ev.train(tmp_path / "run", n_steps=3, lr=0.5, subscribers=[check])
     ratios = {
         (e.optimizer_step, e.site): e.value
-        for e in run.stream.recent("scalar")
+        for e in run.bus.recent("scalar")
         if e.name.startswith("update_ratio/")
     }
     assert len(ratios) == 3 * 3

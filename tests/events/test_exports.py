@@ -6,5 +6,5 @@ import stepscope.events as package
 def test_top_level_names_resolve_to_the_events_package():
     import stepscope as ss
 
-    assert ss.EventStream is package.EventStream
+    assert ss.EventBus is package.EventBus
     assert ss.ObserverEvent is package.ObserverEvent

@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from stepscope.events import (
-    EventStream,
+    EventBus,
     GradientNormCheck,
     JsonlTracker,
     NonFiniteCheck,
@@ -183,25 +183,23 @@ def produce(out: Path) -> dict[str, bytes]:
     writers = {a: RecordingWriter() for a in ("optimizer_step", "examples_seen")}
     runs = {a: RecordingRun() for a in ("optimizer_step", "examples_seen")}
     jsonl = out / "events.jsonl"
-    stream = EventStream(capacity=10)
+    bus = EventBus(capacity=10)
     for check in (
         NonFiniteCheck(),
         ZeroFractionCheck(threshold=0.5),
         GradientNormCheck(lower=1e-7, upper=1e3, streams=("gradient",)),
         UpdateRatioCheck(lower=1e-3, upper=0.1),
     ):
-        stream.subscribe(check)
-    stream.subscribe(JsonlTracker(jsonl))
+        bus.subscribe(check)
+    bus.subscribe(JsonlTracker(jsonl))
     for axis in writers:
-        stream.subscribe(TensorBoardTracker(axis=axis, writer=writers[axis]))
-        stream.subscribe(WandbTracker(runs[axis], axis=axis, wandb_module=fake_wandb))
+        bus.subscribe(TensorBoardTracker(axis=axis, writer=writers[axis]))
+        bus.subscribe(WandbTracker(runs[axis], axis=axis, wandb_module=fake_wandb))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for block, scalars in BLOCKS:
-            stream.publish(
-                events_from_step(block, _step(block.optimizer_step), SITES, DESC, scalars)
-            )
-        stream.close()
+            bus.publish(events_from_step(block, _step(block.optimizer_step), SITES, DESC, scalars))
+        bus.close()
     files = {"events.jsonl": jsonl.read_bytes()}
     for axis in writers:
         files[f"tensorboard_{axis}.txt"] = "\n".join(writers[axis].calls).encode() + b"\n"

@@ -1,4 +1,4 @@
-"""EventStream: delivery, bounded retention, and isolation of failing subscribers."""
+"""EventBus: delivery, bounded retention, and isolation of failing subscribers."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from stepscope.errors import Refusal
 from stepscope.events import (
     MAX_CONSECUTIVE_FAILURES,
     Axes,
-    EventStream,
+    EventBus,
     ScalarEvent,
     Subscriber,
     SubscriberFailureWarning,
@@ -49,66 +49,66 @@ def _scalar(step):
 
 
 def test_every_subscriber_gets_every_batch_in_order():
-    stream = EventStream()
-    a, b = stream.subscribe(Recorder()), stream.subscribe(Recorder())
+    bus = EventBus()
+    a, b = bus.subscribe(Recorder()), bus.subscribe(Recorder())
     for step in range(3):
-        stream.publish([_scalar(step)])
+        bus.publish([_scalar(step)])
     assert [[e.optimizer_step for e in batch] for batch in a.batches] == [[0], [1], [2]]
     assert a.batches == b.batches
-    stream.close()
-    stream.close()
+    bus.close()
+    bus.close()
     assert (a.closed, b.closed) == (1, 1)
 
 
 def test_only_the_most_recent_capacity_events_are_kept():
-    stream = EventStream(capacity=5)
-    stream.publish([_scalar(i) for i in range(12)])
-    assert [e.optimizer_step for e in stream.recent()] == [7, 8, 9, 10, 11]
-    assert stream.published == 12
-    assert stream.recent("verdict") == ()
+    bus = EventBus(capacity=5)
+    bus.publish([_scalar(i) for i in range(12)])
+    assert [e.optimizer_step for e in bus.recent()] == [7, 8, 9, 10, 11]
+    assert bus.published == 12
+    assert bus.recent("verdict") == ()
     with pytest.raises(Refusal) as err:
-        EventStream(capacity=0)
+        EventBus(capacity=0)
     assert err.value.code == "settings_invalid"
 
 
 def test_non_events_are_refused():
     with pytest.raises(Refusal) as err:
-        EventStream().publish([{"kind": "scalar"}])
+        EventBus().publish([{"kind": "scalar"}])
     assert err.value.code == "event_invalid"
     with pytest.raises(Refusal):
-        EventStream().subscribe(object())
+        EventBus().subscribe(object())
 
 
 def test_raising_subscriber_is_disabled_after_exactly_eight_failures_with_one_warning():
-    stream = EventStream()
-    bad, good = stream.subscribe(Raiser()), stream.subscribe(Recorder())
+    bus = EventBus()
+    bad, good = bus.subscribe(Raiser()), bus.subscribe(Recorder())
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for step in range(20):
-            stream.publish([_scalar(step)])
+            bus.publish([_scalar(step)])
     assert MAX_CONSECUTIVE_FAILURES == 8
     assert bad.calls == 8  # never called again once disabled
-    status = stream.status(bad)
+    status = bus.status(bad)
     assert (status.enabled, status.failures, status.consecutive_failures) == (False, 8, 8)
     assert "boom 8" in status.last_error
     ours = [w for w in caught if issubclass(w.category, SubscriberFailureWarning)]
     assert len(ours) == 1 and "Raiser" in str(ours[0].message)
     assert len(good.batches) == 20  # the others never noticed
-    assert stream.active
-    stream.unsubscribe(good)
-    assert not stream.active  # only the disabled one is left: nothing to convert for
+    assert bus.active
+    bus.unsubscribe(good)
+    assert not bus.active  # only the disabled one is left: nothing to convert for
 
 
 def test_a_success_resets_the_consecutive_count():
     # fails 7 times, succeeds once, then fails forever: disabled at call 7 + 1 + 8 = 16
-    stream = EventStream()
-    flaky = stream.subscribe(Raiser(fail=lambda n: n != 8))
+    bus = EventBus()
+    flaky = bus.subscribe(Raiser(fail=lambda n: n != 8))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for step in range(30):
-            stream.publish([_scalar(step)])
+            bus.publish([_scalar(step)])
     assert flaky.calls == 16
-    assert stream.status(flaky).failures == 15
+    assert bus.status(flaky).failures == 15
     assert len([w for w in caught if issubclass(w.category, SubscriberFailureWarning)]) == 1
 
 
@@ -117,10 +117,10 @@ def test_a_failing_close_is_warned_not_raised():
         def close(self):
             raise OSError("disk gone")
 
-    stream = EventStream()
-    stream.subscribe(BadClose())
+    bus = EventBus()
+    bus.subscribe(BadClose())
     with pytest.warns(SubscriberFailureWarning, match="disk gone"):
-        stream.close()
+        bus.close()
 
 
 def test_keyboard_interrupt_is_not_swallowed():
@@ -128,23 +128,23 @@ def test_keyboard_interrupt_is_not_swallowed():
         def on_events(self, events):
             raise KeyboardInterrupt
 
-    stream = EventStream()
-    stream.subscribe(Interrupt())
+    bus = EventBus()
+    bus.subscribe(Interrupt())
     with pytest.raises(KeyboardInterrupt):
-        stream.publish([_scalar(0)])
+        bus.publish([_scalar(0)])
 
 
 def test_subscribers_may_only_return_check_events():
     class Echo(Subscriber):
         def on_events(self, events):
-            return list(events)  # source user_scalar: not allowed back on the stream
+            return list(events)  # source user_scalar: not allowed back on the bus
 
-    stream = EventStream()
-    echo = stream.subscribe(Echo())
+    bus = EventBus()
+    echo = bus.subscribe(Echo())
     with pytest.warns(SubscriberFailureWarning, match="source 'check'"):
-        stream.publish([_scalar(0)])
-    assert stream.status(echo).failures == 1
-    assert stream.published == 1
+        bus.publish([_scalar(0)])
+    assert bus.status(echo).failures == 1
+    assert bus.published == 1
 
 
 def test_artifact_is_identical_with_and_without_a_failing_subscriber(ev, tmp_path):
@@ -154,7 +154,7 @@ def test_artifact_is_identical_with_and_without_a_failing_subscriber(ev, tmp_pat
         noisy = ev.train(tmp_path / "with", n_steps=12, subscribers=[bad])
     clean = ev.train(tmp_path / "without", n_steps=12)
     assert bad.calls == 8
-    assert noisy.stream.status(bad).enabled is False
+    assert noisy.bus.status(bad).enabled is False
     assert len([w for w in caught if issubclass(w.category, SubscriberFailureWarning)]) == 1
     a, b = tmp_path / "with", tmp_path / "without"
     chunks = sorted(p.name for p in (a / "chunks").iterdir())

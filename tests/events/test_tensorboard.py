@@ -12,8 +12,8 @@ pytest.importorskip("tensorboard")
 from tensorboard.backend.event_processing import event_accumulator as ea
 
 from stepscope.events import (
+    EventBus,
     EventKind,
-    EventStream,
     TensorBoardTracker,
     events_from_step,
     exponent_view,
@@ -84,9 +84,9 @@ def test_histogram_moments_equal_numpy_on_the_captured_tensor(tmp_path):
     )
     site = SiteRecord(0, "act", "torch.nn.ReLU", "f32")
     events = events_from_step(StepBlockRecord(9, examples_seen=90, epoch=2), [batch], [site], d)
-    with EventStream() as stream:
-        stream.subscribe(TensorBoardTracker(tmp_path / "tb"))
-        stream.publish(events)
+    with EventBus() as bus:
+        bus.subscribe(TensorBoardTracker(tmp_path / "tb"))
+        bus.publish(events)
     acc = _load(tmp_path / "tb")
     (h,) = acc.Histograms("act/act")
     f = x.double().numpy()
@@ -124,9 +124,9 @@ def _one_histogram_event(x: torch.Tensor):
 def test_exponent_views_count_each_sign_against_log2_abs_in_octaves(tmp_path):
     x = torch.tensor([0.0, 1.0, 1.0, -2.0, 2.0**-60, 3.0, -0.3, 2.0**20])
     event = _one_histogram_event(x)
-    with EventStream() as stream:
-        stream.subscribe(TensorBoardTracker(tmp_path / "tb"))
-        stream.publish([event])
+    with EventBus() as bus:
+        bus.subscribe(TensorBoardTracker(tmp_path / "tb"))
+        bus.publish([event])
     acc = _load(tmp_path / "tb")
 
     # independent right edge (octaves) of each value's bucket: underflow ends at -48, bin k of
@@ -169,10 +169,10 @@ def test_nan_and_infinities_are_one_count_and_bands_and_full_detail_splits_them(
         histograms=reduce_histograms([x], d).numpy(),
     )
     events = events_from_step(StepBlockRecord(1), [batch], [SiteRecord(0, "a", "m", "s")], d)
-    with EventStream() as stream:
-        stream.subscribe(TensorBoardTracker(tmp_path / "tb"))
-        stream.subscribe(TensorBoardTracker(tmp_path / "full", detail="full"))
-        stream.publish(events)
+    with EventBus() as bus:
+        bus.subscribe(TensorBoardTracker(tmp_path / "tb"))
+        bus.subscribe(TensorBoardTracker(tmp_path / "full", detail="full"))
+        bus.publish(events)
     acc, full = _load(tmp_path / "tb"), _load(tmp_path / "full")
     a = x.double().numpy()
     want = {

@@ -219,7 +219,7 @@ def test_failing_log_neither_blocks_training_nor_changes_the_artifact(ev, tmp_pa
     assert tracker.failed_rows == 5 and tracker.rows_sent == 0
     assert "network unreachable" in tracker.last_error
     assert len([w for w in caught if issubclass(w.category, WandbLogWarning)]) == 1
-    assert noisy.stream.status(tracker).failures == 0  # caught inside the tracker
+    assert noisy.bus.status(tracker).failures == 0  # caught inside the tracker
     chunks = sorted(p.name for p in (tmp_path / "with" / "chunks").iterdir())
     _, mismatch, errors = filecmp.cmpfiles(
         tmp_path / "with" / "chunks", tmp_path / "without" / "chunks", chunks, shallow=False

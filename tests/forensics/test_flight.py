@@ -23,7 +23,7 @@ K, M, STEPS = 100, 8, 124
 @pytest.fixture(scope="module")
 def injected(tmp_path_factory: pytest.TempPathFactory):
     path = tmp_path_factory.mktemp("spike") / "run"
-    events = ss.EventStream()
+    events = ss.EventBus()
     seen: list = []
 
     class Keep:
@@ -36,7 +36,7 @@ def injected(tmp_path_factory: pytest.TempPathFactory):
     events.subscribe(Keep())
     every = ("gradient", "update", "parameter", "activation")  # every field the recorder has
     rec = ss.FlightRecorder(window=64, dense_steps=M, streams=every)
-    settings = ss.WatchSettings(output_dir=str(path), flight_recorder=rec, event_stream=events)
+    settings = ss.WatchSettings(output_dir=str(path), flight_recorder=rec, event_bus=events)
     trained = train(STEPS, settings, inject_at=K)
     return path, trained, seen
 

@@ -1,6 +1,6 @@
 """Misuse that used to be accepted and break later, or raise raw: each refuses with a code at once.
 
-Settings that an earlier version accepted and then failed on every step (``event_stream="x"``:
+Settings that an earlier version accepted and then failed on every step (``event_bus="x"``:
 AttributeError each step; ``extra={"a": nan}``; ``output_keys="x"``; ``settings="x"``), statistics
 decoded from a NaN spine row or reduced from sparse/nested tensors (raw ValueError/RuntimeError),
 and export destinations of the wrong kind (raw NotADirectoryError/IsADirectoryError).
@@ -20,8 +20,8 @@ from stepscope.cli import main
 from stepscope.stats import SPINE_WIDTH, Histogram, RunningStats
 
 SETTINGS = {
-    "event_stream_str": dict(event_stream="x"),
-    "event_stream_object": dict(event_stream=object()),
+    "event_bus_str": dict(event_bus="x"),
+    "event_bus_object": dict(event_bus=object()),
     "extra_nan": dict(extra={"a": math.nan}),
     "extra_nested_inf": dict(extra={"a": {"b": [1.0, math.inf]}}),
     "output_keys_str": dict(output_keys="x"),
@@ -37,8 +37,8 @@ def test_watch_settings_refuse_what_would_break_a_step_later(name):
     assert "WatchSettings" in str(err.value) or "must" in str(err.value)
 
 
-def test_a_real_event_stream_and_finite_extra_are_accepted():
-    s = ss.WatchSettings(in_memory=True, event_stream=ss.EventStream(), extra={"lr": 0.1})
+def test_a_real_event_bus_and_finite_extra_are_accepted():
+    s = ss.WatchSettings(in_memory=True, event_bus=ss.EventBus(), extra={"lr": 0.1})
     assert s.extra == {"lr": 0.1}
 
 

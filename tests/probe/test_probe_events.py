@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from stepscope import HistoryCollector, WatchSettings
-from stepscope.events import EventStream
+from stepscope.events import EventBus
 from stepscope.events.trackers.jsonl import JsonlTracker, read_jsonl
 from stepscope.probe import DenseProbe, probe_scalar_rows, write_probe_record
 from tests.probe.probe_testkit import make_data, make_model
@@ -16,9 +16,9 @@ def test_probe_rows_are_published_to_the_collectors_trackers(tmp_path):
     model = make_model("mlp")
     x, y = make_data("mlp")
     probe = DenseProbe(x, y, size=12)
-    stream = EventStream()
-    tracker = stream.subscribe(JsonlTracker(tmp_path / "events.jsonl"))
-    settings = WatchSettings(output_dir=str(tmp_path / "run"), event_stream=stream)
+    bus = EventBus()
+    tracker = bus.subscribe(JsonlTracker(tmp_path / "events.jsonl"))
+    settings = WatchSettings(output_dir=str(tmp_path / "run"), event_bus=bus)
     with HistoryCollector(model, sites="*", streams=("activation",), settings=settings) as col:
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         with col.step(opt, examples=len(y)):

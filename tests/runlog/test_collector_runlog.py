@@ -108,8 +108,9 @@ def test_collector_clocks_add_up_and_match_its_telemetry(tmp_path, sdnet_train):
     trailing = v.summary["trailing_telemetry_seconds"]
     assert trailing > 0
     assert v.summary["telemetry_seconds"] == clk.telemetry_seconds[-1] + trailing
-    assert v.summary["overhead_fraction"] == v.summary["telemetry_seconds"] / (
-        clk.training_seconds[-1]
+    assert (
+        v.summary["overhead_fraction"]
+        == v.summary["telemetry_seconds"] / (clk.training_seconds[-1])
     )
 
 
@@ -157,7 +158,7 @@ def test_ram_collector_keeps_run_log_rows():
 
 
 def test_host_clock_rows_are_published_live_with_their_step():
-    from stepscope.events import EventStream, Subscriber
+    from stepscope.events import EventBus, Subscriber
 
     class Keep(Subscriber):
         def __init__(self):
@@ -166,19 +167,19 @@ def test_host_clock_rows_are_published_live_with_their_step():
         def on_events(self, events):
             self.events.extend(events)
 
-    stream = EventStream()
-    keep = stream.subscribe(Keep())
+    bus = EventBus()
+    keep = bus.subscribe(Keep())
     torch.manual_seed(0)
     model = torch.nn.Linear(3, 2)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    settings = ss.WatchSettings(event_stream=stream, ram_policy="drop_oldest")
+    settings = ss.WatchSettings(event_bus=bus, ram_policy="drop_oldest")
     with ss.HistoryCollector(model, settings=settings) as c:
         for _ in range(3):
             with c.step(opt, examples=4):
                 model(torch.ones(4, 3)).sum().backward()
                 opt.step()
         view = c.run_view()
-    stream.close()
+    bus.close()
     live = [(e.optimizer_step, e.value) for e in keep.events if e.name == "clock/training_seconds"]
     stored = view.clocks()
     assert live == list(zip(stored.steps.tolist(), stored.training_seconds.tolist()))

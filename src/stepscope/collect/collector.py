@@ -5,7 +5,7 @@ those outputs reduce their gradients (``activation_grad``); optimizer pre/post-s
 parameter gradients, parameter values and the actual update of a seeded parameter subvector.
 Every reduction writes a fixed-width row into a preallocated staging buffer on the tensor's
 device; rows reach the host in one copy per buffer at the step boundary, and the step is written
-to the history (disk-first artifact or RAM ring) and published on the event stream.
+to the history (disk-first artifact or RAM ring) and published on the event bus.
 
 The class orchestrates; each job lives in its own module: which forwards count and which tensor
 (:mod:`.activations`, :mod:`.staging`), reductions into staged rows (:mod:`.staging`), what is

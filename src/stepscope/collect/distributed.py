@@ -41,7 +41,7 @@ rank 0 - one collective per step whatever the number of sites. Rank 0 unpacks ev
 batches and merges them with :func:`stepscope.history.merge_step_batches`, the function
 ``stepscope merge`` uses on the written segments, so the live merged rows equal the offline
 merge of those segments (counts exact, ``min``/``max`` exact, Chan moments). Rank 0 publishes
-them on its event stream instead of its own rows; the other ranks publish their own rows; the
+them on its event bus instead of its own rows; the other ranks publish their own rows; the
 per-rank segments stay the artifact of record.
 
 Bytes per logged step (the plan table's ``live merge`` line, :func:`packed_width`): every rank

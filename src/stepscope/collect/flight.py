@@ -74,7 +74,7 @@ def open_flight(
         charge=charge,
     )
     flight = Flight(
-        config, reader, channels, path, rank, world, settings.event_stream, settings.durable
+        config, reader, channels, path, rank, world, settings.event_bus, settings.durable
     )
     reader.attach_modules()
     return flight

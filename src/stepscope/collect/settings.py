@@ -164,8 +164,8 @@ class WatchSettings:
         ``commit_steps`` steps). A commit costs a few fsyncs (~10-50 ms on a shared disk); by
         time, that is <= 0.5% of any training, where every 32 steps it was 1-25% of a 3-70 ms
         step (README, "Collector overhead").
-    event_stream
-        A :class:`~stepscope.EventStream` to publish each step's events on (optional).
+    event_bus
+        A :class:`~stepscope.EventBus` to publish each step's events on (optional).
     kernel_backend
         ``"auto"``, ``"c"`` or ``"torch"`` (see :func:`stepscope.stats.backend_info`).
     durable
@@ -211,7 +211,7 @@ class WatchSettings:
     update_seed: int = DEFAULT_SEED
     commit_steps: int = 1024
     commit_seconds: float | None = 10.0
-    event_stream: Any = None
+    event_bus: Any = None
     kernel_backend: str = "auto"
     durable: bool = True
     extra: Mapping[str, Any] = field(default_factory=dict)
@@ -262,13 +262,12 @@ class WatchSettings:
             not self.name.strip() or ".." in Path(self.name).parts or Path(self.name).is_absolute()
         ):
             problems.append(f"name {self.name!r} must be a relative folder name (no '..')")
-        if self.event_stream is not None and not (
-            callable(getattr(self.event_stream, "publish", None))
-            and hasattr(self.event_stream, "active")
+        if self.event_bus is not None and not (
+            callable(getattr(self.event_bus, "publish", None)) and hasattr(self.event_bus, "active")
         ):
             problems.append(
-                f"event_stream must be a stepscope.EventStream or None, not "
-                f"{type(self.event_stream).__name__} (event_stream=ss.EventStream())"
+                f"event_bus must be a stepscope.EventBus or None, not "
+                f"{type(self.event_bus).__name__} (event_bus=ss.EventBus())"
             )
         bad = _non_finite(self.extra)
         if bad is not None:

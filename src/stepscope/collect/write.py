@@ -17,7 +17,7 @@ to :meth:`StepBoundary.write`, which
 
 :meth:`StepBoundary.close` flushes what is left when the collector closes.
 
-:meth:`StepBoundary.publish` then puts the step on the event stream; the collector calls it
+:meth:`StepBoundary.publish` then puts the step on the event bus; the collector calls it
 last, once the next step has begun, so that a check raising there leaves it ready.
 
 Where a collector's steps go: a disk-first artifact (a new version, or ``output_dir``) or RAM.
@@ -146,7 +146,7 @@ class StepBoundary:
     meter
         The auto-cadence warm-up meter (``None`` without ``cadence="auto"``).
     settings
-        The collector's settings (update sample size, event stream, descriptor).
+        The collector's settings (update sample size, event bus, descriptor).
     """
 
     def __init__(
@@ -285,7 +285,7 @@ class StepBoundary:
         written: WrittenStep,
         merged: tuple[StepBlockRecord, list[ObservationBatch]] | None = None,
     ) -> None:
-        """Put a written step on the event stream (skipped without an enabled subscriber).
+        """Put a written step on the event bus (skipped without an enabled subscriber).
 
         ``merged``: rank 0 of a live merge publishes the ranks' merged rows instead of its own.
         """
@@ -293,9 +293,9 @@ class StepBoundary:
         block, batches = merged or (written.block, written.batches)
         if self.live is not None:  # queued for the streaming thread; never waits
             self.live.submit(block, batches, sites, descriptor, written.scalars)
-        stream = self.settings.event_stream
-        if stream is not None and stream.active:
-            stream.publish(events_from_step(block, batches, sites, descriptor, written.scalars))
+        bus = self.settings.event_bus
+        if bus is not None and bus.active:
+            bus.publish(events_from_step(block, batches, sites, descriptor, written.scalars))
 
 
 # ------------------------------------------------------------------ (batch assembly)

@@ -3,7 +3,7 @@
 The collector writes each step's rows to the artifact and hands them to :func:`events_from_step`;
 the resulting :class:`ObserverEvent` s (one frozen class per kind: :class:`ScalarEvent`,
 :class:`HistogramEvent`, :class:`VerdictEvent`, :class:`UnavailableEvent`, on shared :class:`Axes`
-and :class:`Subject` value objects) go out on an :class:`EventStream` to checks
+and :class:`Subject` value objects) go out on an :class:`EventBus` to checks
 (:class:`NonFiniteCheck`, :class:`ZeroFractionCheck`, :class:`GradientNormCheck`,
 :class:`UpdateRatioCheck`) and trackers (:class:`TensorBoardTracker`, :class:`WandbTracker`,
 :class:`JsonlTracker`). :func:`export_run` replays a finished artifact through the same path;
@@ -12,6 +12,15 @@ trains (``WatchSettings(tensorboard=..., wandb=...)``). The trackers that draw s
 readable tags, :class:`TagLayout` (``act/<site>/rms``, ``grad/<site>/norm``, ...).
 """
 
+from stepscope.events.bus import (
+    MAX_CONSECUTIVE_FAILURES,
+    CheckFailed,
+    EventBus,
+    Subscriber,
+    SubscriberFailureWarning,
+    SubscriberLike,
+    SubscriberStatus,
+)
 from stepscope.events.checks import (
     Check,
     CheckAction,
@@ -36,15 +45,6 @@ from stepscope.events.event import (
 from stepscope.events.export import ExportReport, export_run, replay, step_events
 from stepscope.events.live import LiveCounts, LiveStream, LiveStreamWarning
 from stepscope.events.payload import HistogramPayload, Verdict
-from stepscope.events.stream import (
-    MAX_CONSECUTIVE_FAILURES,
-    CheckFailed,
-    EventStream,
-    Subscriber,
-    SubscriberFailureWarning,
-    SubscriberLike,
-    SubscriberStatus,
-)
 from stepscope.events.tags import Detail, TagLayout, run_name
 from stepscope.events.trackers import (
     JsonlTracker,
@@ -76,9 +76,9 @@ __all__ = [
     "CheckFailed",
     "CheckWarning",
     "Detail",
+    "EventBus",
     "EventKind",
     "EventSource",
-    "EventStream",
     "ExportReport",
     "Finding",
     "GradientNormCheck",

@@ -12,13 +12,14 @@ Every event has a ``name`` (the stable tag), :class:`~stepscope.events.Axes` (``
 ``examples_seen``, ``epoch``; the last two ``None`` when unknown, never 0), a
 :class:`~stepscope.events.Subject` (site, stream, phase, micro-batch, and for gradients the stage
 and scale provenance; :data:`~stepscope.events.NO_SUBJECT` for user scalars), an optional
-``field`` and an :class:`EventSource`. Axes and subject are validated value objects shared by the
-events built from them, so an event's constructor checks only what is its own: a non-empty name,
-the two coordinates' types, the payload (a real number, a non-empty reason, ...). Arguments of
-the exact types pass with one ``type(x) is T`` test each; anything else is coerced or refused on
-a slower path. :meth:`ScalarEvent.measured` is the converter's positional constructor for the
-spine scalars (most events): the same checks, no keyword parsing. Nothing is built around the
-checks. Invalid events refuse ``event_invalid``. The coordinates read through as properties
+``field`` and an :class:`EventSource`. Each kind is a frozen dataclass whose ``__post_init__``
+validates it. Axes and subject are validated value objects shared by the events built from them,
+so an event checks only what is its own: a non-empty name, the two coordinates' types, the
+payload (a real number, a non-empty reason, ...). Arguments of the exact types pass with one
+``type(x) is T`` test each; anything else is coerced (``source`` may be given as its value, a
+number as an int or numpy number) or refused on a slower path. :meth:`ScalarEvent.measured` is
+the converter's positional constructor for the spine scalars (most events): the same checks, no
+keyword parsing. Invalid events refuse ``event_invalid``. The coordinates read through as properties
 (``e.optimizer_step``, ``e.site``, ...).
 
 Consumers narrow on the class: after ``isinstance(e, ScalarEvent)``, ``e.value`` is a ``float``.
@@ -92,14 +93,14 @@ class EventSource(str, enum.Enum):
     CHECK = "check"  # produced by a check from other events (verdicts, derived ratios)
 
 
-_set = object.__setattr__  # the frozen classes set their slots once, when constructed
+_set = object.__setattr__  # a frozen class's __post_init__ replaces a coerced value
 _new = object.__new__
 
 
 def _checked_common(
     kind: EventKind, name: Any, axes: Any, subject: Any, field: Any, source: Any
 ) -> EventSource:
-    """The slow path of :meth:`ObserverEvent._init_common`: refuse, or coerce ``source``."""
+    """The slow path of :meth:`ObserverEvent._check_common`: refuse, or coerce ``source``."""
     if not isinstance(name, str) or not name:
         raise invalid_event(f"a {kind.value} event needs a non-empty name, not {name!r}.")
     if not isinstance(axes, Axes):
@@ -152,29 +153,22 @@ class ObserverEvent:
             "VerdictEvent or UnavailableEvent (or use ObserverEvent.from_dict)."
         )
 
-    def _init_common(
-        self,
-        name: str,
-        axes: Axes,
-        subject: Subject,
-        field: str | None,
-        source: EventSource | str,
-    ) -> None:
-        """Validate and set what every kind has (one type test each on the fast path)."""
+    def _check_common(self) -> None:
+        """Validate what every kind has (one type test each on the fast path); coerce ``source``.
+
+        The first step of every kind's ``__post_init__``.
+        """
+        name, field = self.name, self.field
         if not (
             type(name) is str
             and name
-            and type(axes) is Axes
-            and type(subject) is Subject
+            and type(self.axes) is Axes
+            and type(self.subject) is Subject
             and (field is None or type(field) is str)
-            and type(source) is EventSource
+            and type(self.source) is EventSource
         ):
-            source = _checked_common(self.kind, name, axes, subject, field, source)
-        _set(self, "name", name)
-        _set(self, "axes", axes)
-        _set(self, "subject", subject)
-        _set(self, "field", field)
-        _set(self, "source", source)
+            source = _checked_common(self.kind, name, self.axes, self.subject, field, self.source)
+            _set(self, "source", source)
 
     @property
     def estimated(self) -> bool:
@@ -302,7 +296,7 @@ class ObserverEvent:
             raise invalid_event(f"malformed event dictionary: {exc!r}.") from None
 
 
-@dataclass(frozen=True, slots=True, init=False)
+@dataclass(frozen=True, slots=True)
 class ScalarEvent(ObserverEvent):
     """One number on the training axes.
 
@@ -313,7 +307,8 @@ class ScalarEvent(ObserverEvent):
     value
         The number (an int, float or numpy number; stored as a float, NaN and inf allowed).
     subject, field, source
-        What was observed (default: nothing, a user scalar), which quantity of it, provenance.
+        What was observed (default: nothing, a user scalar), which quantity of it, provenance
+        (an :class:`EventSource` or its value).
     estimated
         ``True`` when the value is an estimate from a sample rather than an exact statistic
         (an ``update`` row reduced from ``update_sample_size`` seeded elements of a larger
@@ -330,20 +325,12 @@ class ScalarEvent(ObserverEvent):
     source: EventSource = EventSource.USER_SCALAR
     estimated: bool = False
 
-    def __init__(
-        self,
-        name: str,
-        axes: Axes,
-        value: float,
-        *,
-        subject: Subject = NO_SUBJECT,
-        field: str | None = None,
-        source: EventSource | str = EventSource.USER_SCALAR,
-        estimated: bool = False,
-    ) -> None:
-        self._init_common(name, axes, subject, field, source)
-        _set(self, "value", value if type(value) is float else _number(name, value))
-        _set(self, "estimated", estimated if type(estimated) is bool else _flag(name, estimated))
+    def __post_init__(self) -> None:
+        self._check_common()
+        if type(self.value) is not float:
+            _set(self, "value", _number(self.name, self.value))
+        if type(self.estimated) is not bool:
+            _set(self, "estimated", _flag(self.name, self.estimated))
 
     @classmethod
     def measured(
@@ -358,37 +345,19 @@ class ScalarEvent(ObserverEvent):
     ) -> ScalarEvent:
         """The hot-path constructor: every argument positional, checked by exact type.
 
-        Accepts what ``__init__`` accepts and refuses what it refuses (the test
+        Accepts what the constructor accepts and refuses what it refuses (the test
         ``test_the_hot_path_constructor_equals_init_and_refuses_the_same`` holds the two
-        together). Arguments of the exact types, as :func:`~stepscope.events.events_from_step`
-        passes them for each spine field (a ``float`` value, a non-empty ``str`` name and field,
-        an :class:`Axes`, a :class:`Subject`, an :class:`EventSource`, a ``bool``), pass with one
-        type test each and are set through the slots' own setters; anything else goes through
-        ``__init__`` (coerced or refused there).
+        together). The arguments are set through the slots' own setters. Arguments of the exact
+        types, as :func:`~stepscope.events.events_from_step` passes them for each spine field (a
+        ``float`` value, a non-empty ``str`` name and field, an :class:`Axes`, a
+        :class:`Subject`, an :class:`EventSource`, a ``bool``), pass with one type test each;
+        anything else goes through ``__post_init__`` (coerced or refused there), as after the
+        constructor.
 
         >>> e = ScalarEvent.measured("w/l2", Axes(1), 2.0, NO_SUBJECT, "l2", EventSource.SPINE, False)
         >>> e == ScalarEvent("w/l2", Axes(1), 2.0, field="l2", source="spine")
         True
         """
-        if not (
-            type(value) is float
-            and type(name) is str
-            and name
-            and type(field) is str
-            and type(axes) is Axes
-            and type(subject) is Subject
-            and type(source) is EventSource
-            and type(estimated) is bool
-        ):
-            return cls(
-                name,
-                axes,
-                value,
-                subject=subject,
-                field=field,
-                source=source,
-                estimated=estimated,
-            )
         e = _new(cls)
         set_name, set_axes, set_subject, set_field, set_source, set_value, set_estimated = (
             _SCALAR_SLOT_SETTERS
@@ -400,6 +369,17 @@ class ScalarEvent(ObserverEvent):
         set_source(e, source)
         set_value(e, value)
         set_estimated(e, estimated)
+        if not (
+            type(value) is float
+            and type(name) is str
+            and name
+            and type(field) is str
+            and type(axes) is Axes
+            and type(subject) is Subject
+            and type(source) is EventSource
+            and type(estimated) is bool
+        ):
+            e.__post_init__()
         return e
 
     def to_dict(self) -> dict[str, Any]:
@@ -411,14 +391,15 @@ class ScalarEvent(ObserverEvent):
 
 #: The slot setters of :class:`ScalarEvent`, in :meth:`ScalarEvent.measured`'s order. A frozen
 #: class's slots are set once, at construction; a slot's own ``__set__`` does what
-#: ``object.__setattr__`` does without looking the attribute up (about 40% cheaper per slot).
+#: ``object.__setattr__`` (the generated ``__init__``) does without looking the attribute up
+#: (about 40% cheaper per slot).
 _SCALAR_SLOT_SETTERS = tuple(
     ScalarEvent.__dict__[f].__set__
     for f in ("name", "axes", "subject", "field", "source", "value", "estimated")
 )
 
 
-@dataclass(frozen=True, slots=True, init=False)
+@dataclass(frozen=True, slots=True)
 class HistogramEvent(ObserverEvent):
     """The exact histogram counts of one site row (kind ``histogram_counts``).
 
@@ -442,24 +423,15 @@ class HistogramEvent(ObserverEvent):
     source: EventSource = EventSource.HISTOGRAM
     estimated: bool = False
 
-    def __init__(
-        self,
-        name: str,
-        axes: Axes,
-        histogram: HistogramPayload,
-        *,
-        subject: Subject = NO_SUBJECT,
-        field: str | None = None,
-        source: EventSource | str = EventSource.HISTOGRAM,
-        estimated: bool = False,
-    ) -> None:
-        self._init_common(name, axes, subject, field, source)
-        if not isinstance(histogram, HistogramPayload):
+    def __post_init__(self) -> None:
+        self._check_common()
+        if not isinstance(self.histogram, HistogramPayload):
             raise invalid_event(
-                f"histogram_counts event {name!r}: {histogram!r} is not a HistogramPayload."
+                f"histogram_counts event {self.name!r}: {self.histogram!r} is not a "
+                "HistogramPayload."
             )
-        _set(self, "histogram", histogram)
-        _set(self, "estimated", estimated if type(estimated) is bool else _flag(name, estimated))
+        if type(self.estimated) is not bool:
+            _set(self, "estimated", _flag(self.name, self.estimated))
 
     def to_dict(self) -> dict[str, Any]:
         """See :meth:`ObserverEvent.to_dict`."""
@@ -468,7 +440,7 @@ class HistogramEvent(ObserverEvent):
         return d
 
 
-@dataclass(frozen=True, slots=True, init=False)
+@dataclass(frozen=True, slots=True)
 class VerdictEvent(ObserverEvent):
     """A check's finding about another event (whose subject and field it keeps).
 
@@ -491,20 +463,10 @@ class VerdictEvent(ObserverEvent):
     field: str | None = None
     source: EventSource = EventSource.CHECK
 
-    def __init__(
-        self,
-        name: str,
-        axes: Axes,
-        verdict: Verdict,
-        *,
-        subject: Subject = NO_SUBJECT,
-        field: str | None = None,
-        source: EventSource | str = EventSource.CHECK,
-    ) -> None:
-        self._init_common(name, axes, subject, field, source)
-        if not isinstance(verdict, Verdict):
-            raise invalid_event(f"verdict event {name!r}: {verdict!r} is not a Verdict.")
-        _set(self, "verdict", verdict)
+    def __post_init__(self) -> None:
+        self._check_common()
+        if not isinstance(self.verdict, Verdict):
+            raise invalid_event(f"verdict event {self.name!r}: {self.verdict!r} is not a Verdict.")
 
     def to_dict(self) -> dict[str, Any]:
         """See :meth:`ObserverEvent.to_dict`."""
@@ -513,7 +475,7 @@ class VerdictEvent(ObserverEvent):
         return d
 
 
-@dataclass(frozen=True, slots=True, init=False)
+@dataclass(frozen=True, slots=True)
 class UnavailableEvent(ObserverEvent):
     """A value that was not measured, and why — never a 0.
 
@@ -537,20 +499,10 @@ class UnavailableEvent(ObserverEvent):
     field: str | None = None
     source: EventSource = EventSource.USER_SCALAR
 
-    def __init__(
-        self,
-        name: str,
-        axes: Axes,
-        reason: str,
-        *,
-        subject: Subject = NO_SUBJECT,
-        field: str | None = None,
-        source: EventSource | str = EventSource.USER_SCALAR,
-    ) -> None:
-        self._init_common(name, axes, subject, field, source)
-        if not isinstance(reason, str) or not reason.strip():
-            raise invalid_event(f"unavailable event {name!r} needs a non-empty reason.")
-        _set(self, "reason", reason)
+    def __post_init__(self) -> None:
+        self._check_common()
+        if not isinstance(self.reason, str) or not self.reason.strip():
+            raise invalid_event(f"unavailable event {self.name!r} needs a non-empty reason.")
 
     def to_dict(self) -> dict[str, Any]:
         """See :meth:`ObserverEvent.to_dict`."""

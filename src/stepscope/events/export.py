@@ -36,10 +36,10 @@ from pathlib import Path
 import numpy as np
 
 from stepscope.errors import Refusal
+from stepscope.events.bus import EventBus
 from stepscope.events.convert import events_from_step
 from stepscope.events.coordinates import Axis
 from stepscope.events.event import ObserverEvent
-from stepscope.events.stream import EventStream
 from stepscope.events.tags import Detail, run_name
 from stepscope.history import HistoryReader, StepBlockRecord, open_history
 from stepscope.history.decode import batches_from_rows
@@ -110,11 +110,11 @@ def step_events(path: str | os.PathLike[str], window: int = 256) -> Iterator[lis
 
 def replay(
     path: str | os.PathLike[str],
-    stream: EventStream,
+    bus: EventBus,
     window: int = 256,
     progress: ProgressCallback | None = None,
 ) -> ExportReport:
-    """Publish every committed step of ``path`` on ``stream`` (does not close it).
+    """Publish every committed step of ``path`` on ``bus`` (does not close it).
 
     ``progress(done, total)`` is called after each step when given.
     """
@@ -122,16 +122,14 @@ def replay(
     n_steps = 0
     total = step_count(path) if progress is not None else 0
     for events in step_events(path, window):
-        stream.publish(events)
+        bus.publish(events)
         kinds.update(e.kind.value for e in events)
         n_steps += 1
         if progress is not None:
             progress(n_steps, total)
-    axes = {a for s in stream.subscribers if isinstance(a := getattr(s, "axis", None), Axis)}
+    axes = {a for s in bus.subscribers if isinstance(a := getattr(s, "axis", None), Axis)}
     failures = {
-        type(s).__name__: stream.status(s).failures
-        for s in stream.subscribers
-        if stream.status(s).failures
+        type(s).__name__: bus.status(s).failures for s in bus.subscribers if bus.status(s).failures
     }
     return ExportReport(
         run_id=open_history(path).run.run_id,
@@ -203,7 +201,7 @@ def export_run(
             )
         shutil.rmtree(tb_run_dir)
     outputs: dict[str, str] = {}
-    with EventStream(capacity=1) as stream:
+    with EventBus(capacity=1) as bus:
         if tb_run_dir is not None:
             from stepscope.events.trackers.tensorboard import TensorBoardTracker
 
@@ -211,17 +209,17 @@ def export_run(
                 tb_run_dir, axis=axis, detail=detail, exponent_view=exponent_view
             )
             tb.write_run_record(record.to_dict(), label)
-            stream.subscribe(tb)
+            bus.subscribe(tb)
             outputs["tensorboard"] = str(tb_run_dir)
         if jsonl is not None:
             from stepscope.events.trackers.jsonl import JsonlTracker
 
-            stream.subscribe(JsonlTracker(jsonl))
+            bus.subscribe(JsonlTracker(jsonl))
             outputs["jsonl"] = str(jsonl)
         if wandb is not None:
             from stepscope.events.trackers.wandb import WandbTracker
 
-            stream.subscribe(
+            bus.subscribe(
                 WandbTracker(
                     axis=axis,
                     detail=detail,
@@ -233,7 +231,7 @@ def export_run(
                 )
             )
             outputs["wandb"] = str(wandb)
-        report = replay(path, stream, progress=progress)
+        report = replay(path, bus, progress=progress)
     return ExportReport(
         run_id=report.run_id,
         steps=report.steps,

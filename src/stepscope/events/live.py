@@ -4,7 +4,7 @@ The collector hands every written step's rows to :meth:`LiveStream.submit`, whic
 reference to them on a bounded queue and returns: it never waits. One background thread (a
 daemon) takes the steps off the queue in order, converts them with
 :func:`~stepscope.events.events_from_step` — the converter ``stepscope export`` replays through —
-and publishes them on a private :class:`~stepscope.events.EventStream` to the trackers, which
+and publishes them on a private :class:`~stepscope.events.EventBus` to the trackers, which
 lay them out with the same :class:`~stepscope.events.tags.TagLayout`. So live and exported
 TensorBoard/W&B runs hold the same tags and values.
 
@@ -16,7 +16,7 @@ streaming thread too.
 * **Never blocks.** A full queue (the trackers are slower than training) drops the step and
   counts it (:attr:`LiveCounts.dropped_steps`); the history artifact, written before the step is
   submitted, still holds it (``stepscope export`` sends it later).
-* **Never raises into training.** A tracker that raises is isolated by the event stream: warned
+* **Never raises into training.** A tracker that raises is isolated by the event bus: warned
   about once (:class:`~stepscope.events.SubscriberFailureWarning`), counted
   (:attr:`LiveCounts.failed_deliveries`, :attr:`LiveCounts.last_error`), disabled after eight
   consecutive failures.
@@ -56,8 +56,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from stepscope.events.bus import EventBus
 from stepscope.events.convert import events_from_step
-from stepscope.events.stream import EventStream
 from stepscope.events.tags import run_name
 
 __all__ = ["LIVE_QUEUE_STEPS", "LiveCounts", "LiveStream", "LiveStreamWarning", "open_live"]
@@ -109,13 +109,13 @@ class LiveStream:
         self.destinations = dict(destinations or {})
         self.counts = LiveCounts()
         self.flush_seconds = float(flush_seconds)
-        self._stream = EventStream(capacity=1)
+        self._bus = EventBus(capacity=1)
         for t in self.trackers:
-            self._stream.subscribe(t)
+            self._bus.subscribe(t)
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=queue_steps)
         self._closed = False
         self._warned_drop = False
-        self._own_failures = 0  # malformed steps and failing flushes (the stream counts the rest)
+        self._own_failures = 0  # malformed steps and failing flushes (the bus counts the rest)
         self._thread = threading.Thread(target=self._run, name="stepscope-live", daemon=True)
         self._thread.start()
 
@@ -174,7 +174,7 @@ class LiveStream:
                 stacklevel=2,
             )
             return  # the thread still uses the trackers: do not close them under it
-        self._stream.close()
+        self._bus.close()
 
     @property
     def alive(self) -> bool:
@@ -202,7 +202,7 @@ class LiveStream:
     def _send(self, item: tuple[Any, ...]) -> None:
         try:
             events = events_from_step(*item)
-            self._stream.publish(events)
+            self._bus.publish(events)
         except Exception as exc:  # a malformed step or a check's raise: counted, never raised
             self._failed(exc)
             return
@@ -217,7 +217,7 @@ class LiveStream:
     def _count(self) -> None:
         failures = self._own_failures
         for t in self.trackers:
-            st = self._stream.status(t)
+            st = self._bus.status(t)
             failures += st.failures
             if st.failures and st.last_error is not None:
                 self.counts.last_error = st.last_error
@@ -226,7 +226,7 @@ class LiveStream:
     def _flush(self) -> None:
         for t in self.trackers:
             flush = getattr(t, "flush", None)
-            if flush is None or not self._stream.status(t).enabled:
+            if flush is None or not self._bus.status(t).enabled:
                 continue
             try:
                 flush()

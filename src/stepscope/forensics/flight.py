@@ -51,7 +51,7 @@ class Flight:
         The artifact directory of this rank (``None``: RAM only, triggers kept in memory).
     rank, world
         This process's rank and the world size (``world > 1``: one ``all_reduce`` per step).
-    event_stream
+    event_bus
         Where trigger verdicts are published (``None``: nowhere).
     durable
         ``fsync`` the files (the collector's ``WatchSettings.durable``).
@@ -65,11 +65,11 @@ class Flight:
         run_dir: Any,
         rank: int = 0,
         world: int = 1,
-        event_stream: Any = None,
+        event_bus: Any = None,
         durable: bool = True,
     ) -> None:
         self.config, self.reader, self.channels = config, reader, list(channels)
-        self.rank, self.world, self.event_stream = rank, world, event_stream
+        self.rank, self.world, self.event_bus = rank, world, event_bus
         self.window = FlightWindow(config.window, len(self.channels))
         self.files = None if run_dir is None else ForensicsFiles(run_dir, durable)
         self.triggers = config.active_triggers
@@ -190,8 +190,8 @@ class Flight:
         axes: tuple[int | None, int | None],
         reason: str,
     ) -> None:
-        stream = self.event_stream
-        if stream is None or not getattr(stream, "active", True):
+        bus = self.event_bus
+        if bus is None or not getattr(bus, "active", True):
             return
         at = Axes(step, axes[0], axes[1])
         events = [
@@ -212,7 +212,7 @@ class Flight:
             for c in crossings
         ]
         if events:
-            stream.publish(events)
+            bus.publish(events)
 
     # ------------------------------------------------------------------ results
     def spikes(self) -> list[Spike]:

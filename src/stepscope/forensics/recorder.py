@@ -5,7 +5,7 @@ scalars at **every** step (whatever its cadence; :mod:`stepscope.forensics.chann
 them), keeps the last ``window`` steps in RAM, and checks each step with its ``triggers``. When one
 fires at step ``t``:
 
-1. a ``verdict`` event (``forensics/<trigger>``) goes on the settings' event stream;
+1. a ``verdict`` event (``forensics/<trigger>``) goes on the settings' event bus;
 2. the window's rows up to ``t`` are written to the artifact at full resolution
    (``forensics/window-<t>.npy``: observed steps, held in RAM until then);
 3. every stream's spine is taken at each of the steps ``t+1 .. t+dense_steps`` (a cadence change

@@ -16,7 +16,7 @@ entry at that step, never a 0; the validity rows say why.
 The probe's identity (sha256, indices, count, input normalisation, measurement dtype; see
 :func:`probe_identity`) is persisted once per artifact as ``probe.json`` beside the manifest; a
 later record with a different identity refuses ``probe_identity_changed``. Live subscribers: given
-an :class:`~stepscope.events.EventStream` (or a collector, whose stream is used), the same rows are
+an :class:`~stepscope.events.EventBus` (or a collector, whose bus is used), the same rows are
 published as ``scalar`` events (source ``probe``) and every undefined number as an
 ``unavailable`` event with its reason.
 
@@ -128,18 +128,18 @@ def probe_events(record: ProbeRecord) -> list[ObserverEvent]:
     return out
 
 
-def write_probe_record(target: Any, record: ProbeRecord, events: Any = None) -> int:
+def write_probe_record(target: Any, record: ProbeRecord, bus: Any = None) -> int:
     """Append the record's rows at its step, persist its identity, publish it to subscribers.
 
     Parameters
     ----------
     target
         An :class:`~stepscope.history.ArtifactWriter`, or a
-        :class:`~stepscope.HistoryCollector` (its writer and its settings' event stream are used).
+        :class:`~stepscope.HistoryCollector` (its writer and its settings' event bus are used).
     record
         The measurement.
-    events
-        An :class:`~stepscope.events.EventStream` to publish to (default: the collector's).
+    bus
+        An :class:`~stepscope.events.EventBus` to publish to (default: the collector's).
 
     Rows are committed with the writer's next commit (or ``close()``). Returns the row count.
 
@@ -151,7 +151,7 @@ def write_probe_record(target: Any, record: ProbeRecord, events: Any = None) -> 
     writer, collector = target, None
     if hasattr(target, "settings") and hasattr(target, "writer"):  # a collector
         writer, collector = target.writer, target
-        events = events if events is not None else target.settings.event_stream
+        bus = bus if bus is not None else target.settings.event_bus
     rows = probe_scalar_rows(record)
     step = record.step.optimizer_step
     if writer is not None:
@@ -161,8 +161,8 @@ def write_probe_record(target: Any, record: ProbeRecord, events: Any = None) -> 
     elif collector is not None:  # a RAM-only collector keeps them as its user scalars
         for name, value in rows.items():
             collector.log(name, value, step=step)
-    if events is not None and events.active:
-        events.publish(probe_events(record))
+    if bus is not None and bus.active:
+        bus.publish(probe_events(record))
     return len(rows)
 
 

@@ -2,21 +2,21 @@
 
 A check is a :class:`~stepscope.events.Subscriber` that reads only events (never tensors). Its
 :meth:`Check.evaluate` is a function from one published batch to findings; the base turns each
-finding into a ``verdict`` event (published back on the stream) and applies the action:
+finding into a ``verdict`` event (published back on the bus) and applies the action:
 
 * ``warn`` — ``warnings.warn(CheckWarning)`` once per (check, name), every verdict still published;
 * ``raise`` — :class:`~stepscope.events.CheckFailed` (``Refusal`` code ``check_failed``) after the
-  stream has delivered the verdicts to every subscriber;
-* ``stop`` — sets :attr:`Check.should_stop` (and ``EventStream.stop_requested``) for the training
+  bus has delivered the verdicts to every subscriber;
+* ``stop`` — sets :attr:`Check.should_stop` (and ``EventBus.stop_requested``) for the training
   loop to poll.
 
 Example
 -------
->>> from stepscope.events import Axes, EventStream, NonFiniteCheck, ScalarEvent
->>> stream = EventStream()
->>> check = stream.subscribe(NonFiniteCheck(action="stop"))
->>> stream.publish([ScalarEvent("loss", Axes(4), float("nan"))])
->>> check.should_stop, check.first.optimizer_step, stream.stop_requested
+>>> from stepscope.events import Axes, EventBus, NonFiniteCheck, ScalarEvent
+>>> bus = EventBus()
+>>> check = bus.subscribe(NonFiniteCheck(action="stop"))
+>>> bus.publish([ScalarEvent("loss", Axes(4), float("nan"))])
+>>> check.should_stop, check.first.optimizer_step, bus.stop_requested
 (True, 4, True)
 """
 
@@ -28,9 +28,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from stepscope.errors import Refusal
+from stepscope.events.bus import CheckFailed, Subscriber
 from stepscope.events.event import EventSource, ObserverEvent, VerdictEvent
 from stepscope.events.payload import Verdict
-from stepscope.events.stream import CheckFailed, Subscriber
 
 __all__ = ["Check", "CheckAction", "CheckWarning", "Finding"]
 
@@ -115,7 +115,7 @@ class Check(Subscriber):
                 first,
                 [*out, *verdicts],
                 [
-                    "inspect the verdict events on the stream",
+                    "inspect the verdict events on the bus",
                     f"or run {self.name} with action='warn'",
                 ],
             )

@@ -12,14 +12,14 @@
 Example
 -------
 >>> import warnings
->>> from stepscope.events import Axes, EventSource, EventStream, ScalarEvent, Subject
->>> stream = EventStream()
->>> check = stream.subscribe(GradientNormCheck(lower=1e-6, upper=10.0))
+>>> from stepscope.events import Axes, EventBus, EventSource, ScalarEvent, Subject
+>>> bus = EventBus()
+>>> check = bus.subscribe(GradientNormCheck(lower=1e-6, upper=10.0))
 >>> fc = Subject("fc", "gradient", "backward", stage="backward", scale_provenance="unscaled")
 >>> e = ScalarEvent("gradient.backward/fc/l2", Axes(2), 50.0, subject=fc, field="l2",
 ...                 source=EventSource.SPINE)
 >>> with warnings.catch_warnings(record=True):
-...     stream.publish([e])
+...     bus.publish([e])
 >>> check.verdicts[0].verdict.message
 'gradient l2 of fc is 50 > 10 (exploding) at step 2 [backward, unscaled]'
 """

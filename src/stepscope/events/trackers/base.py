@@ -29,9 +29,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from stepscope.events.bus import Subscriber
 from stepscope.events.coordinates import Axis
 from stepscope.events.event import ObserverEvent, UnavailableEvent
-from stepscope.events.stream import Subscriber
 from stepscope.events.tags import (
     Detail,
     HistogramRecord,

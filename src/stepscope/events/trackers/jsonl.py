@@ -25,8 +25,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from stepscope.errors import Refusal
+from stepscope.events.bus import Subscriber
 from stepscope.events.event import ObserverEvent
-from stepscope.events.stream import Subscriber
 
 __all__ = ["JsonlTracker", "read_jsonl"]
 

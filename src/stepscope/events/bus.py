@@ -1,24 +1,24 @@
-"""The bounded event stream and its subscribers: one scan, many consumers, isolated failures.
+"""The bounded event bus and its subscribers: one scan, many consumers, isolated failures.
 
-:class:`EventStream` delivers each published batch of :class:`ObserverEvent` to every enabled
+:class:`EventBus` delivers each published batch of :class:`ObserverEvent` to every enabled
 subscriber. A subscriber that raises is caught (collection carries on), warned about once, and
 disabled after :data:`MAX_CONSECUTIVE_FAILURES` consecutive failing deliveries; a successful
 delivery resets the count. Subscribers may return events of source ``check`` (verdicts, derived
 ratios); they are delivered to every subscriber after the current batch. A check configured to
-raise signals :class:`CheckFailed`; the stream finishes delivering (so trackers still record the
+raise signals :class:`CheckFailed`; the bus finishes delivering (so trackers still record the
 verdict) and then re-raises it. The most recent ``capacity`` events are kept for inspection.
 
 Example
 -------
->>> from stepscope.events import Axes, EventStream, ScalarEvent, Subscriber
+>>> from stepscope.events import Axes, EventBus, ScalarEvent, Subscriber
 >>> class Count(Subscriber):
 ...     n = 0
 ...     def on_events(self, events):
 ...         self.n += len(events)
->>> stream = EventStream(capacity=2)
->>> c = stream.subscribe(Count())
->>> stream.publish([ScalarEvent("loss", Axes(i), 1.0) for i in range(3)])
->>> c.n, [e.optimizer_step for e in stream.recent()]
+>>> bus = EventBus(capacity=2)
+>>> c = bus.subscribe(Count())
+>>> bus.publish([ScalarEvent("loss", Axes(i), 1.0) for i in range(3)])
+>>> c.n, [e.optimizer_step for e in bus.recent()]
 (3, [1, 2])
 """
 
@@ -36,7 +36,7 @@ from stepscope.events.event import EventKind, EventSource, ObserverEvent, Verdic
 __all__ = [
     "MAX_CONSECUTIVE_FAILURES",
     "CheckFailed",
-    "EventStream",
+    "EventBus",
     "Subscriber",
     "SubscriberFailureWarning",
     "SubscriberLike",
@@ -57,7 +57,7 @@ class SubscriberFailureWarning(RuntimeWarning):
 class CheckFailed(Refusal):
     """A check configured with ``action="raise"`` found a violation (code ``check_failed``).
 
-    ``events`` are the verdicts that explain it; the stream delivers them before re-raising.
+    ``events`` are the verdicts that explain it; the bus delivers them before re-raising.
     """
 
     def __init__(
@@ -87,12 +87,12 @@ class Subscriber:
         raise NotImplementedError
 
     def close(self) -> None:
-        """Flush and release resources (called once by :meth:`EventStream.close`)."""
+        """Flush and release resources (called once by :meth:`EventBus.close`)."""
 
 
 @dataclass
 class SubscriberStatus:
-    """Delivery bookkeeping of one subscriber (mutable, owned by the stream)."""
+    """Delivery bookkeeping of one subscriber (mutable, owned by the bus)."""
 
     enabled: bool = True
     deliveries: int = 0
@@ -102,8 +102,8 @@ class SubscriberStatus:
     last_error: str | None = None
 
 
-class EventStream:
-    """A bounded stream of immutable observer events.
+class EventBus:
+    """A bounded bus of immutable observer events: publish batches, deliver them to subscribers.
 
     Parameters
     ----------
@@ -115,7 +115,7 @@ class EventStream:
         if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
             raise Refusal(
                 "settings_invalid",
-                f"EventStream capacity must be an int >= 1, got {capacity!r}.",
+                f"EventBus capacity must be an int >= 1, got {capacity!r}.",
                 ["pass capacity=4096 (the default) or another positive int"],
             )
         self.capacity = capacity
@@ -240,7 +240,7 @@ class EventStream:
             warnings.warn(
                 f"stepscope: subscriber {type(sub).__name__} raised {st.last_error}; "
                 f"collection continues and the subscriber is disabled after "
-                f"{MAX_CONSECUTIVE_FAILURES} consecutive failures (see EventStream.status).",
+                f"{MAX_CONSECUTIVE_FAILURES} consecutive failures (see EventBus.status).",
                 SubscriberFailureWarning,
                 stacklevel=4,
             )
@@ -273,7 +273,7 @@ class EventStream:
                     stacklevel=2,
                 )
 
-    def __enter__(self) -> EventStream:
+    def __enter__(self) -> EventBus:
         return self
 
     def __exit__(self, *exc: object) -> None:
