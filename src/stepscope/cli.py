@@ -87,7 +87,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
-#: The ``stepscope --help`` epilog: exit codes and a first session. Every example runs as printed
+#: The ``stepscope --help`` epilog: exit codes and a first walk-through. Every example runs as printed
 #: (tests/test_newcomer.py runs each one twice in a fresh directory).
 EPILOG = """\
 exit codes:

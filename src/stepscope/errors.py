@@ -20,7 +20,7 @@ family's class, so ordinary ``except`` clauses catch refusals too:
 * :attr:`Family.STORAGE` -> :class:`RefusalStorageError`, also an :class:`OSError` (the artifact or
   output directory on disk is damaged, missing, locked, taken or unwritable);
 * :attr:`Family.STATE` -> plain :class:`Refusal` (the call came at the wrong moment: a closed
-  object, a nested session, a condition that did not hold).
+  object, a nested profiler session, a condition that did not hold).
 
 Example
 -------

@@ -7,22 +7,11 @@ import json
 
 import pytest
 import torch
-import torch.nn.functional as F
 from torch import nn
-from torch.func import functional_call, hessian, jacrev
 
 from stepscope.curvature.eigen import top_eigenvalues
 from stepscope.errors import Refusal
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_intra_op_thread():
-    """Tiny products: thread-pool hand-offs dominate on a shared 2-core box; restored after."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
+from tests.curvature.curvature_testkit import dense_oracle
 
 KINDS = ["hessian", "ggn", "empirical_fisher"]
 
@@ -35,31 +24,6 @@ def _model(seed: int = 0, width: int = 5) -> nn.Module:
 def _batch(n: int = 8, seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     gen = torch.Generator().manual_seed(seed)
     return torch.randn(n, 4, generator=gen), torch.randint(0, 3, (n,), generator=gen)
-
-
-def dense_oracle(model: nn.Module, x: torch.Tensor, y: torch.Tensor, kind: str) -> torch.Tensor:
-    """Dense float64 Hessian / GGN / empirical Fisher of the mean cross-entropy."""
-    model = copy.deepcopy(model).double().eval()
-    x = x.double()
-    named = [(n, p.detach()) for n, p in model.named_parameters()]
-    theta0 = torch.cat([p.reshape(-1) for _, p in named])
-
-    def logits(theta: torch.Tensor) -> torch.Tensor:
-        params, i = {}, 0
-        for n, p in named:
-            params[n] = theta[i : i + p.numel()].reshape(p.shape)
-            i += p.numel()
-        return functional_call(model, params, (x,))
-
-    if kind == "hessian":
-        return hessian(lambda t: F.cross_entropy(logits(t), y))(theta0)
-    if kind == "ggn":
-        jac = jacrev(logits)(theta0)
-        p = torch.softmax(logits(theta0), dim=1)
-        lam = torch.diag_embed(p) - p[:, :, None] * p[:, None, :]
-        return torch.einsum("ncp,ncd,ndq->pq", jac, lam, jac) / x.shape[0]
-    per_example = jacrev(lambda t: F.cross_entropy(logits(t), y, reduction="none"))(theta0)
-    return per_example.T @ per_example / x.shape[0]
 
 
 @pytest.mark.parametrize("kind", KINDS)

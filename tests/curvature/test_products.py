@@ -14,7 +14,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.func import functional_call, hessian, jacrev
 
 from stepscope._purity import snapshot_rng
 from stepscope.curvature.eigen import top_eigenvalues
@@ -22,16 +21,7 @@ from stepscope.curvature.estimators import trace
 from stepscope.curvature.products import make_operator, probe_operator
 from stepscope.curvature.quadratic import directional
 from stepscope.errors import Refusal
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_intra_op_thread():
-    """Tiny products: thread-pool hand-offs dominate on a shared 2-core box; restored after."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
+from tests.curvature.curvature_testkit import dense_oracle
 
 KINDS = ["hessian", "ggn", "empirical_fisher"]
 
@@ -88,35 +78,6 @@ def _case(name: str) -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
     x = torch.randn(*case["x_shape"], generator=gen)
     y = torch.randint(0, 3, (case["x_shape"][0],), generator=gen)
     return model, x, y
-
-
-def dense_oracle(model: nn.Module, x: torch.Tensor, y: torch.Tensor, kind: str) -> torch.Tensor:
-    """The dense float64 matrix of ``kind`` for the mean cross-entropy, in eval mode."""
-    model = __import__("copy").deepcopy(model).double().eval()
-    x = x.double()
-    named = [(n, p.detach()) for n, p in model.named_parameters() if p.requires_grad]
-    theta0 = torch.cat([p.reshape(-1) for _, p in named])
-
-    def unflat(theta: torch.Tensor) -> dict[str, torch.Tensor]:
-        out, i = {}, 0
-        for n, p in named:
-            out[n] = theta[i : i + p.numel()].reshape(p.shape)
-            i += p.numel()
-        return out
-
-    def logits(theta: torch.Tensor) -> torch.Tensor:
-        return functional_call(model, unflat(theta), (x,))
-
-    n = x.shape[0]
-    if kind == "hessian":
-        return hessian(lambda t: F.cross_entropy(logits(t), y))(theta0)
-    if kind == "ggn":
-        jac = jacrev(logits)(theta0)  # (n, C, P)
-        p = torch.softmax(logits(theta0), dim=1)
-        lam = torch.diag_embed(p) - p[:, :, None] * p[:, None, :]
-        return torch.einsum("ncp,ncd,ndq->pq", jac, lam, jac) / n
-    per_example = jacrev(lambda t: F.cross_entropy(logits(t), y, reduction="none"))(theta0)
-    return per_example.T @ per_example / n
 
 
 def _flat(tensors) -> torch.Tensor:

@@ -233,6 +233,9 @@ def test_wandb_true_streams_an_offline_run_named_after_the_run(tmp_path, monkeyp
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
     monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wb"))
+    # wandb.init without a dir writes ./wandb: should WANDB_DIR ever be missed (wandb reads its
+    # environment once per process), the stray run lands in tmp_path, not the checkout
+    monkeypatch.chdir(tmp_path)
     model = _model()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     losses = []

@@ -1,5 +1,11 @@
-"""Shared helpers: an independent float64 numpy spine and a small deterministic run writer."""
+"""Shared helpers: an independent float64 numpy spine, a small deterministic run writer, and real
+tmpfs disks for the disk-fault tests."""
 
+import contextlib
+import errno
+import os
+import subprocess
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -77,3 +83,63 @@ def hx():
         OBSERVED=OBSERVED,
         NOT_SCHEDULED=NOT_SCHEDULED,
     )
+
+
+class Tmpfs:
+    """Real tmpfs disks under ``root`` (root only: :meth:`mount` skips the test otherwise)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.mounted: list[Path] = []
+
+    def mount(self, size: str) -> Path:
+        """A fresh tmpfs of ``size`` (``"64k"``, ``"3m"``), unmounted when the test ends."""
+        if os.geteuid() != 0:
+            pytest.skip("mounting a tmpfs needs root (the injected faults cover the rest)")
+        mnt = self.root / f"mnt{len(self.mounted) or ''}"
+        mnt.mkdir()
+        proc = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mnt)], capture_output=True
+        )
+        if proc.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.decode()[:200]}")
+        self.mounted.append(mnt)
+        return mnt
+
+    @staticmethod
+    def remount(mnt: Path, mode: str) -> None:
+        """Remount ``mnt`` ``"ro"`` or ``"rw"``."""
+        subprocess.run(["mount", "-o", f"remount,{mode}", str(mnt)], check=True)
+
+    @staticmethod
+    def fill(mnt: Path) -> Path:
+        """Fill ``mnt`` to ENOSPC with ``mnt/ballast`` (its last partial blocks too); returns it."""
+        ballast = mnt / "ballast"
+        with open(ballast, "wb") as fh:
+            block = b"\0" * 65536
+            try:
+                while True:
+                    fh.write(block)
+                    fh.flush()
+            except OSError as exc:
+                assert exc.errno == errno.ENOSPC
+        with contextlib.suppress(OSError), open(ballast, "ab") as fh:
+            while True:
+                fh.write(b"\0" * 512)
+                fh.flush()
+        return ballast
+
+    def unmount_all(self) -> None:
+        for mnt in reversed(self.mounted):
+            subprocess.run(["umount", "-l", str(mnt)], check=False)
+        self.mounted.clear()
+
+
+@pytest.fixture
+def tmpfs(tmp_path):
+    """:class:`Tmpfs` disks for one test: ``tmpfs.mount("64k")``, ``.fill(mnt)``, ``.remount``."""
+    disks = Tmpfs(tmp_path)
+    try:
+        yield disks
+    finally:
+        disks.unmount_all()

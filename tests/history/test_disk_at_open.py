@@ -2,7 +2,6 @@
 OSError), with a real tmpfs filled or remounted read-only (root only; skipped otherwise)."""
 
 import os
-import subprocess
 
 import pytest
 import torch
@@ -12,38 +11,6 @@ from stepscope.errors import Refusal
 from stepscope.history import ArtifactWriter, StepBlockRecord, open_history
 
 
-@pytest.fixture
-def tmpfs(tmp_path):
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    mnt = tmp_path / "mnt"
-    mnt.mkdir()
-    proc = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mnt)], capture_output=True
-    )
-    if proc.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.decode()[:200]}")
-    try:
-        yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
-
-
-def _remount(mnt, mode):
-    subprocess.run(["mount", "-o", f"remount,{mode}", str(mnt)], check=True)
-
-
-def _fill(mnt):
-    fd = os.open(mnt / "ballast", os.O_WRONLY | os.O_CREAT)
-    try:
-        while os.write(fd, b"\0" * 4096):
-            pass
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
 def _collector(out):
     model = torch.nn.Linear(2, 2)
     return ss.HistoryCollector(model, settings=ss.WatchSettings(output_dir=str(out)))
@@ -51,17 +18,18 @@ def _collector(out):
 
 @pytest.mark.parametrize("fault", ["read_only", "full"])
 def test_creating_or_resuming_on_a_broken_disk_refuses_with_a_code(tmpfs, fault):
-    with ArtifactWriter(tmpfs / "old") as w:
+    mnt = tmpfs.mount("256k")
+    with ArtifactWriter(mnt / "old") as w:
         w.write_step(StepBlockRecord(0), [])
     if fault == "read_only":
-        _remount(tmpfs, "ro")
+        tmpfs.remount(mnt, "ro")
     else:
-        _fill(tmpfs)
+        tmpfs.fill(mnt)
     try:
         for make in (
-            lambda: ArtifactWriter(tmpfs / "new"),
-            lambda: ArtifactWriter(tmpfs / "old", resume=True),
-            lambda: _collector(tmpfs / "new2"),
+            lambda: ArtifactWriter(mnt / "new"),
+            lambda: ArtifactWriter(mnt / "old", resume=True),
+            lambda: _collector(mnt / "new2"),
         ):
             with pytest.raises(Refusal) as err:
                 make()
@@ -69,11 +37,11 @@ def test_creating_or_resuming_on_a_broken_disk_refuses_with_a_code(tmpfs, fault)
             assert isinstance(err.value, OSError)  # a storage refusal, as before
     finally:
         if fault == "read_only":
-            _remount(tmpfs, "rw")
+            tmpfs.remount(mnt, "rw")
         else:
-            os.unlink(tmpfs / "ballast")
-    assert open_history(tmpfs / "old").steps.tolist() == [0]  # the old run is intact
-    w = ArtifactWriter(tmpfs / "old", resume=True)  # and resumes once the disk heals
+            os.unlink(mnt / "ballast")
+    assert open_history(mnt / "old").steps.tolist() == [0]  # the old run is intact
+    w = ArtifactWriter(mnt / "old", resume=True)  # and resumes once the disk heals
     w.write_step(StepBlockRecord(1), [])
     w.close()
-    assert open_history(tmpfs / "old").steps.tolist() == [0, 1]
+    assert open_history(mnt / "old").steps.tolist() == [0, 1]

@@ -7,14 +7,11 @@ The oracle is an unobserved twin of the model trained on the same data: the reco
 sums must be the twin's at every committed step.
 """
 
-import contextlib
 import errno
 import os
-import subprocess
 import warnings
 
 import numpy as np
-import pytest
 import torch
 
 import stepscope as ss
@@ -102,58 +99,22 @@ def _check_complete(path, c, sums, committed_before_fault, faults, capsys):
     assert capsys.readouterr().out.startswith("ok:")
 
 
-@contextlib.contextmanager
-def _tmpfs(tmp_path, size="3m"):
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root (the injected-fault test covers the rest)")
-    mnt = tmp_path / "mnt"
-    mnt.mkdir()
-    proc = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mnt)], capture_output=True
+def test_a_full_disk_mid_training_loses_nothing_and_recovers(tmpfs, capsys):
+    mnt = tmpfs.mount("3m")
+    run = mnt / "run"
+    c, sums, before, faults = _train(
+        run, lambda: tmpfs.fill(mnt), lambda: (mnt / "ballast").unlink()
     )
-    if proc.returncode != 0:
-        pytest.skip(f"cannot mount tmpfs: {proc.stderr.decode()[:200]}")
-    try:
-        yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
+    _check_complete(run, c, sums, before, faults, capsys)
 
 
-def _fill(mnt):
-    ballast = mnt / "ballast"
-    with open(ballast, "wb") as fh:
-        block = b"\0" * 65536
-        try:
-            while True:
-                fh.write(block)
-                fh.flush()
-        except OSError as exc:
-            assert exc.errno == errno.ENOSPC
-    with contextlib.suppress(OSError):  # the last partial blocks too
-        with open(ballast, "ab") as fh:
-            while True:
-                fh.write(b"\0" * 512)
-                fh.flush()
-
-
-def test_a_full_disk_mid_training_loses_nothing_and_recovers(tmp_path, capsys):
-    with _tmpfs(tmp_path) as mnt:
-        run = mnt / "run"
-        c, sums, before, faults = _train(
-            run, lambda: _fill(mnt), lambda: (mnt / "ballast").unlink()
-        )
-        _check_complete(run, c, sums, before, faults, capsys)
-
-
-def test_a_read_only_remount_mid_training_loses_nothing_and_recovers(tmp_path, capsys):
-    with _tmpfs(tmp_path) as mnt:
-        run = mnt / "run"
-
-        def remount(mode):
-            subprocess.run(["mount", "-o", f"remount,{mode}", str(mnt)], check=True)
-
-        c, sums, before, faults = _train(run, lambda: remount("ro"), lambda: remount("rw"))
-        _check_complete(run, c, sums, before, faults, capsys)
+def test_a_read_only_remount_mid_training_loses_nothing_and_recovers(tmpfs, capsys):
+    mnt = tmpfs.mount("3m")
+    run = mnt / "run"
+    c, sums, before, faults = _train(
+        run, lambda: tmpfs.remount(mnt, "ro"), lambda: tmpfs.remount(mnt, "rw")
+    )
+    _check_complete(run, c, sums, before, faults, capsys)
 
 
 class _InjectedFaults:

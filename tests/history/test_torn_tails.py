@@ -9,7 +9,6 @@ disk heals and more rows are appended.
 
 import errno
 import os
-import subprocess
 
 import numpy as np
 import pytest
@@ -108,24 +107,8 @@ def test_a_commit_torn_mid_index_line_then_retried_keeps_the_whole_run(
         assert h.verify().ok
 
 
-@pytest.fixture
-def small_tmpfs(tmp_path):
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root (the injected short writes cover the rest)")
-    mnt = tmp_path / "mnt"
-    mnt.mkdir()
-    proc = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mnt)], capture_output=True
-    )
-    if proc.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.decode()[:200]}")
-    try:
-        yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
-
-
-def test_a_real_tmpfs_filling_mid_line_loses_no_committed_row(small_tmpfs, monkeypatch):
+def test_a_real_tmpfs_filling_mid_line_loses_no_committed_row(tmpfs, monkeypatch):
+    small_tmpfs = tmpfs.mount("64k")
     ballast = small_tmpfs / "ballast"
     ballast.write_bytes(b"\0" * 16384)  # freed later: the disk heals
     path = small_tmpfs / "evals.log"

@@ -15,11 +15,11 @@ from pathlib import Path
 
 START = """
 import torch
-from stepscope.integrations.session import TrainerSession
+from stepscope.integrations.trainer import TrainerWatch
 import stepscope as ss
 
 def start(folder):
-    s = TrainerSession(settings=ss.WatchSettings(durable=False))
+    s = TrainerWatch(settings=ss.WatchSettings(durable=False))
     s.start(torch.nn.Linear(3, 2), default_dir=folder, trainer_step=0, rank=0)
     s.close()
 """
@@ -57,4 +57,4 @@ def test_the_applications_logging_configuration_governs_the_announcement(tmp_pat
     assert done.stdout == ""
     said = [ln for ln in done.stderr.splitlines() if "recording to" in ln]
     assert len(said) == 1 and said[0].endswith("recording to runs/a/version_0")
-    assert said[0].startswith("LOGGED INFO stepscope.integrations.session stepscope: run ")
+    assert said[0].startswith("LOGGED INFO stepscope.integrations.trainer stepscope: run ")

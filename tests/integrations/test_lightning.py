@@ -22,7 +22,7 @@ import stepscope as ss
 from stepscope.cli import main
 from stepscope.integrations import ProbePlan
 from stepscope.integrations.lightning import StepscopeCallback
-from stepscope.integrations.session import PROBE_TIMING_STEPS
+from stepscope.integrations.trainer import PROBE_TIMING_STEPS
 from tests.integrations.integrations_testkit import (
     assert_gradients_match,
     grad_facts,
@@ -311,7 +311,7 @@ def test_dense_probe_cadence_is_chosen_from_measured_times(tmp_path):
         settings=ss.WatchSettings(durable=False), probe=ss.DenseProbe(x, y, size=16, seed=3)
     )
     fit(tmp_path, [cb])
-    plan = cb.session.probe
+    plan = cb.watch.probe
     assert plan.decision is not None and plan.decision["target_overhead"] == 0.05
     assert plan.every == plan.decision["cadence_steps"] >= 1
     assert plan.decision["expected_overhead"] <= 0.05

@@ -23,6 +23,7 @@ from torch import nn
 
 import stepscope as ss
 from tests.collect.consumed import Consumed, assert_rows_are_consumed, update_presence
+from tests.hf_models import tiny_model
 from tests.integrations.integrations_testkit import optimizer_state_equal, state_equal
 
 tf = pytest.importorskip("transformers")
@@ -99,16 +100,7 @@ def _check(tmp_path, case: dict) -> tuple[nn.Module, list[dict]]:
 
 
 def _llama() -> nn.Module:
-    config = tf.LlamaConfig(
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        vocab_size=64,
-        max_position_embeddings=16,
-    )
-    return tf.LlamaForCausalLM(config)
+    return tiny_model("llama", width=32, vocab=64, num_key_value_heads=1)
 
 
 def _lm_loss(model: nn.Module, step: int, m: int) -> torch.Tensor:
@@ -130,18 +122,7 @@ def test_llama_with_clip_grad_norm_records_the_clipped_gradients(tmp_path, kind)
 
 
 def _t5() -> nn.Module:
-    config = tf.T5Config(
-        vocab_size=64,
-        d_model=32,
-        d_kv=16,
-        d_ff=64,
-        num_layers=2,
-        num_decoder_layers=2,
-        num_heads=2,
-        decoder_start_token_id=0,
-        dropout_rate=0.1,
-    )
-    return tf.T5ForConditionalGeneration(config)
+    return tiny_model("t5", width=32, vocab=64, decoder_start_token_id=0, dropout_rate=0.1)
 
 
 def _seq2seq_loss(model: nn.Module, step: int, m: int) -> torch.Tensor:
@@ -160,9 +141,8 @@ def test_t5_with_two_micro_batches_records_the_accumulated_gradients(tmp_path):
 
 def _lora_gpt2() -> nn.Module:
     peft = pytest.importorskip("peft")
-    config = tf.GPT2Config(n_embd=32, n_layer=2, n_head=2, n_positions=16, vocab_size=64)
     lora = peft.LoraConfig(r=2, lora_alpha=4, target_modules=["c_attn"], fan_in_fan_out=True)
-    return peft.get_peft_model(tf.GPT2LMHeadModel(config), lora)
+    return peft.get_peft_model(tiny_model("gpt2", width=32, vocab=64), lora)
 
 
 def test_lora_base_weights_under_adamw_of_all_parameters_get_no_update(tmp_path):
@@ -232,8 +212,7 @@ def _hf(root, observe: bool):
     from stepscope.integrations.transformers import StepscopeCallback
 
     torch.manual_seed(0)
-    config = tf.GPT2Config(n_embd=32, n_layer=1, n_head=2, n_positions=16, vocab_size=64)
-    model = tf.GPT2LMHeadModel(config)
+    model = tiny_model("gpt2", width=32, layers=1, vocab=64)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     oracle = Consumed(opt, model)
     args = tf.TrainingArguments(

@@ -1,4 +1,4 @@
-"""The framework-free driver (``TrainerSession``) and the adapters' import contract."""
+"""The framework-free driver (``TrainerWatch``) and the adapters' import contract."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import stepscope as ss
-from stepscope.integrations import session as session_module
-from stepscope.integrations.session import TrainerSession
+from stepscope.integrations import trainer as trainer_module
+from stepscope.integrations.trainer import TrainerWatch
 
 ADAPTERS = {
     "stepscope.integrations.lightning": ("lightning.pytorch", "lightning"),
@@ -31,33 +31,33 @@ def test_a_missing_framework_refuses_with_the_install_line(adapter, monkeypatch)
     assert f"pip install 'stepscope[{extra}]'" in err.value.remedies
 
 
-def _train(session: TrainerSession, model, opt, steps: int, start: int = 0) -> None:
+def _train(watch: TrainerWatch, model, opt, steps: int, start: int = 0) -> None:
     for step in range(start, start + steps):
-        session.begin_step(opt, trainer_step=step, epoch=0)
+        watch.begin_step(opt, trainer_step=step, epoch=0)
         model(torch.randn(4, 3)).sum().backward()
-        session.micro_batch(4)
+        watch.micro_batch(4)
         opt.step()
         opt.zero_grad()
-        session.end_step(clipped=False)
+        watch.end_step(clipped=False)
 
 
 def test_values_logged_for_a_written_step_survive_close(tmp_path):
     """A trainer logs step k's loss after step k ended; the last step's must not be lost."""
     model = torch.nn.Linear(3, 2)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    session = TrainerSession(settings=ss.WatchSettings(durable=False))
-    session.start(model, default_dir=tmp_path, trainer_step=0, rank=0, announce=lambda s: None)
-    _train(session, model, opt, 3)
+    watch = TrainerWatch(settings=ss.WatchSettings(durable=False))
+    watch.start(model, default_dir=tmp_path, trainer_step=0, rank=0, announce=lambda s: None)
+    _train(watch, model, opt, 3)
     for step in range(3):
-        session.log("train/loss", float(step) + 0.5, step=step)
-    session.close()
+        watch.log("train/loss", float(step) + 0.5, step=step)
+    watch.close()
     loss = ss.open_history(tmp_path).scalars("train/loss")
     assert loss.steps.tolist() == [0, 1, 2]
     assert loss.values.tolist() == [0.5, 1.5, 2.5]
 
 
-def _session(root, step: int, model) -> TrainerSession:
-    s = TrainerSession(settings=ss.WatchSettings(durable=False))
+def _watch(root, step: int, model) -> TrainerWatch:
+    s = TrainerWatch(settings=ss.WatchSettings(durable=False))
     s.start(model, default_dir=root, trainer_step=step, rank=0, announce=lambda _: None)
     return s
 
@@ -65,16 +65,16 @@ def _session(root, step: int, model) -> TrainerSession:
 def test_resume_continues_at_the_checkpoint_step_earlier_or_later(tmp_path):
     model = torch.nn.Linear(3, 2)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    first = _session(tmp_path, 0, model)
+    first = _watch(tmp_path, 0, model)
     _train(first, model, opt, 5)  # steps 0..4; a checkpoint was saved after step 2
     first.close()
-    rewound = _session(tmp_path, 3, model)
+    rewound = _watch(tmp_path, 3, model)
     _train(rewound, model, opt, 1, start=3)
     rewound.close()
     reader = ss.open_history(tmp_path)
     assert reader.steps.tolist() == [0, 1, 2, 3]  # 3 and 4 of the first segment superseded
     assert [b.examples_seen for b in reader.step_blocks()] == [4, 8, 12, 16]
-    later = _session(tmp_path, 6, model)  # a checkpoint beyond the record: steps 4, 5 lost
+    later = _watch(tmp_path, 6, model)  # a checkpoint beyond the record: steps 4, 5 lost
     _train(later, model, opt, 1, start=6)
     later.close()
     reader = ss.open_history(tmp_path)
@@ -86,7 +86,7 @@ def test_resume_continues_at_the_checkpoint_step_earlier_or_later(tmp_path):
 def test_rank_zero_alone_announces_the_run_directory(tmp_path):
     said: list[str] = []
     for rank in (0, 1):
-        s = TrainerSession(settings=ss.WatchSettings(durable=False))
+        s = TrainerWatch(settings=ss.WatchSettings(durable=False))
         s.start(
             torch.nn.Linear(3, 2),
             default_dir=tmp_path / str(rank),
@@ -99,6 +99,6 @@ def test_rank_zero_alone_announces_the_run_directory(tmp_path):
 
 
 def test_shared_run_id_without_a_process_group_is_the_given_or_a_fresh_one():
-    assert session_module.shared_run_id("abc") == "abc"
-    a, b = session_module.shared_run_id(None), session_module.shared_run_id(None)
+    assert trainer_module.shared_run_id("abc") == "abc"
+    a, b = trainer_module.shared_run_id(None), trainer_module.shared_run_id(None)
     assert a != b and len(a) == 12

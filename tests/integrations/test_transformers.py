@@ -21,6 +21,7 @@ import transformers as tf
 import stepscope as ss
 from stepscope.cli import main
 from stepscope.integrations.transformers import StepscopeCallback
+from tests.hf_models import tiny_model
 from tests.integrations.integrations_testkit import (
     assert_gradients_match,
     grad_facts,
@@ -62,8 +63,7 @@ class Oracle(tf.TrainerCallback):
 
 def train(root: Path, callbacks: list, *, epochs: int = EPOCHS, resume: str | None = None, **kw):
     torch.manual_seed(0)
-    config = tf.GPT2Config(n_embd=32, n_layer=2, n_head=2, n_positions=16, vocab_size=64)
-    model = tf.GPT2LMHeadModel(config)
+    model = tiny_model("gpt2", width=32, vocab=64)
     args = tf.TrainingArguments(
         output_dir=str(root),
         num_train_epochs=epochs,

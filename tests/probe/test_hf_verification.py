@@ -17,8 +17,8 @@ from torch import nn
 
 import stepscope as ss
 from stepscope.probe import DenseProbe
+from tests.hf_models import tiny_model
 from tests.probe.oracle import fisher_and_mean, per_example_gradients
-from tests.probe.transformer_testkit import import_transformers
 
 RTOL = 1e-10
 ZERO = 1e-24
@@ -45,56 +45,39 @@ class CausalLM(nn.Module):
 
 
 def build(kind: str) -> nn.Module:
-    hf = import_transformers()
     torch.manual_seed(0)
     if kind.startswith("llama"):
-        cfg = hf.LlamaConfig(
-            vocab_size=31,
-            hidden_size=8,
-            intermediate_size=16,
-            num_hidden_layers=2,
-            num_attention_heads=2,
-            num_key_value_heads=1,  # grouped-query attention
-            max_position_embeddings=16,
-            tie_word_embeddings=kind == "llama_tied",
+        model: nn.Module = CausalLM(
+            tiny_model(
+                "llama",
+                vocab=31,
+                num_key_value_heads=1,  # grouped-query attention
+                tie_word_embeddings=kind == "llama_tied",
+                attention="eager",
+            )
         )
-        cfg._attn_implementation = "eager"
-        model: nn.Module = CausalLM(hf.LlamaForCausalLM(cfg))
     elif kind == "t5":
-        cfg = hf.T5Config(
-            vocab_size=29,
-            d_model=8,
-            d_kv=4,
-            d_ff=16,
-            num_layers=2,
-            num_decoder_layers=2,
-            num_heads=2,
+        t5 = tiny_model(
+            "t5",
             relative_attention_num_buckets=8,
             relative_attention_max_distance=16,
             dropout_rate=0.0,
+            attention="eager",
         )
-        model = Seq2Seq(hf.T5ForConditionalGeneration(cfg))
+        model = Seq2Seq(t5)
     elif kind == "bart":
-        cfg = hf.BartConfig(
-            vocab_size=29,
-            d_model=8,
-            encoder_layers=1,
-            decoder_layers=1,
-            encoder_attention_heads=2,
-            decoder_attention_heads=2,
-            encoder_ffn_dim=16,
-            decoder_ffn_dim=16,
-            max_position_embeddings=16,
+        bart = tiny_model(
+            "bart",
+            layers=1,
             scale_embedding=True,  # BartScaledWordEmbedding's embed_scale
             dropout=0.0,
             attention_dropout=0.0,
             activation_dropout=0.0,
+            attention="eager",
         )
-        model = Seq2Seq(hf.BartForConditionalGeneration(cfg))
+        model = Seq2Seq(bart)
     else:  # GPT-2: learned wpe, position ids (1, T)
-        cfg = hf.GPT2Config(vocab_size=29, n_positions=8, n_embd=8, n_layer=1, n_head=2)
-        model = CausalLM(hf.GPT2LMHeadModel(cfg))
-    cfg._attn_implementation = "eager"
+        model = CausalLM(tiny_model("gpt2", layers=1, positions=8, attention="eager"))
     return model.double().eval()
 
 

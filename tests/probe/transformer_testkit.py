@@ -30,6 +30,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, grad
 
+from tests.hf_models import tiny_model
+
 
 class Conv1D(nn.Module):
     """HF ``transformers.pytorch_utils.Conv1D``: ``y = x @ W + b`` with ``W (nx, nf)``."""
@@ -148,28 +150,6 @@ class TinyViT(nn.Module):
         return self.head(self.head_norm(x[:, 0]))
 
 
-def import_transformers() -> Any:
-    """``transformers`` (skipping when absent), usable even next to a broken torchvision.
-
-    A torchvision built for another torch fails at import (``torchvision::nms does not exist``)
-    and transformers would import it for its vision helpers; the text models never need it.
-    """
-    import pytest
-
-    transformers = pytest.importorskip("transformers")
-    try:
-        import torchvision  # noqa: F401
-    except Exception:
-        import transformers.utils as utils
-        import transformers.utils.import_utils as import_utils
-
-        for module in (utils, import_utils):
-            for name in ("is_torchvision_available", "is_torchvision_v2_available"):
-                if hasattr(module, name):
-                    setattr(module, name, lambda: False)
-    return transformers
-
-
 def make_transformer(kind: str, seed: int = 0) -> nn.Module:
     """A float64 tiny model of ``kind`` (``gpt``, ``bert``, ``vit``, ``hf_gpt2``, ``hf_bert``)."""
     torch.manual_seed(seed)
@@ -184,30 +164,10 @@ def make_transformer(kind: str, seed: int = 0) -> nn.Module:
     elif kind == "vit":
         model = TinyViT()
     elif kind in ("hf_gpt2", "hf_gpt2_untied"):
-        hf = import_transformers()
-        cfg = hf.GPT2Config(
-            vocab_size=29,
-            n_positions=8,
-            n_embd=8,
-            n_layer=2,
-            n_head=2,
-            tie_word_embeddings=kind == "hf_gpt2",
-        )
-        cfg._attn_implementation = "eager"
-        model = hf.GPT2LMHeadModel(cfg)
+        tied = kind == "hf_gpt2"
+        model = tiny_model("gpt2", positions=8, tie_word_embeddings=tied, attention="eager")
     elif kind == "hf_bert":
-        hf = import_transformers()
-        cfg = hf.BertConfig(
-            vocab_size=31,
-            hidden_size=8,
-            num_hidden_layers=2,
-            num_attention_heads=2,
-            intermediate_size=16,
-            max_position_embeddings=12,
-            num_labels=3,
-        )
-        cfg._attn_implementation = "eager"
-        model = hf.BertForSequenceClassification(cfg)
+        model = tiny_model("bert", vocab=31, positions=12, num_labels=3, attention="eager")
     else:
         raise ValueError(kind)
     return model.double().eval()

@@ -4,9 +4,15 @@
 and ``stepscope.integrations.transformers.StepscopeCallback``
 (``pip install 'stepscope[transformers]'``). Importing this package imports neither framework;
 importing an adapter without its framework refuses ``extra_missing`` with the install line.
-The shared driver is :class:`~stepscope.integrations.session.TrainerSession`.
+Both derive from :class:`~stepscope.integrations.trainer.WatchingCallback` and drive the
+framework-neutral core, :class:`~stepscope.integrations.trainer.TrainerWatch`.
 """
 
-from stepscope.integrations.session import IntegrationStoppedWarning, ProbePlan, TrainerSession
+from stepscope.integrations.trainer import (
+    IntegrationStoppedWarning,
+    ProbePlan,
+    TrainerWatch,
+    WatchingCallback,
+)
 
-__all__ = ["IntegrationStoppedWarning", "ProbePlan", "TrainerSession"]
+__all__ = ["IntegrationStoppedWarning", "ProbePlan", "TrainerWatch", "WatchingCallback"]

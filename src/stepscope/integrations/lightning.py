@@ -1,7 +1,7 @@
 """PyTorch Lightning: ``StepscopeCallback``, a ``lightning.pytorch.Callback``.
 
 Add it to ``Trainer(callbacks=[...])``; it records every optimizer step of ``fit`` with the
-collector's explicit spelling (see :mod:`stepscope.integrations.session`), in
+collector's explicit spelling (see :mod:`stepscope.integrations.trainer`), in
 a new ``<default_root_dir>/stepscope/version_<N>`` per run unless ``settings.output_dir`` says
 otherwise.
 
@@ -47,21 +47,20 @@ Example
 -------
 >>> from stepscope.integrations.lightning import StepscopeCallback
 >>> cb = StepscopeCallback(sites="Linear", streams=("gradient", "parameter"))
->>> cb.session.streams
+>>> cb.watch.streams
 ('gradient', 'parameter')
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from stepscope.collect import DEFAULT_STREAMS, WatchSettings
 from stepscope.collect.optimizer import unwrap_optimizer
 from stepscope.errors import require_extra
-from stepscope.integrations.session import ProbePlan, TrainerSession
-from stepscope.probe import DenseProbe
+from stepscope.integrations.trainer import WatchingCallback
 from stepscope.stephooks import OuterStepHooks
 
 if TYPE_CHECKING:  # the real types for mypy; at run time a missing extra refuses with a code
@@ -78,42 +77,26 @@ __all__ = ["StepscopeCallback"]
 VALIDATION = "validation"
 
 
-class StepscopeCallback(_pl.Callback):
+class StepscopeCallback(WatchingCallback, _pl.Callback):
     """Record a Lightning ``fit`` with a :class:`~stepscope.HistoryCollector`.
 
-    Parameters
-    ----------
-    sites, streams, cadence, settings
-        What to watch, as for :class:`~stepscope.HistoryCollector`.
-    probe
-        Optional :class:`~stepscope.DenseProbe` (a fixed probe drawn from the training split),
-        measured at step 0 and then on the densest cadence whose measured cost stays within 5%
-        of training time (or a :class:`~stepscope.integrations.session.ProbePlan`).
+    Parameters as for :class:`~stepscope.integrations.trainer.WatchingCallback`; the
+    :class:`~stepscope.integrations.trainer.TrainerWatch` it drives is ``watch``.
     """
 
-    def __init__(
-        self,
-        sites: Any = None,
-        streams: tuple[str, ...] | list[str] = DEFAULT_STREAMS,
-        cadence: Any = None,
-        settings: WatchSettings | None = None,
-        probe: DenseProbe | ProbePlan | None = None,
-    ) -> None:
-        super().__init__()
-        self.session = TrainerSession(sites, streams, cadence, settings, probe)
-        self._loss: torch.Tensor | None = None
-        self._lrs: list[float] = []
-        self._stepped_from = 0
-        self._val_before: dict[str, Any] = {}
-        self._last_step: int | None = None  # the last step recorded
-        self._batch_from = 0  # trainer.global_step when the batch began
-        self._step_hooks: list[OuterStepHooks] = []  # manual optimization's step boundaries
-        self._val_examples = 0
+    # what the hooks carry between events (an instance's own once assigned)
+    _loss: torch.Tensor | None = None  # the step's loss so far
+    _lrs: tuple[float, ...] = ()  # the first optimizer's learning rates during the step
+    _stepped_from = 0  # trainer.global_step when the step began
+    _last_step: int | None = None  # the last step recorded
+    _batch_from = 0  # trainer.global_step when the batch began
+    _val_before: Mapping[str, Any] | None = None  # callback_metrics before the validation loop
+    _val_examples = 0
 
     # ------------------------------------------------------------------ fit lifecycle
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         """Open the collector at the (possibly restored) ``global_step``."""
-        self.session.start(
+        self.watch.start(
             pl_module,
             default_dir=f"{trainer.default_root_dir}/stepscope",
             trainer_step=trainer.global_step,
@@ -122,34 +105,34 @@ class StepscopeCallback(_pl.Callback):
 
     def on_fit_end(self, trainer: Any, pl_module: Any) -> None:
         """Close the collector (commits what is pending)."""
-        try:
-            self._remove_step_hooks()
-        finally:
-            self.session.close()
+        self.watch.close()
 
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
         """Close the collector on any exit path; committed steps are kept."""
-        try:
-            self._remove_step_hooks()
-        finally:
-            self.session.abort(exception)
+        self.watch.abort(exception)
 
     # ------------------------------------------------------------------ steps
     def on_train_batch_start(
         self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int
     ) -> None:
         """The first micro-batch of a step opens the step transaction."""
-        if not self.session.in_step:
-            self._begin(trainer, trainer.global_step)
-        if not pl_module.automatic_optimization:
-            self._watch_manual_steps(trainer, pl_module)
-        self._batch_from = trainer.global_step
-        self.session.micro_batch(_batch_size(batch))
+        self._before_batch(trainer, pl_module, batch)
 
     def on_train_batch_end(
         self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         """After the micro-batch whose optimizer step ran, close the step transaction."""
+        self._after_batch(trainer, pl_module, outputs)
+
+    def _before_batch(self, trainer: Any, pl_module: Any, batch: Any) -> None:
+        if not self.watch.in_step:
+            self._begin(trainer, trainer.global_step)
+        if not pl_module.automatic_optimization:
+            self._watch_manual_steps(trainer, pl_module)
+        self._batch_from = trainer.global_step
+        self.watch.micro_batch(_batch_size(batch))
+
+    def _after_batch(self, trainer: Any, pl_module: Any, outputs: Any) -> None:
         loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
         if isinstance(loss, torch.Tensor):
             loss = loss.detach()
@@ -160,17 +143,17 @@ class StepscopeCallback(_pl.Callback):
             return
         # manual: steps end at their optimizer's post-step hook; one the scaler skipped (no
         # hook fired, Lightning counted it) ends here, with applied=no
-        if self.session.in_step and trainer.global_step == self._stepped_from + 1:
+        if self.watch.in_step and trainer.global_step == self._stepped_from + 1:
             self._end(trainer, pl_module, trainer.global_step)
             self._begin(trainer, trainer.global_step)
         stepped = trainer.global_step > self._batch_from
         if stepped and self._loss is not None and self._last_step is not None:
-            self.session.log("train/loss", self._loss, step=self._last_step)
+            self.watch.log("train/loss", self._loss, step=self._last_step)
         self._loss = None
 
     def _begin(self, trainer: Any, trainer_step: int) -> None:
         optimizers = list(trainer.optimizers)
-        self.session.begin_step(
+        self.watch.begin_step(
             optimizers if len(optimizers) > 1 else optimizers[0],
             trainer_step=trainer_step,
             scaler=getattr(trainer.precision_plugin, "scaler", None),
@@ -179,7 +162,7 @@ class StepscopeCallback(_pl.Callback):
         self._stepped_from = trainer_step
         if trainer.lightning_module.automatic_optimization:  # manual: reset at the batch's end
             self._loss = None
-        self._lrs = [float(g["lr"]) for g in optimizers[0].param_groups]
+        self._lrs = tuple(float(g["lr"]) for g in optimizers[0].param_groups)
 
     def _end(self, trainer: Any, pl_module: Any, trainer_step: int) -> None:
         automatic = pl_module.automatic_optimization
@@ -191,17 +174,17 @@ class StepscopeCallback(_pl.Callback):
         else:
             scalars.update({f"train/lr/group{i}": lr for i, lr in enumerate(self._lrs)})
         clipped = _clipped(trainer, pl_module) if automatic else None
-        self._last_step = self.session.end_step(
+        self._last_step = self.watch.end_step(
             clipped=clipped, scalars=scalars, trainer_step=trainer_step
         )
 
     def _watch_manual_steps(self, trainer: Any, pl_module: Any) -> None:
         """Manual optimization: a post-step hook on every optimizer, registered after the
         collector's (which the first transaction attached), ends each optimizer step's step."""
-        if self._step_hooks or not self.session.in_step:
+        if self.watch.hooked or not self.watch.in_step:
             return
         for opt in trainer.optimizers:
-            self._step_hooks.append(
+            self.watch.own(
                 OuterStepHooks(
                     unwrap_optimizer(opt),
                     post=lambda _o, _a, _k: self._after_manual_step(trainer, pl_module),
@@ -209,22 +192,16 @@ class StepscopeCallback(_pl.Callback):
             )
 
     def _after_manual_step(self, trainer: Any, pl_module: Any) -> None:
-        if not self.session.in_step:
+        if not self.watch.in_step:
             return
         step = trainer.global_step + 1  # Lightning counts the step after torch's post-hooks
         self._end(trainer, pl_module, step)
         self._begin(trainer, step)
 
-    def _remove_step_hooks(self) -> None:
-        hooks, self._step_hooks = self._step_hooks, []
-        for h in hooks:
-            h.remove()
-
     # ------------------------------------------------------------------ validation
     def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
         """Remember the metrics before the loop, to keep only the ones it logs."""
-        self._val_before = dict(trainer.callback_metrics)
-        self._val_examples = 0
+        self._val_before, self._val_examples = dict(trainer.callback_metrics), 0
 
     def on_validation_batch_start(
         self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0
@@ -234,16 +211,18 @@ class StepscopeCallback(_pl.Callback):
 
     def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
         """One ``log_eval('validation', ...)`` with the metrics this validation run logged."""
-        if trainer.sanity_checking:
-            return
-        before = self._val_before
-        metrics = {k: v for k, v in trainer.callback_metrics.items() if before.get(k) is not v}
-        self.session.log_eval(
-            VALIDATION,
-            metrics,
-            sample_count=self._val_examples or None,
-            epoch=trainer.current_epoch,
-        )
+        if not trainer.sanity_checking:
+            self.watch.log_eval(
+                VALIDATION,
+                _logged_since(self._val_before or {}, trainer.callback_metrics),
+                sample_count=self._val_examples or None,
+                epoch=trainer.current_epoch,
+            )
+
+
+def _logged_since(before: Mapping[str, Any], metrics: Mapping[str, Any]) -> dict[str, Any]:
+    """The metrics logged since ``before`` was taken (a value object that is not the same)."""
+    return {k: v for k, v in metrics.items() if before.get(k) is not v}
 
 
 def _batch_size(batch: Any) -> int | None:

@@ -1,7 +1,7 @@
 """Hugging Face ``Trainer``: ``StepscopeCallback``, a ``transformers.TrainerCallback``.
 
 Pass it in ``Trainer(callbacks=[...])``; it records every optimizer step of ``train`` with the
-collector's explicit spelling (see :mod:`stepscope.integrations.session`), in
+collector's explicit spelling (see :mod:`stepscope.integrations.trainer`), in
 a new ``<args.output_dir>/stepscope/version_<N>`` per run unless ``settings.output_dir`` says
 otherwise. accelerate's
 ``AcceleratedOptimizer`` is unwrapped to the torch optimizer it drives.
@@ -36,7 +36,7 @@ Example
 -------
 >>> from stepscope.integrations.transformers import StepscopeCallback
 >>> cb = StepscopeCallback(sites="*mlp*", cadence=5)
->>> cb.session.cadence
+>>> cb.watch.cadence
 5
 """
 
@@ -47,10 +47,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from stepscope.collect import DEFAULT_STREAMS, WatchSettings
 from stepscope.errors import require_extra
-from stepscope.integrations.session import ProbePlan, TrainerSession
-from stepscope.probe import DenseProbe
+from stepscope.integrations.trainer import WatchingCallback
 
 if TYPE_CHECKING:  # the real types for mypy; at run time a missing extra refuses with a code
     import transformers as _hf
@@ -64,52 +62,34 @@ TIMING_SUFFIXES = ("_runtime", "_samples_per_second", "_steps_per_second")
 LOGGED = ("loss", "grad_norm", "learning_rate")
 
 
-class StepscopeCallback(_hf.TrainerCallback):
+class StepscopeCallback(WatchingCallback, _hf.TrainerCallback):
     """Record a Hugging Face ``Trainer.train`` with a :class:`~stepscope.HistoryCollector`.
 
-    Parameters
-    ----------
-    sites, streams, cadence, settings
-        What to watch, as for :class:`~stepscope.HistoryCollector`.
-    probe
-        Optional :class:`~stepscope.DenseProbe` (a fixed probe drawn from the training split),
-        measured at step 0 and then on the densest cadence whose measured cost stays within 5%
-        of training time (or a :class:`~stepscope.integrations.session.ProbePlan`).
+    Parameters as for :class:`~stepscope.integrations.trainer.WatchingCallback`; the
+    :class:`~stepscope.integrations.trainer.TrainerWatch` it drives is ``watch``.
     """
 
-    def __init__(
-        self,
-        sites: Any = None,
-        streams: tuple[str, ...] | list[str] = DEFAULT_STREAMS,
-        cadence: Any = None,
-        settings: WatchSettings | None = None,
-        probe: DenseProbe | ProbePlan | None = None,
-    ) -> None:
-        self.session = TrainerSession(sites, streams, cadence, settings, probe)
-        self._hook: Any = None
-        self._epoch: int | None = None
-        self._lr: float | None = None
+    # what the hooks carry between events (an instance's own once assigned)
+    _epoch: int | None = None  # the Trainer's epoch index
+    _lr: float | None = None  # parameter group 0's learning rate during the step
 
     # ------------------------------------------------------------------ lifecycle
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """Open the collector at the (possibly restored) ``global_step``."""
-        model = kwargs["model"]
-        self.session.start(
+        self._start(args, state, kwargs["model"])
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """Remove the counting hook and close the collector."""
+        self.watch.close()
+
+    def _start(self, args: Any, state: Any, model: torch.nn.Module) -> None:
+        self.watch.start(
             model,
             default_dir=Path(args.output_dir) / "stepscope",
             trainer_step=state.global_step,
             rank=args.process_index,
         )
-        self._hook = model.register_forward_pre_hook(self._count_micro_batch, with_kwargs=True)
-
-    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        """Remove the counting hook and close the collector."""
-        try:
-            if self._hook is not None:
-                self._hook.remove()
-        finally:
-            self._hook = None
-            self.session.close()
+        self.watch.own(model.register_forward_pre_hook(self._count_micro_batch, with_kwargs=True))
 
     def on_epoch_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """The epoch index (``state.epoch`` is fractional; its integer part at the epoch start)."""
@@ -118,54 +98,68 @@ class StepscopeCallback(_hf.TrainerCallback):
     # ------------------------------------------------------------------ steps
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """First micro-batch of an accumulation group: open the step transaction."""
-        optimizer = kwargs["optimizer"]
+        self._begin(state, kwargs["optimizer"])
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """After ``optimizer.step()``: declare the step's facts and close the transaction."""
+        self._end(args, state)
+
+    def _begin(self, state: Any, optimizer: Any) -> None:
         self._lr = float(optimizer.param_groups[0]["lr"])
-        self.session.begin_step(
+        self.watch.begin_step(
             optimizer,
             trainer_step=state.global_step,
             scaler=getattr(optimizer, "scaler", None),
             epoch=self._epoch,
         )
 
-    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        """After ``optimizer.step()``: declare the step's facts and close the transaction."""
+    def _end(self, args: Any, state: Any) -> None:
         clipped = args.max_grad_norm is not None and args.max_grad_norm > 0
         scalars = {} if self._lr is None else {"train/lr": self._lr}
-        self.session.end_step(clipped=clipped, scalars=scalars, trainer_step=state.global_step)
+        self.watch.end_step(clipped=clipped, scalars=scalars, trainer_step=state.global_step)
 
     def _count_micro_batch(self, module: torch.nn.Module, inputs: tuple, kwargs: dict) -> None:
-        if not (self.session.in_step and module.training and torch.is_grad_enabled()):
+        if not (self.watch.in_step and module.training and torch.is_grad_enabled()):
             return  # evaluation forwards and forwards outside a step are not micro-batches
         first = next(
             (v for v in (*inputs, *kwargs.values()) if isinstance(v, torch.Tensor) and v.dim()),
             None,
         )
-        self.session.micro_batch(None if first is None else int(first.shape[0]))
+        self.watch.micro_batch(None if first is None else int(first.shape[0]))
 
     # ------------------------------------------------------------------ run log
     def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any) -> None:
         """The Trainer's logged training values, at the last step they cover."""
-        if not logs or state.global_step < 1:
-            return
-        for key in LOGGED:
-            value = logs.get(key)
-            if isinstance(value, (int, float)) and not isinstance(value, bool):
-                self.session.log(f"train/{key}", float(value), step=state.global_step - 1)
+        if state.global_step >= 1:
+            for name, value in _training_values(logs or {}).items():
+                self.watch.log(name, value, step=state.global_step - 1)
 
     def on_evaluate(
         self, args: Any, state: Any, control: Any, metrics: Any = None, **kwargs: Any
     ) -> None:
         """One ``log_eval`` per ``Trainer.evaluate``: split from the metric prefix."""
-        if not metrics:
-            return
-        split, clean = _split_metrics(metrics)
-        loader = kwargs.get("eval_dataloader")
-        dataset = getattr(loader, "dataset", None)
-        try:
-            count = len(dataset) if dataset is not None else None
-        except TypeError:  # an iterable dataset has no length: sample count unknown
-            count = None
-        self.session.log_eval(split, clean, sample_count=count, epoch=self._epoch)
+        if metrics:
+            split, clean = _split_metrics(metrics)
+            count = _sample_count(kwargs.get("eval_dataloader"))
+            self.watch.log_eval(split, clean, sample_count=count, epoch=self._epoch)
+
+
+def _training_values(logs: dict[str, Any]) -> dict[str, float]:
+    """``train/<key>`` for each real number of :data:`LOGGED` in the Trainer's ``logs``."""
+    return {
+        f"train/{key}": float(value)
+        for key in LOGGED
+        if isinstance(value := logs.get(key), (int, float)) and not isinstance(value, bool)
+    }
+
+
+def _sample_count(loader: Any) -> int | None:
+    """``len(loader.dataset)``, or ``None`` without one (an iterable dataset has no length)."""
+    dataset = getattr(loader, "dataset", None)
+    try:
+        return len(dataset) if dataset is not None else None
+    except TypeError:  # an iterable dataset has no length: sample count unknown
+        return None
 
 
 def _split_metrics(metrics: dict[str, Any]) -> tuple[str, dict[str, Any]]:

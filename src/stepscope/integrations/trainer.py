@@ -1,42 +1,44 @@
-"""The framework-agnostic half of the trainer integrations: one optimizer step at a time.
+"""Watching a trainer, framework-neutral: the one core both trainer callbacks delegate to.
 
 Over the house's 400 lines on purpose: the one place both trainer callbacks share (run
-directory, resume, manual and automatic optimization), kept whole rather than split by size.
+directory, resume, manual and automatic optimization, the callbacks' constructor and the hook
+handles they register), kept whole rather than split by size.
 
 A trainer (Lightning, Hugging Face) calls its callbacks at fixed events; a
-:class:`TrainerSession` turns those events into the collector's explicit spelling::
+:class:`TrainerWatch` turns those events into the collector's explicit spelling::
 
     with collector.step(optimizer, scaler=..., epoch=...) as st:   # begin_step()
         ...micro-batches...                                         # micro_batch() each
         st.declare(micro_batches=..., examples=..., clipped=...)    # end_step()
 
-The ``with`` block is entered and exited from two different callback events, so the session holds
+The ``with`` block is entered and exited from two different callback events, so the watch holds
 the context manager between them. Everything a framework adapter needs is here: the default run
 directory, one run id shared by every rank (broadcast from rank 0), resume at the trainer's
 checkpoint step with segment ancestry, scalars and evaluation rows, and the optional dense probe.
 The adapters (:mod:`stepscope.integrations.lightning`, :mod:`stepscope.integrations.transformers`)
-only read their framework's state and delegate here, one line per event.
+derive from :class:`WatchingCallback` (the constructor and ``watch``), only read their
+framework's state and delegate here, one line per event.
 
 Example
 -------
 >>> import torch
->>> from stepscope.integrations.session import TrainerSession
+>>> from stepscope.integrations.trainer import TrainerWatch
 >>> model = torch.nn.Linear(4, 2)
 >>> opt = torch.optim.SGD(model.parameters(), lr=0.1)
->>> session = TrainerSession(settings=None)
->>> _ = session.start(model, default_dir=None, trainer_step=0, rank=0, announce=print)
+>>> watch = TrainerWatch(settings=None)
+>>> _ = watch.start(model, default_dir=None, trainer_step=0, rank=0, announce=print)
 stepscope: run ... recording to .../version_0
 >>> for step in range(2):
-...     session.begin_step(opt, trainer_step=step, epoch=0)
+...     watch.begin_step(opt, trainer_step=step, epoch=0)
 ...     for _ in range(2):  # two micro-batches of 8 examples
 ...         model(torch.randn(8, 4)).pow(2).mean().backward()
-...         session.micro_batch(examples=8)
+...         watch.micro_batch(examples=8)
 ...     opt.step(); opt.zero_grad()
-...     recorded = session.end_step(clipped=False, scalars={"train/loss": 1.0})
+...     recorded = watch.end_step(clipped=False, scalars={"train/loss": 1.0})
 >>> [(r.block.optimizer_step, r.block.examples_seen, r.block.truth.micro_batches)
-...  for r in session.collector.ring.blocks()]
+...  for r in watch.collector.ring.blocks()]
 [(0, 16, 2), (1, 32, 2)]
->>> session.close()
+>>> watch.close()
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -145,7 +147,13 @@ class _OpenStep:
     examples: int | None = 0
 
 
-class TrainerSession:
+class Removable(Protocol):
+    """A hook handle: ``torch.utils.hooks.RemovableHandle``, ``stepscope.stephooks.OuterStepHooks``."""
+
+    def remove(self) -> None: ...
+
+
+class TrainerWatch:
     """Drive a :class:`~stepscope.HistoryCollector` from a trainer's callback events.
 
     Parameters
@@ -175,6 +183,7 @@ class TrainerSession:
         self._open: _OpenStep | None = None
         self._model: torch.nn.Module | None = None
         self._step_seconds: list[float] = []
+        self._handles: list[Removable] = []
 
     # ------------------------------------------------------------------ lifecycle
     def start(
@@ -192,7 +201,7 @@ class TrainerSession:
         artifact whose steps continue at ``trainer_step`` (``WatchSettings.resume_step``): steps
         recorded after an earlier checkpoint are superseded by the new segment, never duplicated.
         Rank 0 announces the run directory (``announce``, by default an INFO line of logger
-        ``stepscope.integrations.session``).
+        ``stepscope.integrations.trainer``).
         """
         if self.collector is not None and not self.collector.closed:
             return self.collector
@@ -227,23 +236,43 @@ class TrainerSession:
             self._measure_probe(0)
         return self.collector
 
+    def own(self, handle: Removable) -> None:
+        """Keep a hook ``handle`` the adapter registered: removed when the run closes or aborts."""
+        self._handles.append(handle)
+
+    @property
+    def hooked(self) -> bool:
+        """Whether the adapter's hooks are registered (owned and not yet removed)."""
+        return bool(self._handles)
+
     def close(self) -> None:
-        """End an open step (if any) and close the collector (idempotent)."""
-        if self.collector is None:
-            return
-        self._open = None  # a half-open step is dropped, like the collector's own close
-        self.collector.close()
+        """Remove the owned hooks, end an open step (if any) and close the collector (idempotent)."""
+        try:
+            self._remove_hooks()
+        finally:
+            if self.collector is not None:
+                self._open = None  # a half-open step is dropped, like the collector's own close
+                self.collector.close()
 
     def abort(self, exc: BaseException) -> None:
-        """The trainer raised: exit an open transaction with ``exc`` (the collector closes)."""
-        if self._open is not None:
-            manager, self._open = self._open.manager, None
-            try:
-                manager.__exit__(type(exc), exc, exc.__traceback__)
-            except BaseException as err:  # the transaction re-raises what it was given
-                if err is not exc:
-                    raise
-        self.close()
+        """The trainer raised: remove the owned hooks, exit an open transaction with ``exc``
+        (the collector closes)."""
+        try:
+            self._remove_hooks()
+        finally:
+            if self._open is not None:
+                manager, self._open = self._open.manager, None
+                try:
+                    manager.__exit__(type(exc), exc, exc.__traceback__)
+                except BaseException as err:  # the transaction re-raises what it was given
+                    if err is not exc:
+                        raise
+            self.close()
+
+    def _remove_hooks(self) -> None:
+        handles, self._handles = self._handles, []
+        for handle in handles:
+            handle.remove()
 
     # ------------------------------------------------------------------ steps
     @property
@@ -392,6 +421,41 @@ class TrainerSession:
             self.log("probe/cadence_steps", float(plan.every))
         if choice.expected_overhead is not None:
             self.log("probe/expected_overhead", float(choice.expected_overhead))
+
+
+class WatchingCallback:
+    """What both trainer callbacks are: a :class:`TrainerWatch` (``watch``) their hooks delegate to.
+
+    A framework's callback derives from this first, then from the framework's callback class
+    (``class StepscopeCallback(WatchingCallback, lightning.pytorch.Callback)``), and writes only
+    its hooks: each reads the framework's state and makes one call on ``watch``.
+
+    Parameters
+    ----------
+    sites, streams, cadence, settings
+        What to watch, as for :class:`~stepscope.HistoryCollector`.
+    probe
+        Optional :class:`~stepscope.DenseProbe` (a fixed probe drawn from the training split),
+        measured at step 0 and then on the densest cadence whose measured cost stays within 5%
+        of training time (or a :class:`ProbePlan`).
+
+    Example
+    -------
+    >>> from stepscope.integrations.trainer import WatchingCallback
+    >>> WatchingCallback(sites="Linear", cadence=5).watch.cadence
+    5
+    """
+
+    def __init__(
+        self,
+        sites: Any = None,
+        streams: tuple[str, ...] | list[str] = DEFAULT_STREAMS,
+        cadence: Any = None,
+        settings: WatchSettings | None = None,
+        probe: DenseProbe | ProbePlan | None = None,
+    ) -> None:
+        super().__init__()  # the framework's callback class, next in the MRO
+        self.watch = TrainerWatch(sites, streams, cadence, settings, probe)
 
 
 def _resumable(parent: Path) -> str | None:
