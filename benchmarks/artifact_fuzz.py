@@ -61,7 +61,7 @@ from stepscope.history import ArtifactWriter, ObservationBatch, StepBlockRecord
 from stepscope.history.files import encode_log_row, json_sha256, log_extent
 from stepscope.run import open_run  # the reader with the run log's evals.log
 from stepscope.runlog import EvalRecord
-from stepscope.runlog.sink import ArtifactRows
+from stepscope.runlog.sink import DiskSink
 from stepscope.stats import SPINE_WIDTH, HistogramDescriptor
 
 N_STEPS, N_SITES = 7, 3
@@ -75,7 +75,7 @@ def build_base(path: Path, kind: str) -> None:
     """A small run with every file kind; ``kind="killed"`` never closes (no seal, pending rows)."""
     w = ArtifactWriter(path, commit_steps=2, commit_seconds=None)
     width = HistogramDescriptor.from_dict(dict(w.run.histogram_descriptor)).width
-    rows = ArtifactRows(w)
+    rows = DiskSink(w)
     ids = [w.register_site(f"blocks.{i}.fc", "torch.nn.Linear", "f32[*,8]") for i in range(N_SITES)]
     rng = np.random.default_rng(7)
     for step in range(N_STEPS):

@@ -238,14 +238,14 @@ def test_verify_with_chunks_deleted_reports_instead_of_raising(tmp_path, capsys)
 
 def test_resume_never_writes_through_links_out_of_the_run(tmp_path):
     from stepscope.runlog import EvalRecord
-    from stepscope.runlog.sink import ArtifactRows
+    from stepscope.runlog.sink import DiskSink
 
     run = _run(tmp_path / "run")
     outside = tmp_path / "outside.txt"
     outside.write_bytes(b"keep")
     os.symlink(outside, run / "evals.log")
     w = ArtifactWriter(run, resume=True)
-    rows = ArtifactRows(w)
+    rows = DiskSink(w)
     with pytest.warns(RuntimeWarning, match="history_disk_fault.*symbolic link"):
         rows.write_eval(EvalRecord("validation", {"ce": 1.0}, optimizer_step=4))
     assert len(rows.unwritten) == 1  # kept back, never written through the link

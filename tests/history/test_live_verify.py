@@ -49,9 +49,9 @@ def _live_writer(path, ready):
     w = ArtifactWriter(path, commit_steps=1, commit_seconds=None, durable=False)
     ids = [w.register_site("fc", "t", "x")]
     from stepscope.runlog.evals import EvalRecord
-    from stepscope.runlog.sink import ArtifactRows
+    from stepscope.runlog.sink import DiskSink
 
-    rows = ArtifactRows(w)
+    rows = DiskSink(w)
     ready.set()
     for step in range(300):  # bounded: each verify reads the whole run
         w.write_step(StepBlockRecord(step), [_batch(ids)])
@@ -62,7 +62,7 @@ def _live_writer(path, ready):
             w = ArtifactWriter(
                 path, resume=True, commit_steps=1, commit_seconds=None, durable=False
             )
-            rows = ArtifactRows(w)
+            rows = DiskSink(w)
     w.close()
     while True:  # stay alive (the parent kills it)
         time.sleep(1)

@@ -77,8 +77,6 @@ from stepscope.collect.write import StepBoundary, open_store
 from stepscope.errors import Refusal
 from stepscope.history import CloseReport, StepBlockRecord, StepProvenance
 from stepscope.runlog import (
-    ArtifactRows,
-    MemoryRows,
     PendingStep,
     StepClock,
     check_count,
@@ -221,7 +219,6 @@ class HistoryCollector(UserLog):
         if self.path is not None:
             log.info("recording run %s to %s", self.run.run_id, self.path)
         self.clock = StepClock(self.run.device)
-        self._rows: Any = ArtifactRows(self.writer) if self.writer is not None else MemoryRows()
         self._boundary = StepBoundary(
             streams,
             self._by_stream,
@@ -230,7 +227,6 @@ class HistoryCollector(UserLog):
             self._pending,
             self.clock,
             store,
-            self._rows,
             self._meter,
             self.settings,
         )
@@ -508,11 +504,11 @@ class HistoryCollector(UserLog):
 
     @property
     def _log_sink(self) -> Any:
-        return self._rows
+        return self._store.sink
 
     def run_view(self) -> Any:
         """Run-log rows written so far (:class:`~stepscope.runlog.RunView`; commits first)."""
-        return view_of(self._rows, self.clock, self._closed)
+        return view_of(self._store.sink, self.clock, self._closed)
 
     # ------------------------------------------------------------------ lifecycle
     def _check_open(self) -> None:

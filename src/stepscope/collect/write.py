@@ -85,12 +85,13 @@ from stepscope.history.files import read_json
 from stepscope.history.versions import claim_version, default_root
 from stepscope.history.vocab import UPDATE_SAMPLED, Phase, ScaleGrad, Stream
 from stepscope.runlog import (
-    ClockRow,
+    DiskSink,
     Drained,
+    MemorySink,
     PendingStep,
     StepClock,
+    StepSink,
     clock_scalars,
-    close_artifact,
     withhold_inactive,
     write_clock_rows,
 )
@@ -141,8 +142,8 @@ class StepBoundary:
         The staging buffers holding the step's rows.
     pending, clock
         The user's scalars/masks of the step and the step clock.
-    store, rows
-        The destination and its run-log row sink.
+    store
+        The destination (its :attr:`Store.sink` is where every step is written).
     meter
         The auto-cadence warm-up meter (``None`` without ``cadence="auto"``).
     settings
@@ -158,12 +159,11 @@ class StepBoundary:
         pending: PendingStep,
         clock: StepClock,
         store: Store,
-        rows: Any,
         meter: WarmupMeter | None,
         settings: WatchSettings,
     ) -> None:
         self.streams, self.by_stream, self.sites, self.reducer = streams, by_stream, sites, reducer
-        self.pending, self.clock, self.store, self.rows = pending, clock, store, rows
+        self.pending, self.clock, self.store, self.sink = pending, clock, store, store.sink
         self.meter, self.settings = meter, settings
         self._plans: dict[str, StreamPlan] = {}  # each stream's rows and arrays, between steps
         self._truths: dict[tuple[Any, ...], StepTruth] = {}  # step facts seen, by their inputs
@@ -245,7 +245,10 @@ class StepBoundary:
             cadences = self.meter.cadences
             scalars = {**scalars, **rows}
         late = [r for r in clock_rows if r.step != state.step]  # CUDA: resolved late
-        self.store.write_step(self.rows, block, batches, scalars, drained.dated, late)
+        self.sink.write_step(block, batches, scalars)
+        for name, at, value in drained.dated:  # logged for other steps
+            self.sink.write_scalar(name, at, value)
+        write_clock_rows(self.sink, late)
         return WrittenStep(
             block,
             batches,
@@ -271,14 +274,12 @@ class StepBoundary:
             dated = ()
         for name, at, value in dated:
             if at < next_step:
-                self.rows.write_scalar(name, at, value)
+                self.sink.write_scalar(name, at, value)
         self.pending.clear()
         if self.live is not None:
             self.live.close()  # sends what is queued; never raises
-        write_clock_rows(self.rows, self.clock.resolve(block=True))
-        if self.store.writer is None:
-            return None
-        return close_artifact(self.rows, self.clock.summary(closed=True))
+        write_clock_rows(self.sink, self.clock.resolve(block=True))
+        return self.sink.close(self.clock.summary(closed=True))
 
     def publish(
         self,
@@ -551,27 +552,19 @@ class Store:
     path: Path | None
     next_step: int  # 0, or the step after the last committed one when resuming
     examples_seen: int | None = 0  # examples consumed before next_step (None: unknown)
+    _sink: StepSink | None = None
 
-    def write_step(
-        self,
-        rows: Any,
-        block: StepBlockRecord,
-        batches: Sequence[ObservationBatch],
-        scalars: Mapping[str, float],
-        dated: Sequence[tuple[str, int, float]],
-        late_clocks: Sequence[ClockRow],
-    ) -> None:
-        """Write one finished step: its block and observations (artifact, or RAM ring and
-        ``rows``), user scalars logged for other steps, and clock rows of earlier steps resolved
-        late (CUDA events)."""
-        if self.writer is not None:  # the boundary's own batches: see ArtifactWriter.write_step
-            self.writer.write_step(block, list(batches), scalars=dict(scalars), trusted=True)
-        else:
-            self.ring.push(block, list(batches))
-            rows.write_step(block, scalars=dict(scalars))
-        for name, at, value in dated:
-            rows.write_scalar(name, at, value)
-        write_clock_rows(rows, list(late_clocks))
+    @property
+    def sink(self) -> StepSink:
+        """Where the steps are written: the artifact's writer (trusted: the boundary registers
+        every site it writes), or RAM (the ring keeps the observation batches)."""
+        if self._sink is None:
+            self._sink = (
+                MemorySink(self.ring)
+                if self.writer is None
+                else DiskSink(self.writer, trusted=True)
+            )
+        return self._sink
 
 
 def run_directory(settings: WatchSettings, rank: int = 0, world: int = 1) -> Path | None:

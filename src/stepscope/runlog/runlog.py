@@ -48,7 +48,7 @@ from stepscope.history import (
 from stepscope.runlog.clocks import ClockRow, StepClock
 from stepscope.runlog.names import CLOCK_ELAPSED, CLOCK_TELEMETRY, CLOCK_TRAINING
 from stepscope.runlog.pending import PendingStep
-from stepscope.runlog.sink import ArtifactRows, MemoryRows, close_artifact, write_summary
+from stepscope.runlog.sink import DiskSink, MemorySink, StepSink, write_summary
 from stepscope.runlog.userlog import UserLog, make_eval, write_eval  # noqa: F401  (re-exported)
 from stepscope.runlog.view import RunView
 
@@ -109,7 +109,7 @@ class RunLog(UserLog):
         self._timer = timer
         self.clock = StepClock(device, timer, event_factory)
         self.path = Path(output_dir) if output_dir is not None else None
-        self.sink: Any
+        self.sink: StepSink
         if self.path is not None:
             run = RunRecord.new(
                 run_id=run_id,
@@ -117,10 +117,10 @@ class RunLog(UserLog):
                 extra={"writer": "stepscope.RunLog", "training_clock": self.clock.kind.value},
             )
             writer = ArtifactWriter(self.path, run, commit_steps=commit_steps, durable=durable)
-            self.sink = ArtifactRows(writer)
+            self.sink = DiskSink(writer)
             write_summary(self.path, self.clock.summary(closed=False))
         else:
-            self.sink = MemoryRows()
+            self.sink = MemorySink()
         self._pending = PendingStep()
         self._step = 0
         self._examples_seen: int | None = 0
@@ -231,8 +231,7 @@ class RunLog(UserLog):
         for name, at, value in leftover.dated:
             self.sink.write_scalar(name, at, value)
         write_clock_rows(self.sink, self.clock.resolve(block=True))
-        if isinstance(self.sink, ArtifactRows):
-            self.close_report = close_artifact(self.sink, self.clock.summary(closed=True))
+        self.close_report = self.sink.close(self.clock.summary(closed=True))
 
     def __enter__(self) -> RunLog:
         return self
@@ -246,7 +245,7 @@ def view_of(sink: Any, clock: StepClock, closed: bool) -> RunView:
 
     Shared by :meth:`RunLog.view` and :meth:`stepscope.HistoryCollector.run_view`.
     """
-    if isinstance(sink, MemoryRows):
+    if isinstance(sink, MemorySink):
         sink.summary_data = clock.summary(closed=closed)
         return RunView(sink)
     from stepscope.history import open_history

@@ -1,19 +1,23 @@
-"""Where run-log rows go: an artifact (through its writer), or RAM without an output directory.
+"""The one door for writing a step: a :class:`StepSink` on disk or in RAM.
 
-Both sinks have the same write methods (``write_step``, ``write_scalar``, ``write_eval``).
-:class:`ArtifactRows` forwards blocks and scalars to the
+Every producer of step records (the collector's step boundary, :class:`~stepscope.RunLog`, the
+trainer callbacks through either) writes through one :class:`StepSink` interface:
+``write_step(block, batches, scalars)``, ``write_scalar``, ``write_eval`` and ``close``.
+:class:`DiskSink` forwards blocks and scalars to the
 :class:`~stepscope.history.ArtifactWriter` (committed with its chunks) and appends each evaluation
 as one checksummed, fsynced line to ``RUN/evals.log`` (the index-log format: a torn final line is
 ignored, a complete line failing its sha256 refuses ``history_artifact_corrupt``). Every line names
 its segment, so a resumed segment supersedes its ancestors' evaluations from its resume step on.
-:class:`MemoryRows` also has the read side (``step_blocks``, ``scalar_rows``, ``eval_records``).
+:class:`MemorySink` keeps everything in RAM (a collector's observation batches in its
+:class:`~stepscope.history.StepRing`) and also has the read side (``step_blocks``,
+``scalar_rows``, ``eval_records``).
 :func:`write_summary` keeps ``runlog.json`` (clock kinds and totals) beside an artifact; it is a
 convenience for reports, the per-step ``clock/*`` rows are authoritative.
 
 Example
 -------
 >>> from stepscope.history import StepBlockRecord
->>> m = MemoryRows()
+>>> m = MemorySink()
 >>> m.write_step(StepBlockRecord(0, examples_seen=8), scalars={"loss": 2.5})
 False
 >>> m.write_scalar("lr", 0, 0.1)
@@ -26,7 +30,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -40,21 +44,59 @@ from stepscope.runlog.evals import EVAL_LOG, EvalRecord
 SUMMARY_FILE = "runlog.json"
 
 
-class ArtifactRows:
-    """Run-log rows of an artifact: blocks and scalars via ``writer``, evaluations in a log."""
+class StepSink:
+    """Where step records go (disk or RAM): the one interface every producer writes through."""
 
-    def __init__(self, writer: Any) -> None:
-        self.writer = writer
+    def write_step(
+        self,
+        block: StepBlockRecord,
+        batches: Sequence[Any] = (),
+        scalars: Mapping[str, float] | None = None,
+    ) -> bool:
+        """Write one step's block, its observation batches and its scalars; ``True`` if this
+        call committed them durably (a RAM sink never does)."""
+        raise NotImplementedError
+
+    def write_scalar(self, name: str, step: int, value: float) -> None:
+        """One scalar row at ``step`` (a row logged for another step, a late clock row)."""
+        raise NotImplementedError
+
+    def write_eval(self, rec: EvalRecord) -> None:
+        """One evaluation record."""
+        raise NotImplementedError
+
+    def close(self, summary: dict[str, Any]) -> Any:
+        """Close the sink with the run's clock ``summary``; what was not committed, if anything
+        (a :class:`~stepscope.history.artifact.CloseReport` on disk, ``None`` in RAM)."""
+        raise NotImplementedError
+
+
+class DiskSink(StepSink):
+    """Step records of an artifact: blocks, batches and scalars via ``writer``, evaluations in a
+    log.
+
+    ``trusted``: the producer registered every site it writes with ``writer`` and gives each
+    stream at most one batch of distinct sites (the collector's step boundary), so the writer
+    skips re-checking them (see :meth:`~stepscope.history.ArtifactWriter.write_step`).
+    """
+
+    def __init__(self, writer: Any, trusted: bool = False) -> None:
+        self.writer, self.trusted = writer, trusted
         self.path = Path(writer.path)
         #: evaluations whose ``evals.log`` line a disk fault kept back (retried at the next one)
         self.unwritten: list[dict[str, Any]] = []
         self._next_n: int | None = None  # rows in evals.log (read once, on first use)
 
     def write_step(
-        self, block: StepBlockRecord, batches: Sequence[Any] = (), scalars: dict | None = None
+        self,
+        block: StepBlockRecord,
+        batches: Sequence[Any] = (),
+        scalars: Mapping[str, float] | None = None,
     ) -> bool:
         """Forward to :meth:`ArtifactWriter.write_step`."""
-        return self.writer.write_step(block, batches, scalars=scalars)
+        return self.writer.write_step(
+            block, list(batches), scalars=dict(scalars or {}), trusted=self.trusted
+        )
 
     def write_scalar(self, name: str, step: int, value: float) -> None:
         """Forward to :meth:`ArtifactWriter.write_scalar` (committed with the next commit)."""
@@ -102,11 +144,34 @@ class ArtifactRows:
             self._next_n = row["n"] + 1
         return len(self.unwritten)
 
+    def close(self, summary: dict[str, Any]) -> Any:
+        """Flush kept-back evaluations, close the writer, write ``runlog.json``; never raises a
+        disk fault.
 
-class MemoryRows:
-    """Step blocks, scalar rows and extension-table rows held in RAM."""
+        Returns the writer's :class:`~stepscope.history.artifact.CloseReport`
+        (``uncommitted_steps``, ``dropped_steps``, ``faults``), with an evaluation line that
+        could not be written counted in ``faults``. ``runlog.json`` is a convenience: failing to
+        write it is ignored.
+        """
+        try:
+            self.flush()  # never raises a fault (kept back and counted); the writer closes anyway
+        finally:
+            report = self.writer.close()
+        try:
+            write_summary(self.path, summary)
+        except Refusal:
+            raise
+        except OSError:
+            pass
+        return report
 
-    def __init__(self) -> None:
+
+class MemorySink(StepSink):
+    """Step blocks, scalar rows and evaluations held in RAM; a collector's observation batches
+    go to its ``ring`` (a :class:`~stepscope.history.StepRing`; ``None``: not kept)."""
+
+    def __init__(self, ring: Any = None) -> None:
+        self.ring = ring
         self.blocks: list[StepBlockRecord] = []
         self.scalar_names: list[str] = []
         self._name_ids: dict[str, int] = {}
@@ -125,9 +190,11 @@ class MemoryRows:
         self,
         block: StepBlockRecord,
         batches: Sequence[Any] = (),
-        scalars: dict[str, float] | None = None,
+        scalars: Mapping[str, float] | None = None,
     ) -> bool:
-        """Keep a step block and its scalars (observation batches are the ring's business)."""
+        """Keep a step block and its scalars, and its observation batches in the ring."""
+        if self.ring is not None:
+            self.ring.push(block, list(batches))
         if self.blocks and block.optimizer_step <= self.blocks[-1].optimizer_step:
             raise Refusal(
                 "history_step_out_of_order",
@@ -164,25 +231,9 @@ class MemoryRows:
         """The owner's clock summary (RAM runs keep no ``runlog.json``)."""
         return self.summary_data
 
-
-def close_artifact(rows: ArtifactRows, summary: dict[str, Any]) -> Any:
-    """Flush kept-back evaluations, close the writer, write ``runlog.json``; never raises a disk fault.
-
-    Returns the writer's :class:`~stepscope.history.artifact.CloseReport` (``uncommitted_steps``,
-    ``dropped_steps``, ``faults``), with an evaluation line that could not be written counted
-    in ``faults``. ``runlog.json`` is a convenience: failing to write it is ignored.
-    """
-    try:
-        rows.flush()  # never raises a fault (kept back and counted); the writer closes regardless
-    finally:
-        report = rows.writer.close()
-    try:
-        write_summary(rows.path, summary)
-    except Refusal:
-        raise
-    except OSError:
-        pass
-    return report
+    def close(self, summary: dict[str, Any]) -> None:
+        """Keep the final clock ``summary``; nothing is left uncommitted in RAM."""
+        self.summary_data = summary
 
 
 def write_summary(directory: str | os.PathLike[str] | None, summary: dict[str, Any]) -> None:

@@ -94,7 +94,7 @@ class RunView:
     ----------
     source
         An object with ``step_blocks()``, ``scalar_rows()`` and ``table_rows(table, dtype)``
-        (:class:`~stepscope.runlog.sink.MemoryRows`), or a ``HistoryReader``.
+        (:class:`~stepscope.runlog.sink.MemorySink`), or a ``HistoryReader``.
     """
 
     def __init__(self, source: Any) -> None:
