@@ -30,7 +30,7 @@ from stepscope.collect import stepstate
 from stepscope.collect.activations import ActivationSites
 from stepscope.collect.reduce import Reducer
 from stepscope.collect.settings import Cadence, WatchSettings
-from stepscope.collect.sites import Row
+from stepscope.collect.sites import SiteRow
 from stepscope.collect.stepstate import StepState, StreamPlan, assemble_batches, step_truth
 from stepscope.collect.store import Store
 from stepscope.collect.warmup import WarmupMeter
@@ -99,7 +99,7 @@ class StepBoundary:
     def __init__(
         self,
         streams: Sequence[str],
-        by_stream: Mapping[str, list[Row]],
+        by_stream: Mapping[str, list[SiteRow]],
         sites: ActivationSites,
         reducer: Reducer,
         pending: PendingStep,

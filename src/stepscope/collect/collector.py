@@ -71,7 +71,7 @@ from stepscope.collect.settings import (
     resolve_cadence,
 )
 from stepscope.collect.sites import (
-    Row,
+    SiteRow,
     build_rows,
     leaf_modules,
     parameter_holders,
@@ -182,7 +182,7 @@ class HistoryCollector(UserLog):
         watched = unwrap_compiled(model)  # torch.compile(model): sites keep their own names
         self.modules = select_modules(watched, sites if sites is not None else leaf_modules)
         owners = parameter_holders(watched) if sites is None else None
-        self.rows: list[Row] = build_rows(self.modules, streams, owners)
+        self.rows: list[SiteRow] = build_rows(self.modules, streams, owners)
         if not self.rows:
             raise Refusal(
                 "selection_empty",
@@ -190,7 +190,7 @@ class HistoryCollector(UserLog):
                 ["add 'activation' to streams", "select modules that own parameters"],
             )
         self.descriptor = self.settings.descriptor
-        self._by_stream: dict[str, list[Row]] = {
+        self._by_stream: dict[str, list[SiteRow]] = {
             s: [r for r in self.rows if r.stream == s] for s in streams
         }
         self._sites = ActivationSites(
@@ -326,7 +326,7 @@ class HistoryCollector(UserLog):
     def _staging(self, device: torch.device) -> Staging:
         return self._reducer.staging(device)
 
-    def _reduce(self, row: Row, tensor: torch.Tensor) -> None:
+    def _reduce(self, row: SiteRow, tensor: torch.Tensor) -> None:
         self._reducer.reduce(row, tensor)
 
     def _attach_optimizer(self, optimizer: Any) -> OptimizerWatch:

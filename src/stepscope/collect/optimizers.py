@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from stepscope.collect.sites import PARAM_STREAMS, Row
+from stepscope.collect.sites import PARAM_STREAMS, SiteRow
 from stepscope.errors import Refusal
 from stepscope.stephooks import OuterStepHooks
 
@@ -155,14 +155,14 @@ class OptimizerWatch:
     def __init__(
         self,
         optimizer: torch.optim.Optimizer,
-        rows: Sequence[Row],
+        rows: Sequence[SiteRow],
         on_pre: Callable[[OptimizerWatch, Callable[[], Any] | None], Callable[[], Any] | None],
         on_post: Callable[[OptimizerWatch], None],
     ) -> None:
         self.optimizer = optimizer
         self._all_rows = list(rows)
         self._owned_count = -1
-        self.rows: dict[str, list[Row]] = {}
+        self.rows: dict[str, list[SiteRow]] = {}
         self.param_ids: frozenset[int] = frozenset()  # ids of the parameters it steps
         self.refresh()
         self._on_pre = on_pre
@@ -196,7 +196,7 @@ class OptimizerWatch:
         """Recompute ownership at the next :meth:`owned` (rows were rebound: model surgery)."""
         self._owned_count = -1
 
-    def owned(self, stream: str) -> list[Row]:
+    def owned(self, stream: str) -> list[SiteRow]:
         """This optimizer's rows of ``stream`` (``gradient``, ``parameter`` or ``update``)."""
         self.refresh()
         return self.rows[stream]

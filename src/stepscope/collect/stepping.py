@@ -36,7 +36,7 @@ from stepscope.collect.iterations import ImplicitIterations
 from stepscope.collect.optimizers import OptimizerWatch, read_after, unwrap_optimizer
 from stepscope.collect.reduce import Reducer
 from stepscope.collect.scaler import grad_scale_status, update_marker
-from stepscope.collect.sites import Row
+from stepscope.collect.sites import SiteRow
 from stepscope.collect.stepstate import StepState
 from stepscope.collect.updates import UpdateSampler, stepped_only
 from stepscope.errors import Refusal
@@ -83,8 +83,8 @@ class OptimizerSteps:
     def __init__(
         self,
         host: StepHost,
-        rows: Sequence[Row],
-        by_stream: Mapping[str, list[Row]],
+        rows: Sequence[SiteRow],
+        by_stream: Mapping[str, list[SiteRow]],
         streams: Sequence[str],
         reducer: Reducer,
         explicit_only: bool,
@@ -265,7 +265,7 @@ class OptimizerSteps:
         if "update" in self.streams and state.spine_due["update"] and first:
             t0 = time.perf_counter()
             rows = watch.owned("update")
-            deltas: list[tuple[Row, torch.Tensor]] = []
+            deltas: list[tuple[SiteRow, torch.Tensor]] = []
             try:
                 with internal_scope("collector.post_step"):
                     deltas = stepped_only(self.updates.deltas(rows), state.row_notes, NOT_STEPPED)
@@ -340,7 +340,7 @@ class OptimizerSteps:
                 else:
                     state.unsupported[row.index] = AGAIN
 
-    def take_gradients(self, rows: Sequence[Row], phase_scale: str) -> None:
+    def take_gradients(self, rows: Sequence[SiteRow], phase_scale: str) -> None:
         """Read the gradients of ``rows`` not read yet this step."""
         state = self.host._state
         if state is None or "gradient" not in self.streams:
@@ -361,12 +361,12 @@ class OptimizerSteps:
                 pairs.append((row, grad))
         self.reducer.reduce_many("gradient", pairs)
 
-    def take_parameters(self, rows: Sequence[Row]) -> None:
+    def take_parameters(self, rows: Sequence[SiteRow]) -> None:
         """Read the values of ``rows`` not read yet this step."""
         state = self.host._state
         if state is None or not state.spine_due.get("parameter", False):
             return
-        pairs: list[tuple[Row, torch.Tensor]] = []
+        pairs: list[tuple[SiteRow, torch.Tensor]] = []
         for row in rows:
             if row.index not in state.param_rows and row.param is not None:
                 state.param_rows.add(row.index)
@@ -389,7 +389,7 @@ class OptimizerSteps:
         self.host._begin_step()
 
 
-def _update_failed(state: StepState, rows: Sequence[Row], error: Exception) -> None:
+def _update_failed(state: StepState, rows: Sequence[SiteRow], error: Exception) -> None:
     """The update sample of ``rows`` raised: each is recorded ``capture_failed`` this step."""
     for row in rows:
         state.failed[row.index] = type(error).__name__

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from stepscope.collect.scaler import as_scale, scale_grad_of, scale_in_force, update_marker
-from stepscope.collect.sites import Row
+from stepscope.collect.sites import SiteRow
 from stepscope.history import ObservationBatch, Presence, StepProvenance, StepTruth, Tristate
 from stepscope.history.batch import code_of
 from stepscope.history.vocab import UPDATE_SAMPLED, Phase, ScaleGrad, Stream
@@ -181,11 +181,11 @@ class StreamPlan:
     built from, so their identities cannot be reused while it lives.
     """
 
-    rows_list: Sequence[Row]  # the collector's row list of the stream it was built from
+    rows_list: Sequence[SiteRow]  # the collector's row list of the stream it was built from
     site_key: tuple[int | None, ...]  # every row's series id when built
     sample_key: tuple[int, ...]  # ids of the update rows' sampled indices when built
     samples: tuple[Any, ...]  # those index tensors (held: their ids stay unique)
-    rows: list[Row]  # the rows with a series, in order
+    rows: list[SiteRow]  # the rows with a series, in order
     idx: np.ndarray  # their staging rows (int64)
     site_ids: np.ndarray  # their series ids (int32, read-only: shared by every step's batch)
     sampled: tuple[tuple[str, ...], ...]  # each row's ``update_sampled:<k>`` note, or ()
@@ -193,7 +193,7 @@ class StreamPlan:
     stream: Stream
 
 
-def stream_plan(plans: dict[str, StreamPlan], stream: str, rows_list: Sequence[Row]) -> StreamPlan:
+def stream_plan(plans: dict[str, StreamPlan], stream: str, rows_list: Sequence[SiteRow]) -> StreamPlan:
     """The cached :class:`StreamPlan` of ``stream``, rebuilt when its rows changed."""
     site_key = tuple([r.site_id for r in rows_list])
     samples = tuple([r.update_index for r in rows_list]) if stream == "update" else ()
@@ -277,7 +277,7 @@ def _rows_of(
 def assemble_batches(
     state: StepState,
     streams: Sequence[str],
-    by_stream: Mapping[str, Sequence[Row]],
+    by_stream: Mapping[str, Sequence[SiteRow]],
     host: Mapping[Any, tuple[np.ndarray, np.ndarray | None]],
     stagings: Mapping[Any, Any],
     scaler: Any,
