@@ -1,6 +1,6 @@
 """Every command that reads runs takes a folder of runs, searched like ``tensorboard --logdir``.
 
-The runs are real artifacts (written by :class:`~stepscope.history.ArtifactWriter`); what the
+The runs are real artifacts (written by :class:`~stepscope.history.HistoryWriter`); what the
 commands print is checked against the reader's own view of each run found under the folder.
 """
 
@@ -15,7 +15,7 @@ import pytest
 from stepscope.cli import main
 from stepscope.events import run_name
 from stepscope.history import (
-    ArtifactWriter,
+    HistoryWriter,
     ObservationBatch,
     RunRecord,
     StepBlockRecord,
@@ -41,7 +41,7 @@ def _spines(step: int, n_sites: int) -> np.ndarray:
 
 
 def _run(path: Path, n_steps: int, run: RunRecord | None = None) -> Path:
-    with ArtifactWriter(path, run or RunRecord.new(run_id=path.name), commit_steps=2) as w:
+    with HistoryWriter(path, run or RunRecord.new(run_id=path.name), commit_steps=2) as w:
         ids = [w.register_site(f"s{i}", "torch.nn.Linear", "f32[5]") for i in range(2)]
         for step in range(n_steps):
             batch = ObservationBatch.observed("activation", "forward", ids, _spines(step, 2))

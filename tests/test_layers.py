@@ -237,12 +237,12 @@ def test_history_reads_a_run_in_a_process_where_torch_cannot_be_imported(tmp_pat
     and the value classes still import, and a run written here opens and decodes there."""
     import numpy as np
 
-    from stepscope.history import ArtifactWriter, ObservationBatch, StepBlockRecord
+    from stepscope.history import HistoryWriter, ObservationBatch, StepBlockRecord
     from stepscope.stats import SPINE_WIDTH, HistogramDescriptor
 
     path = tmp_path / "run"
     d = HistogramDescriptor()
-    with ArtifactWriter(path) as w:
+    with HistoryWriter(path) as w:
         site = w.register_site("fc1", "torch.nn.Linear", "f32[4]")
         spine = np.zeros((1, SPINE_WIDTH))
         spine[0, :2] = 4  # total, finite

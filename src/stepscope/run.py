@@ -115,7 +115,7 @@ def open_run(path: str | os.PathLike[str]) -> Run:
     ----------
     path
         The run directory (``collector.run_dir``, ``WatchSettings(output_dir=...)``,
-        ``RunLog(path)`` or :class:`~stepscope.history.ArtifactWriter`), also while its writer
+        ``RunLog(path)`` or :class:`~stepscope.history.HistoryWriter`), also while its writer
         still appends; or the folder a user naturally has: a folder of versions
         (``runs/mlp``, holding ``version_0``, ``version_1``, ...) opens the newest (highest
         ``N``), a folder holding exactly one run opens it, and a folder holding several other

@@ -5,7 +5,7 @@ import pytest
 
 from stepscope import Refusal
 from stepscope.history import (
-    ArtifactWriter,
+    HistoryWriter,
     ObservationBatch,
     ObservationRecord,
     StepBlockRecord,
@@ -27,7 +27,7 @@ def _mixed_run(hx, path, n_steps=12, hist_every=4, commit_steps=4):
     at step 5), histograms for sites 0 and 2 every ``hist_every`` steps, plus a loss scalar."""
     rng = np.random.default_rng(7)
     data = {}
-    with ArtifactWriter(path, commit_steps=commit_steps, commit_seconds=None) as w:
+    with HistoryWriter(path, commit_steps=commit_steps, commit_seconds=None) as w:
         ids = [w.register_site(f"l{i}", "torch.nn.Linear", f"f32[{i + 2}]") for i in range(3)]
         for step in range(n_steps):
             act = [rng.normal(size=5 + i) for i in ids]
@@ -118,7 +118,7 @@ def test_several_steps_share_a_chunk_and_commit_interval_is_a_setting(run_dir, h
 
 
 def test_commit_seconds_commits_without_reaching_commit_steps(tmp_path, hx):
-    w = ArtifactWriter(tmp_path / "r", commit_steps=10_000, commit_seconds=0.05)
+    w = HistoryWriter(tmp_path / "r", commit_steps=10_000, commit_seconds=0.05)
     site = w.register_site("a", "t", "s")
     b = ObservationBatch.observed("activation", "forward", [site], hx.step_spines(0, 1))
     assert w.write_step(StepBlockRecord(0), [b]) is False
@@ -129,7 +129,7 @@ def test_commit_seconds_commits_without_reaching_commit_steps(tmp_path, hx):
 
 
 def test_live_reader_sees_only_committed_steps_and_refreshes(run_dir, hx):
-    w = ArtifactWriter(run_dir, commit_steps=2, commit_seconds=None)
+    w = HistoryWriter(run_dir, commit_steps=2, commit_seconds=None)
     ids = [w.register_site("a", "t", "s")]
     for step in range(3):
         w.write_step(
@@ -168,7 +168,7 @@ def test_filtered_reads_do_not_decode_unrelated_chunks(run_dir, hx):
 
 def test_resume_appends_a_segment_that_supersedes_from_its_step(run_dir, hx):
     hx.write_simple_run(run_dir, n_steps=10, commit_steps=5)
-    w = ArtifactWriter(run_dir, resume=True, resume_at_step=6, commit_steps=5)
+    w = HistoryWriter(run_dir, resume=True, resume_at_step=6, commit_steps=5)
     hx.write_simple_run(run_dir, n_steps=3, start=6, writer=w)  # re-registers: same structure
     h = open_history(run_dir)
     first, second = h.segments
@@ -180,7 +180,7 @@ def test_resume_appends_a_segment_that_supersedes_from_its_step(run_dir, hx):
 
 
 def test_topology_drift_ends_the_series_and_starts_a_new_one(run_dir, hx):
-    with ArtifactWriter(run_dir, commit_steps=1) as w:
+    with HistoryWriter(run_dir, commit_steps=1) as w:
         a = w.register_site("fc", "torch.nn.Linear", "f32[4]", label="first")
         w.write_step(
             StepBlockRecord(0),
@@ -203,9 +203,9 @@ def test_topology_drift_ends_the_series_and_starts_a_new_one(run_dir, hx):
 def test_writer_refusals_have_codes(run_dir, hx):
     hx.write_simple_run(run_dir, n_steps=2)
     with pytest.raises(Refusal) as err:
-        ArtifactWriter(run_dir)
+        HistoryWriter(run_dir)
     assert err.value.code == "history_run_exists"
-    w = ArtifactWriter(run_dir, resume=True)
+    w = HistoryWriter(run_dir, resume=True)
     site = w.register_site("s0", "torch.nn.Linear", "f32[7]")
     with pytest.raises(Refusal) as err:
         w.write_step(StepBlockRecord(1), [])
@@ -251,10 +251,10 @@ def test_spine_only_observation_costs_under_200_bytes(run_dir, hx):
 
 def test_resumed_writer_reports_the_last_durable_step(run_dir, hx):
     hx.write_simple_run(run_dir, n_steps=7, commit_steps=3)
-    w = ArtifactWriter(run_dir, resume=True)
+    w = HistoryWriter(run_dir, resume=True)
     assert w.committed_step == 6 and w.run.resumed_at_step == 7
     w.close()
-    w = ArtifactWriter(run_dir, resume=True, resume_at_step=4)
+    w = HistoryWriter(run_dir, resume=True, resume_at_step=4)
     assert w.committed_step == 3
     hx.write_simple_run(run_dir, n_steps=1, start=4, writer=w)
     h = open_history(run_dir)
@@ -266,7 +266,7 @@ def test_resumed_writer_reports_the_last_durable_step(run_dir, hx):
 def test_histogram_counts_round_trip_exactly_at_every_width_boundary(run_dir, hx, top):
     counts = np.zeros((1, WIDTH), np.int64)
     counts[0, 3], counts[0, -1] = top, 1
-    with ArtifactWriter(run_dir, commit_steps=1) as w:
+    with HistoryWriter(run_dir, commit_steps=1) as w:
         site = w.register_site("a", "t", "s")
         b = ObservationBatch.observed(
             "activation", "forward", [site], hx.step_spines(0, 1), hist_rows=[0], histograms=counts
@@ -281,12 +281,12 @@ def test_histogram_counts_round_trip_exactly_at_every_width_boundary(run_dir, hx
 
 
 def test_a_second_live_writer_on_the_same_artifact_refuses(run_dir, hx):
-    w = ArtifactWriter(run_dir)
+    w = HistoryWriter(run_dir)
     with pytest.raises(Refusal) as err:
-        ArtifactWriter(run_dir, resume=True)
+        HistoryWriter(run_dir, resume=True)
     assert err.value.code == "history_writer_active"
     w.close()
-    again = ArtifactWriter(run_dir, resume=True)  # the lock goes with close()
+    again = HistoryWriter(run_dir, resume=True)  # the lock goes with close()
     again.close()
 
 
@@ -305,7 +305,7 @@ def test_row_disclosures_are_interned_as_each_row_states_them(tmp_path, batch_wi
     from stepscope.stats import SPINE_WIDTH
 
     n = len(rows)
-    with ArtifactWriter(tmp_path / "r") as w:
+    with HistoryWriter(tmp_path / "r") as w:
         ids = [w.register_site(f"s{i}", "Linear", "f32[*]") for i in range(n)]
         b = ObservationBatch.observed(
             "activation",

@@ -9,7 +9,7 @@ import time
 import numpy as np
 import pytest
 
-from stepscope.history import ArtifactWriter, ObservationBatch, StepBlockRecord, open_history
+from stepscope.history import HistoryWriter, ObservationBatch, StepBlockRecord, open_history
 
 N_SITES = 4
 TRIALS = 30
@@ -22,7 +22,7 @@ def _spines(step):
 
 
 def _child(path, commit_steps, fd):
-    w = ArtifactWriter(path, commit_steps=commit_steps, commit_seconds=None)
+    w = HistoryWriter(path, commit_steps=commit_steps, commit_seconds=None)
     ids = [w.register_site(f"s{i}", "t", "sig") for i in range(N_SITES)]
     os.write(fd, struct.pack("<q", -1))  # ready
     for step in range(100_000):
@@ -81,7 +81,7 @@ def test_sigkill_at_random_moments_leaves_exactly_a_committed_prefix(tmp_path):
             assert h.scalars("x").values.tolist() == [float(t) for t in steps]
         outcomes.append((len(committed), len(steps), h.torn_tail_bytes))
         if trial % 6 == 0:  # a resumed writer continues right after the committed prefix
-            w = ArtifactWriter(path, resume=True, commit_steps=1)
+            w = HistoryWriter(path, resume=True, commit_steps=1)
             assert w.committed_step == (steps[-1] if steps else None)
             assert not list((path / "chunks").glob(".*.tmp*"))
             ids = [w.register_site(f"s{i}", "t", "sig") for i in range(N_SITES)]
@@ -117,7 +117,7 @@ def _faulty_child(path, commit_steps, fault_steps, fd):
         return real_replace(a, b)
 
     os.pwrite, os.replace = pwrite, replace  # a forked child: patching os is local to it
-    w = ArtifactWriter(path, commit_steps=commit_steps, commit_seconds=None)
+    w = HistoryWriter(path, commit_steps=commit_steps, commit_seconds=None)
     ids = [w.register_site(f"s{i}", "t", "sig") for i in range(N_SITES)]
     os.write(fd, struct.pack("<q", -1))  # ready
     for step in range(100_000):
@@ -167,7 +167,7 @@ def test_sigkill_during_recovery_after_a_disk_fault_leaves_a_committed_prefix(tm
             s = h.series(f"s{i}", "activation", "sum")
             np.testing.assert_array_equal(s.values, [_spines(t)[i, 10] for t in steps])
         lengths.add(len(steps))
-        w2 = ArtifactWriter(path, resume=True, commit_steps=1)  # recovery of the recovery
+        w2 = HistoryWriter(path, resume=True, commit_steps=1)  # recovery of the recovery
         assert w2.committed_step == (steps[-1] if steps else None)
         w2.close()
         assert open_history(path).steps.tolist() == steps

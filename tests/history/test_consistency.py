@@ -14,13 +14,13 @@ import pytest
 
 from stepscope.cli import main
 from stepscope.errors import Refusal
-from stepscope.history import ArtifactWriter, ObservationBatch, StepBlockRecord, open_history
+from stepscope.history import HistoryWriter, ObservationBatch, StepBlockRecord, open_history
 from stepscope.history.files import encode_log_row, json_sha256, log_extent
 from stepscope.stats.layout import FIELD_INDEX
 
 
 def _run(path):
-    with ArtifactWriter(path, commit_steps=2, commit_seconds=None) as w:
+    with HistoryWriter(path, commit_steps=2, commit_seconds=None) as w:
         ids = [w.register_site("fc", "t", "x"), w.register_site("out", "t", "x")]
         for step in range(4):
             spine = np.zeros((2, 15))

@@ -9,7 +9,7 @@ import torch
 
 import stepscope as ss
 from stepscope.errors import Refusal
-from stepscope.history import ArtifactWriter, StepBlockRecord, open_history
+from stepscope.history import HistoryWriter, StepBlockRecord, open_history
 
 
 @pytest.fixture
@@ -51,7 +51,7 @@ def _collector(out):
 
 @pytest.mark.parametrize("fault", ["read_only", "full"])
 def test_creating_or_resuming_on_a_broken_disk_refuses_with_a_code(tmpfs, fault):
-    with ArtifactWriter(tmpfs / "old") as w:
+    with HistoryWriter(tmpfs / "old") as w:
         w.write_step(StepBlockRecord(0), [])
     if fault == "read_only":
         _remount(tmpfs, "ro")
@@ -59,8 +59,8 @@ def test_creating_or_resuming_on_a_broken_disk_refuses_with_a_code(tmpfs, fault)
         _fill(tmpfs)
     try:
         for make in (
-            lambda: ArtifactWriter(tmpfs / "new"),
-            lambda: ArtifactWriter(tmpfs / "old", resume=True),
+            lambda: HistoryWriter(tmpfs / "new"),
+            lambda: HistoryWriter(tmpfs / "old", resume=True),
             lambda: _collector(tmpfs / "new2"),
         ):
             with pytest.raises(Refusal) as err:
@@ -73,7 +73,7 @@ def test_creating_or_resuming_on_a_broken_disk_refuses_with_a_code(tmpfs, fault)
         else:
             os.unlink(tmpfs / "ballast")
     assert open_history(tmpfs / "old").steps.tolist() == [0]  # the old run is intact
-    w = ArtifactWriter(tmpfs / "old", resume=True)  # and resumes once the disk heals
+    w = HistoryWriter(tmpfs / "old", resume=True)  # and resumes once the disk heals
     w.write_step(StepBlockRecord(1), [])
     w.close()
     assert open_history(tmpfs / "old").steps.tolist() == [0, 1]

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from stepscope import Refusal
-from stepscope.history import ArtifactWriter, ObservationBatch, StepBlockRecord, open_history
+from stepscope.history import HistoryWriter, ObservationBatch, StepBlockRecord, open_history
 from stepscope.history.files import (
     append_log_row,
     atomic_write_bytes,
@@ -56,7 +56,7 @@ def test_incremental_log_reads_resume_from_the_offset(tmp_path):
 
 def _live_run(run_dir, n_steps, commit_steps):
     """A run whose writer never closed (as after a kill): its log is not sealed."""
-    w = ArtifactWriter(run_dir, commit_steps=commit_steps, commit_seconds=None)
+    w = HistoryWriter(run_dir, commit_steps=commit_steps, commit_seconds=None)
     ids = [w.register_site("s0", "torch.nn.Linear", "f32[7]")]
     for step in range(n_steps):
         w.write_step(

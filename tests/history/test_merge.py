@@ -6,7 +6,7 @@ from hypothesis import strategies as st
 
 from stepscope import Refusal
 from stepscope.history import (
-    ArtifactWriter,
+    HistoryWriter,
     ObservationBatch,
     RunRecord,
     StepBlockRecord,
@@ -58,7 +58,7 @@ def test_row_merge_agrees_with_the_kernel_running_stats_merge(seed, hx):
 def _rank_run(path, rank, world, data, n_steps, n_sites, np_spine):
     """Each rank observes its own data; site 1 is unscheduled on rank 0 at odd steps."""
     run = RunRecord.new(run_id="ddp", rank=rank, world_size=world)
-    with ArtifactWriter(path, run, commit_steps=3, durable=False) as w:
+    with HistoryWriter(path, run, commit_steps=3, durable=False) as w:
         ids = [w.register_site(f"l{i}", "torch.nn.Linear", "f32") for i in range(n_sites)]
         for t in range(n_steps):
             pres = np.ones(n_sites, np.uint8)

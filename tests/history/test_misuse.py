@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from stepscope.errors import CODES, Refusal
-from stepscope.history import ArtifactWriter, ObservationBatch, StepBlockRecord, open_history
+from stepscope.history import HistoryWriter, ObservationBatch, StepBlockRecord, open_history
 from stepscope.history.schema import RunRecord
 from stepscope.runlog import RunLog
 from stepscope.stats.layout import SPINE_WIDTH
@@ -48,7 +48,7 @@ def _spine(n=1):
 
 
 def _writer(tmp_path):
-    w = ArtifactWriter(tmp_path / "run", commit_steps=1, commit_seconds=None, durable=False)
+    w = HistoryWriter(tmp_path / "run", commit_steps=1, commit_seconds=None, durable=False)
     w.register_site("fc", "t", "x")
     return w
 
@@ -149,14 +149,14 @@ for ids, what in [([1], "unregistered"), ([-1], "negative"), ([0, 0], "repeat")]
     )
 for i, v in enumerate([0, -1, 1.5, "3", None, True]):
     case("plain", f"writer_commit_steps_{i}")(
-        lambda v=v, p=None: ArtifactWriter("/nonexistent-never-created", commit_steps=v)
+        lambda v=v, p=None: HistoryWriter("/nonexistent-never-created", commit_steps=v)
     )
 for i, v in enumerate([-1.0, float("nan"), "x", True]):
     case("plain", f"writer_commit_seconds_{i}")(
-        lambda v=v: ArtifactWriter("/nonexistent-never-created", commit_seconds=v)
+        lambda v=v: HistoryWriter("/nonexistent-never-created", commit_seconds=v)
     )
 for i, v in enumerate(["a\0b", "/dev/null", "/dev/null/run", "/proc/self/x/y", "x" * 5000]):
-    case("plain", f"writer_path_{i}")(lambda v=v: ArtifactWriter(v))
+    case("plain", f"writer_path_{i}")(lambda v=v: HistoryWriter(v))
 for i, (mask, dim) in enumerate(
     [
         (torch.ones(2, 3), 5),
@@ -212,7 +212,7 @@ for i, v in enumerate([10**6, -(10**6), 1.5, "x", None]):
 @pytest.fixture(scope="module")
 def good_run(tmp_path_factory):
     path = tmp_path_factory.mktemp("misuse") / "run"
-    w = ArtifactWriter(path, commit_steps=1, durable=False)
+    w = HistoryWriter(path, commit_steps=1, durable=False)
     w.register_site("fc", "t", "x")
     w.write_step(StepBlockRecord(0), [_batch()], scalars={"loss": 1.0})
     w.close()

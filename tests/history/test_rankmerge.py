@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 
 from stepscope.history import (
-    ArtifactWriter,
+    HistoryWriter,
     ObservationBatch,
     RunRecord,
     StepBlockRecord,
@@ -34,7 +34,7 @@ def _rank_main(root, rank):
         run = RunRecord.new(
             run_id="gloo-run", rank=dist.get_rank(), world_size=dist.get_world_size()
         )
-        with ArtifactWriter(root / f"rank{rank}", run, commit_steps=2, durable=False) as w:
+        with HistoryWriter(root / f"rank{rank}", run, commit_steps=2, durable=False) as w:
             ids = [w.register_site(f"l{i}", "torch.nn.Linear", "f32") for i in range(SITES)]
             for step in range(STEPS):
                 xs = [_data(rank, step, i) for i in range(SITES)]

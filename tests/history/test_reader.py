@@ -9,13 +9,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from stepscope import Refusal
-from stepscope.history import ArtifactWriter, ObservationBatch, StepBlockRecord, open_history
+from stepscope.history import HistoryWriter, ObservationBatch, StepBlockRecord, open_history
 from stepscope.history.files import encode_log_row, log_extent
 from stepscope.stats import Histogram
 
 
 def _run(path, hx):
-    with ArtifactWriter(path, commit_steps=2, commit_seconds=None) as w:
+    with HistoryWriter(path, commit_steps=2, commit_seconds=None) as w:
         ids = [w.register_site(f"s{i}", "torch.nn.Linear", "f32[7]") for i in range(2)]
         for step in range(4):
             h = Histogram()

@@ -14,7 +14,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from stepscope.history import ArtifactWriter, ObservationBatch, StepBlockRecord, open_history
+from stepscope.history import HistoryWriter, ObservationBatch, StepBlockRecord, open_history
 from stepscope.history.files import append_log_row, encode_log_row, read_log
 
 
@@ -91,7 +91,7 @@ def test_a_commit_torn_mid_index_line_then_retried_keeps_the_whole_run(
 
     for keep in (0, 1, 63, 64, 65, 200, 300):
         path = tmp_path / f"run{keep}"
-        w = ArtifactWriter(path, commit_steps=1, commit_seconds=None, durable=False)
+        w = HistoryWriter(path, commit_steps=1, commit_seconds=None, durable=False)
         ids = [w.register_site("s", "t", "x")]
         disk = _TornDisk(monkeypatch, keep, truncate_fails)
         with warnings.catch_warnings():

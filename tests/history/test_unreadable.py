@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 
 from stepscope.errors import Refusal
-from stepscope.history import ArtifactWriter, ObservationBatch, StepBlockRecord, open_history
+from stepscope.history import HistoryWriter, ObservationBatch, StepBlockRecord, open_history
 
 
 def _run(path):
-    with ArtifactWriter(path) as w:
+    with HistoryWriter(path) as w:
         ids = [w.register_site("fc", "t", "x")]
         spine = np.zeros((1, 15))
         spine[0, :2] = 1

@@ -8,7 +8,7 @@ import time
 import pytest
 import torch
 
-from stepscope.history import ArtifactWriter, open_history
+from stepscope.history import HistoryWriter, open_history
 from stepscope.probe import DenseProbe, plan_cadence, time_probe_parts, write_probe_record
 from tests.probe.probe_testkit import make_data, make_model
 
@@ -41,7 +41,7 @@ def test_serialisation_is_timed_and_charged_to_the_probe(tmp_path):
     assert min(parts["serialization_seconds"]) >= 0.03
     assert decision.probe_seconds_median >= 0.03 + min(parts["measure_seconds"])
     # a real serialiser: the run's own writer format, into a scratch artifact
-    with ArtifactWriter(tmp_path / "scratch", durable=False) as w:
+    with HistoryWriter(tmp_path / "scratch", durable=False) as w:
         t = time_probe_parts(
             probe, model, step, repeats=1, serialize=lambda r: write_probe_record(w, r)
         )

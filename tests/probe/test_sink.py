@@ -8,7 +8,7 @@ import math
 import numpy as np
 import torch
 
-from stepscope.history import ArtifactWriter, open_history
+from stepscope.history import HistoryWriter, open_history
 from stepscope.probe import DenseProbe
 from stepscope.probe.sink import (
     probe_scalar_rows,
@@ -25,7 +25,7 @@ def test_probe_rows_round_trip_with_all_three_axes(tmp_path):
     probe = DenseProbe(x, y, size=12)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     records = []
-    with ArtifactWriter(tmp_path / "run", durable=False, commit_steps=1) as writer:
+    with HistoryWriter(tmp_path / "run", durable=False, commit_steps=1) as writer:
         for step in range(3):
             active = {"3": step != 1}  # layer 3 skipped at step 1: None, no row
             rec = probe.measure(

@@ -19,7 +19,7 @@ from stepscope.collect.settings import Cadence, WatchSettings
 from stepscope.collect.sites import SiteCatalog
 from stepscope.errors import Refusal
 from stepscope.history import (
-    ArtifactWriter,
+    HistoryWriter,
     ObservationBatch,
     RunRecord,
     StepBlockRecord,
@@ -37,8 +37,8 @@ class Store:
 
     run: RunRecord
     ring: StepRing
-    catalog: Any  # ArtifactWriter (disk) or SiteCatalog (RAM): both register and end sites
-    writer: ArtifactWriter | None
+    catalog: Any  # HistoryWriter (disk) or SiteCatalog (RAM): both register and end sites
+    writer: HistoryWriter | None
     path: Path | None
     next_step: int  # 0, or the step after the last committed one when resuming
     examples_seen: int | None = 0  # examples consumed before next_step (None: unknown)
@@ -55,7 +55,7 @@ class Store:
         """Write one finished step: its block and observations (artifact, or RAM ring and
         ``rows``), user scalars logged for other steps, and clock rows of earlier steps resolved
         late (CUDA events)."""
-        if self.writer is not None:  # the boundary's own batches: see ArtifactWriter.write_step
+        if self.writer is not None:  # the boundary's own batches: see HistoryWriter.write_step
             self.writer.write_step(
                 block, list(batches), scalars=dict(scalars), trusted=stepstate.FAST_BOUNDARY
             )
@@ -139,7 +139,7 @@ def open_store(
         if found is not None:  # continue the artifact's run (none yet: keep the new run id)
             run = replace(run, run_id=found)
     try:
-        writer = ArtifactWriter(
+        writer = HistoryWriter(
             path,
             run,
             resume=s.resume,

@@ -1,6 +1,6 @@
 """History: the per-step schema, the crash-safe artifact, the RAM ring and exact merges."""
 
-from stepscope.history.artifact import ArtifactWriter, CloseReport
+from stepscope.history.artifact import CloseReport, HistoryWriter
 from stepscope.history.batch import ObservationBatch, batches_from_records
 from stepscope.history.discover import find_runs, is_run_dir, runs_at
 from stepscope.history.fingerprint import model_fingerprint
@@ -33,10 +33,10 @@ from stepscope.history.versions import pick_run
 __all__ = [
     "FORMAT",
     "SCHEMA_VERSION",
-    "ArtifactWriter",
     "CloseReport",
     "HistogramSeries",
     "HistoryReader",
+    "HistoryWriter",
     "ObservationBatch",
     "ObservationRecord",
     "Phase",

@@ -24,10 +24,10 @@ in :mod:`~stepscope.history.layout`, :mod:`~stepscope.history.pending`,
 Example
 -------
 >>> import tempfile, numpy as np
->>> from stepscope.history import ArtifactWriter, ObservationBatch, StepBlockRecord, open_history
+>>> from stepscope.history import HistoryWriter, ObservationBatch, StepBlockRecord, open_history
 >>> from stepscope.stats import SPINE_WIDTH
 >>> path = tempfile.mkdtemp() + "/run"
->>> with ArtifactWriter(path, commit_steps=2) as w:
+>>> with HistoryWriter(path, commit_steps=2) as w:
 ...     fc = w.register_site("fc", "torch.nn.Linear", "f32[4,3]")
 ...     for step in range(3):
 ...         spine = np.zeros((1, SPINE_WIDTH)); spine[0, :2] = 12
@@ -76,10 +76,10 @@ from stepscope.history.sitetable import SiteTable
 from stepscope.stats import HistogramDescriptor
 from stepscope.stats.layout import SPINE_WIDTH
 
-__all__ = ["ArtifactWriter", "CloseReport", "check_resume_facts"]
+__all__ = ["CloseReport", "HistoryWriter", "check_resume_facts"]
 
 
-class ArtifactWriter(SiteTable):
+class HistoryWriter(SiteTable):
     """Append step blocks, observations and scalars to an artifact directory.
 
     Parameters
@@ -453,7 +453,7 @@ class ArtifactWriter(SiteTable):
             faults=tuple(self.faults),
         )
 
-    def __enter__(self) -> ArtifactWriter:
+    def __enter__(self) -> HistoryWriter:
         return self
 
     def __exit__(self, *exc: object) -> None:

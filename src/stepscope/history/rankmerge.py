@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from stepscope.errors import Refusal
-from stepscope.history.artifact import ArtifactWriter
+from stepscope.history.artifact import HistoryWriter
 from stepscope.history.batch import ObservationBatch
 from stepscope.history.decode import batches_from_rows
 from stepscope.history.merge import merge_step_batches
@@ -75,7 +75,7 @@ def merge_rank_artifacts(paths: list[Path], out: Path, *, durable: bool = True) 
         for r in readers
     ]
     run = replace(base.resumed(0), parent_segment=None, resumed_at_step=None, extra=extra)
-    with ArtifactWriter(out, run, durable=durable, commit_steps=64) as w:
+    with HistoryWriter(out, run, durable=durable, commit_steps=64) as w:
         remaps: list[np.ndarray] = []
         by_structure: dict[tuple[str, str, str, int | None], int] = {}
         for r in readers:  # series match by structure, never by name alone

@@ -18,10 +18,10 @@ class when the layers were separated.)
 Example
 -------
 >>> import tempfile, numpy as np
->>> from stepscope.history import ArtifactWriter, ObservationBatch, StepBlockRecord
+>>> from stepscope.history import HistoryWriter, ObservationBatch, StepBlockRecord
 >>> from stepscope.stats import SPINE_FIELDS, SPINE_WIDTH
 >>> path = tempfile.mkdtemp() + "/run"
->>> with ArtifactWriter(path) as w:
+>>> with HistoryWriter(path) as w:
 ...     fc1 = w.register_site("fc1", "torch.nn.Linear", "f32[8,4]")
 ...     for step in range(3):
 ...         spine = np.zeros((1, SPINE_WIDTH)); spine[0, :2] = 4  # total, finite
@@ -353,7 +353,7 @@ def open_history(path: str | os.PathLike[str]) -> HistoryReader:
     Parameters
     ----------
     path
-        The run directory written by :class:`~stepscope.history.ArtifactWriter`.
+        The run directory written by :class:`~stepscope.history.HistoryWriter`.
 
     Returns
     -------

@@ -1,6 +1,6 @@
 """The growing part of ``catalog.json``: series (sites), scalar names and disclosure sets.
 
-:class:`SiteTable` is the base of :class:`~stepscope.history.ArtifactWriter`, which writes it to
+:class:`SiteTable` is the base of :class:`~stepscope.history.HistoryWriter`, which writes it to
 ``catalog.json`` before any index row that names a new id (``catalog_dirty``).
 """
 

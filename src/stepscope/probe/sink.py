@@ -23,12 +23,12 @@ published as ``scalar`` events (source ``probe``) and every undefined number as 
 Example
 -------
 >>> import tempfile, torch
->>> from stepscope.history import ArtifactWriter, open_history
+>>> from stepscope.history import HistoryWriter, open_history
 >>> from stepscope.probe import DenseProbe
 >>> model = torch.nn.Linear(3, 2)
 >>> probe = DenseProbe(torch.randn(8, 3), torch.tensor([0, 1] * 4), size=4)
 >>> path = tempfile.mkdtemp() + "/run"
->>> with ArtifactWriter(path, durable=False) as w:
+>>> with HistoryWriter(path, durable=False) as w:
 ...     _ = write_probe_record(w, probe.measure(model, step=3, examples_seen=96, epoch=0))
 >>> read_probe_axes(open_history(path))["examples_seen"].tolist()
 [96.0]
@@ -134,7 +134,7 @@ def write_probe_record(target: Any, record: ProbeRecord, events: Any = None) -> 
     Parameters
     ----------
     target
-        An :class:`~stepscope.history.ArtifactWriter`, or a
+        An :class:`~stepscope.history.HistoryWriter`, or a
         :class:`~stepscope.HistoryCollector` (its writer and its settings' event stream are used).
     record
         The measurement.

@@ -38,8 +38,8 @@ import torch
 
 from stepscope.errors import Refusal
 from stepscope.history import (
-    ArtifactWriter,
     CloseReport,
+    HistoryWriter,
     RunRecord,
     StepBlockRecord,
     StepProvenance,
@@ -77,14 +77,14 @@ class RunLog(UserLog):
     Parameters
     ----------
     output_dir
-        Artifact directory (crash-safe, see :class:`~stepscope.history.ArtifactWriter`);
+        Artifact directory (crash-safe, see :class:`~stepscope.history.HistoryWriter`);
         ``None`` keeps everything in RAM (:meth:`view` reads it).
     run_id
         Run identity of a new artifact.
     device
         Device of the training tensors: ``cuda`` times the training clock with CUDA events.
     commit_steps, durable
-        Artifact commit interval and fsync (see :class:`~stepscope.history.ArtifactWriter`).
+        Artifact commit interval and fsync (see :class:`~stepscope.history.HistoryWriter`).
     timer, event_factory
         Injectable clocks (tests).
 
@@ -116,7 +116,7 @@ class RunLog(UserLog):
                 device=str(device or "cpu"),
                 extra={"writer": "stepscope.RunLog", "training_clock": self.clock.kind.value},
             )
-            writer = ArtifactWriter(self.path, run, commit_steps=commit_steps, durable=durable)
+            writer = HistoryWriter(self.path, run, commit_steps=commit_steps, durable=durable)
             self.sink = ArtifactRows(writer)
             write_summary(self.path, self.clock.summary(closed=False))
         else:

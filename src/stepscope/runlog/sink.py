@@ -2,7 +2,7 @@
 
 Both sinks have the same write methods (``write_step``, ``write_scalar``, ``write_eval``).
 :class:`ArtifactRows` forwards blocks and scalars to the
-:class:`~stepscope.history.ArtifactWriter` (committed with its chunks) and appends each evaluation
+:class:`~stepscope.history.HistoryWriter` (committed with its chunks) and appends each evaluation
 as one checksummed, fsynced line to ``RUN/evals.log`` (the index-log format: a torn final line is
 ignored, a complete line failing its sha256 refuses ``history_artifact_corrupt``). Every line names
 its segment, so a resumed segment supersedes its ancestors' evaluations from its resume step on.
@@ -53,11 +53,11 @@ class ArtifactRows:
     def write_step(
         self, block: StepBlockRecord, batches: Sequence[Any] = (), scalars: dict | None = None
     ) -> bool:
-        """Forward to :meth:`ArtifactWriter.write_step`."""
+        """Forward to :meth:`HistoryWriter.write_step`."""
         return self.writer.write_step(block, batches, scalars=scalars)
 
     def write_scalar(self, name: str, step: int, value: float) -> None:
-        """Forward to :meth:`ArtifactWriter.write_scalar` (committed with the next commit)."""
+        """Forward to :meth:`HistoryWriter.write_scalar` (committed with the next commit)."""
         self.writer.write_scalar(name, step, value)
 
     def write_eval(self, rec: EvalRecord) -> None:
