@@ -36,7 +36,8 @@ from pathlib import Path
 
 import numpy as np
 
-from stepscope.history import HistoryWriter, ObservationBatch, StepBlockRecord, open_history
+from stepscope import open_run
+from stepscope.history import HistoryWriter, ObservationBatch, StepBlockRecord
 from stepscope.stats import SPINE_FIELDS, HistogramDescriptor
 
 STREAMS = [("activation", "forward", None), ("gradient", "backward", "unscaled"),
@@ -207,19 +208,19 @@ def _in_child(fn, *args) -> dict:
 
 def read_stepscope(path: Path, a: argparse.Namespace) -> dict:
     t0 = time.perf_counter()
-    h = open_history(path)
+    h = open_run(path)
     obs = h.table("observations")
     full = time.perf_counter() - t0
     t0 = time.perf_counter()
     hist = h.table("histograms")
     full_hist = time.perf_counter() - t0
     t0 = time.perf_counter()
-    s = open_history(path).series(
+    s = open_run(path).series(
         "layers.17", "gradient", "mean", steps=(a.steps // 2, a.steps // 2 + 49)
     )
     filtered = time.perf_counter() - t0
     t0 = time.perf_counter()
-    ok = open_history(path).verify().ok
+    ok = open_run(path).verify().ok
     verify = time.perf_counter() - t0
     return {"rows": len(obs), "hist_rows": len(hist), "full": full, "full_hist": full_hist,
             "filtered": filtered, "filtered_rows": len(s.steps), "verify": verify, "ok": ok}  # fmt: skip

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 import stepscope as ss
-from stepscope.history import HistoryWriter, ObservationBatch, StepBlockRecord, open_history
+from stepscope import open_run
+from stepscope.history import HistoryWriter, ObservationBatch, StepBlockRecord
 from stepscope.stats import SPINE_WIDTH
 
 
@@ -84,7 +85,7 @@ def test_reader_step_ranges_must_be_pairs_of_ints(tmp_path, steps):
         ids = [w.register_site("s", "t", "sig")]
         b = ObservationBatch.observed("activation", "forward", ids, np.ones((1, SPINE_WIDTH)))
         w.write_step(StepBlockRecord(0), [b], scalars={"loss": 1.0})
-    h = open_history(tmp_path / "run")
+    h = open_run(tmp_path / "run")
     for call in (
         lambda: h.series("s", "activation", "sum", steps=steps),
         lambda: h.scalars("loss", steps=steps),
@@ -101,7 +102,7 @@ def test_a_phase_typo_refuses_with_a_query_code_not_a_json_code(tmp_path):
         b = ObservationBatch.observed("activation", "forward", ids, np.ones((1, SPINE_WIDTH)))
         w.write_step(StepBlockRecord(0), [b])
     with pytest.raises(ss.Refusal) as err:
-        open_history(tmp_path / "run").series("s", "activation", "sum", phase="forwrd")
+        open_run(tmp_path / "run").series("s", "activation", "sum", phase="forwrd")
     assert err.value.code == "history_series_unknown"
     with pytest.raises(ss.Refusal) as err:
         ObservationBatch.observed("activation", "forwrd", [0], np.ones((1, SPINE_WIDTH)))

@@ -26,9 +26,9 @@ import torch.nn.functional as F
 
 import stepscope.collect.boundary as boundary_mod
 import stepscope.collect.stepstate as stepstate_mod
+from stepscope import open_run
 from stepscope.collect import Cadence, HistoryCollector, WatchSettings
 from stepscope.collect.reduce import Reducer
-from stepscope.history import open_history
 from stepscope.history.layout import TABLES
 from tests.collect.boundary_reference import reference_assemble_batches
 from tests.collect.models import LENGTHS, ResNetish, TinyGPT
@@ -121,7 +121,7 @@ def _record(model_name: str, cadence: Cadence | None, path: str | None) -> Histo
 
 def _stored(path: str) -> dict:
     """Every value the artifact stores, with wall-clock values blanked."""
-    h = open_history(path)
+    h = open_run(path)
     out: dict = {
         "sites": [s.to_dict() for s in h.sites],
         "scalar_names": list(h.scalar_names),

@@ -10,7 +10,7 @@ optimizer consumed, captured by an independent pre-step hook.
 import pytest
 import torch
 
-from stepscope import open_history
+from stepscope import open_run
 from stepscope.collect import Cadence, HistoryCollector, WatchSettings
 
 
@@ -52,16 +52,17 @@ def test_parameters_of_modules_with_children_have_rows_equal_to_the_consumed_gra
             loss.backward()
             opt.step()
     c.close()
-    h = open_history(tmp_path / "r")
+    h = open_run(tmp_path / "r")
     names = {n for n, _ in model.named_parameters()}
     for name in ("cls", "layer.self_attn.in_proj_weight", "layer.self_attn.in_proj_bias"):
         assert name in names
         got = h.series(name, "gradient", "sum_squares").values
         want = [float(g[name].double().square().sum()) for g in consumed]
         assert got.tolist() == pytest.approx(want, rel=1e-12), name
-        assert h.series(name, "parameter", "total").values.tolist() == [
-            float(dict(model.named_parameters())[name].numel())
-        ] * 3
+        assert (
+            h.series(name, "parameter", "total").values.tolist()
+            == [float(dict(model.named_parameters())[name].numel())] * 3
+        )
     # every parameter of the model has a gradient row, each parameter once
     for name in names:
         assert len(h.series(name, "gradient", "total").values) == 3, name

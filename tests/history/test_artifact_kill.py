@@ -9,7 +9,8 @@ import time
 import numpy as np
 import pytest
 
-from stepscope.history import HistoryWriter, ObservationBatch, StepBlockRecord, open_history
+from stepscope import open_run
+from stepscope.history import HistoryWriter, ObservationBatch, StepBlockRecord
 
 N_SITES = 4
 TRIALS = 30
@@ -64,7 +65,7 @@ def test_sigkill_at_random_moments_leaves_exactly_a_committed_prefix(tmp_path):
         committed = _reported(r)
         os.close(r)
 
-        h = open_history(path)
+        h = open_run(path)
         assert h.verify().ok  # every index row's chunks verify
         steps = h.steps.tolist()
         last_reported = committed[-1] if committed else -1
@@ -88,7 +89,7 @@ def test_sigkill_at_random_moments_leaves_exactly_a_committed_prefix(tmp_path):
             b = ObservationBatch.observed("activation", "forward", ids, _spines(len(steps)))
             w.write_step(StepBlockRecord(len(steps)), [b])
             w.close()
-            again = open_history(path)
+            again = open_run(path)
             assert again.steps.tolist() == list(range(len(steps) + 1))
             assert again.verify().ok and len(again.segments) == 2
     # the random kills landed at different points (not all before the first commit)
@@ -157,7 +158,7 @@ def test_sigkill_during_recovery_after_a_disk_fault_leaves_a_committed_prefix(tm
         committed = [v for v in seen + _reported(r) if v >= 0]
         os.close(r)
 
-        h = open_history(path)
+        h = open_run(path)
         assert h.verify().ok
         steps = h.steps.tolist()
         assert steps == list(range(len(steps)))
@@ -170,5 +171,5 @@ def test_sigkill_during_recovery_after_a_disk_fault_leaves_a_committed_prefix(tm
         w2 = HistoryWriter(path, resume=True, commit_steps=1)  # recovery of the recovery
         assert w2.committed_step == (steps[-1] if steps else None)
         w2.close()
-        assert open_history(path).steps.tolist() == steps
+        assert open_run(path).steps.tolist() == steps
     assert len(lengths) > 3, lengths

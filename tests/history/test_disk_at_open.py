@@ -8,8 +8,9 @@ import pytest
 import torch
 
 import stepscope as ss
+from stepscope import open_run
 from stepscope.errors import Refusal
-from stepscope.history import HistoryWriter, StepBlockRecord, open_history
+from stepscope.history import HistoryWriter, StepBlockRecord
 
 
 @pytest.fixture
@@ -72,8 +73,8 @@ def test_creating_or_resuming_on_a_broken_disk_refuses_with_a_code(tmpfs, fault)
             _remount(tmpfs, "rw")
         else:
             os.unlink(tmpfs / "ballast")
-    assert open_history(tmpfs / "old").steps.tolist() == [0]  # the old run is intact
+    assert open_run(tmpfs / "old").steps.tolist() == [0]  # the old run is intact
     w = HistoryWriter(tmpfs / "old", resume=True)  # and resumes once the disk heals
     w.write_step(StepBlockRecord(1), [])
     w.close()
-    assert open_history(tmpfs / "old").steps.tolist() == [0, 1]
+    assert open_run(tmpfs / "old").steps.tolist() == [0, 1]

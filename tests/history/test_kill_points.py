@@ -24,7 +24,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from stepscope.history import HistoryWriter, ObservationBatch, StepBlockRecord, open_history
+from stepscope import open_run
+from stepscope.history import HistoryWriter, ObservationBatch, StepBlockRecord
 from stepscope.stats.layout import FIELD_INDEX
 
 OPS = ("fsync", "replace", "write", "pwrite")
@@ -110,7 +111,7 @@ def test_a_kill_at_every_file_operation_loses_no_committed_step_and_recovers(tmp
         committed = sorted(set(v for v in reported if v >= 0))
         try:
             if (path / "index.json").exists():  # written before any commit can happen
-                values = _values(open_history(path))
+                values = _values(open_run(path))
                 resume = True
             else:  # killed before index.json ever existed: nothing can have been committed
                 values, resume = {}, False
@@ -119,7 +120,7 @@ def test_a_kill_at_every_file_operation_loses_no_committed_step_and_recovers(tmp
             ids = w.register_site("after", "t", "x"), w.register_site("s0", "t", "x")
             w.write_step(StepBlockRecord(6), [_batch(w, list(ids), 6)])
             assert w.close().uncommitted_steps == 0
-            h = open_history(path)
+            h = open_run(path)
             after = _values(h)
             lost += [s for s in [*committed, 6] if after.get(s) != float(s)]
             assert h.verify().ok, h.verify().failures

@@ -7,11 +7,11 @@ import time
 import numpy as np
 import pytest
 
+from stepscope import open_run
 from stepscope.cli import main
-from stepscope.history import HistoryWriter, ObservationBatch, StepBlockRecord, open_history
+from stepscope.history import HistoryWriter, ObservationBatch, StepBlockRecord
 from stepscope.history.files import append_log_row
 from stepscope.history.pending import write_chunk
-from stepscope.run import open_run
 
 
 def _batch(ids):
@@ -27,7 +27,7 @@ def test_verify_of_a_reader_opened_before_two_more_commits_is_not_damage(tmp_pat
     w = HistoryWriter(path, commit_steps=1, commit_seconds=None)
     ids = [w.register_site("fc", "t", "x")]
     w.write_step(StepBlockRecord(0), [_batch(ids)])
-    reader = open_history(path)  # sees commit 0
+    reader = open_run(path)  # sees commit 0
     w.write_step(StepBlockRecord(1), [_batch(ids)])  # commit 1 appended after the open
     w.write_step(StepBlockRecord(2), [_batch(ids)], scalars=None)  # commit 2 ...
     # ... and the chunks of commit 3 written, its line not yet appended (a commit in progress)
@@ -37,7 +37,7 @@ def test_verify_of_a_reader_opened_before_two_more_commits_is_not_damage(tmp_pat
         f"{w.run.segment_id}-0000003",
         "steps",
         None,
-        np.zeros(0, dtype=open_history(path)._dtypes["steps"]),
+        np.zeros(0, dtype=open_run(path)._dtypes["steps"]),
         False,
     )
     report = reader.verify()

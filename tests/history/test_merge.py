@@ -4,7 +4,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stepscope import Refusal
+from stepscope import Refusal, open_run
 from stepscope.history import (
     HistoryWriter,
     ObservationBatch,
@@ -14,7 +14,6 @@ from stepscope.history import (
     merge_batches,
     merge_ranks,
     merge_spine_rows,
-    open_history,
 )
 from stepscope.history.merge import PARTIAL
 from stepscope.stats import SPINE_FIELDS, Histogram, RunningStats
@@ -96,7 +95,7 @@ def test_rank_merge_equals_statistics_of_concatenated_rank_data(tmp_path, hx, wo
         paths.append(tmp_path / f"rank{rank}")
         _rank_run(paths[-1], rank, world, data, n_steps, n_sites, hx.np_spine)
     out = merge_ranks(paths, tmp_path / "merged", durable=False)
-    h = open_history(out)
+    h = open_run(out)
     assert h.steps.tolist() == list(range(n_steps))
     assert [b.examples_seen for b in h.step_blocks()] == [4 * world] * n_steps
     assert [m["rank"] for m in h.run.extra["merged_ranks"]] == list(range(world))

@@ -15,8 +15,9 @@ import numpy as np
 import pytest
 import torch
 
+from stepscope import open_run
 from stepscope.errors import CODES, Refusal
-from stepscope.history import HistoryWriter, ObservationBatch, StepBlockRecord, open_history
+from stepscope.history import HistoryWriter, ObservationBatch, StepBlockRecord
 from stepscope.history.schema import RunRecord
 from stepscope.runlog import RunLog
 from stepscope.stats.layout import SPINE_WIDTH
@@ -216,7 +217,7 @@ def good_run(tmp_path_factory):
     w.register_site("fc", "t", "x")
     w.write_step(StepBlockRecord(0), [_batch()], scalars={"loss": 1.0})
     w.close()
-    return open_history(path)
+    return open_run(path)
 
 
 def _refused(call, *args):
@@ -250,7 +251,7 @@ def test_misuse_refuses_with_a_code_and_leaves_the_run_readable(
         with r.step():
             r.log("loss", 2.0)
         r.close()
-        run = open_history(tmp_path / "run")
+        run = open_run(tmp_path / "run")
         assert run.steps.tolist() == [0] and run.verify().ok
         assert run.scalars("loss").values.tolist() == [2.0]
         return
@@ -258,7 +259,7 @@ def test_misuse_refuses_with_a_code_and_leaves_the_run_readable(
     _refused(call, w)
     w.write_step(StepBlockRecord(7), [_batch()], scalars={"loss": 3.0})
     assert w.close().uncommitted_steps == 0
-    h = open_history(tmp_path / "run")
+    h = open_run(tmp_path / "run")
     assert h.steps.tolist() == [7] and h.verify().ok
     assert h.scalars("loss").values.tolist() == [3.0]
     assert h.series("fc", "activation", "total").values.tolist() == [1.0]
@@ -279,5 +280,5 @@ def test_a_collector_log_at_an_impossible_step_refuses_at_once_and_training_goes
             model(torch.ones(3, 2)).sum().backward()
             opt.step()
     c.close()
-    run = open_history(tmp_path / "run")
+    run = open_run(tmp_path / "run")
     assert run.steps.tolist() == [0, 1] and run.verify().ok

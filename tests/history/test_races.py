@@ -4,8 +4,9 @@ import numpy as np
 import pytest
 
 import stepscope.history.artifact as artifact_mod
+from stepscope import open_run
 from stepscope.errors import Refusal
-from stepscope.history import HistoryWriter, ObservationBatch, StepBlockRecord, open_history
+from stepscope.history import HistoryWriter, ObservationBatch, StepBlockRecord
 from stepscope.history.segment import lock_writer
 
 
@@ -39,7 +40,7 @@ def test_a_second_writer_that_saw_an_empty_directory_does_not_recreate_a_closed_
         HistoryWriter(path)
     assert err.value.code == "history_run_exists"
     monkeypatch.undo()
-    h = open_history(path)
+    h = open_run(path)
     assert h.steps.tolist() == [0, 1, 2, 3, 4]
     report = h.verify()
     assert report.ok and not report.orphans
@@ -58,7 +59,7 @@ def test_a_creation_killed_before_index_json_is_started_afresh(tmp_path):
             p.write_bytes(b"")
         report = _write(HistoryWriter(path, resume=resume), [0, 1])
         assert report.uncommitted_steps == 0
-        assert open_history(path).steps.tolist() == [0, 1]
+        assert open_run(path).steps.tolist() == [0, 1]
 
 
 def test_a_lost_index_json_beside_committed_chunks_is_never_overwritten(tmp_path):
@@ -76,15 +77,15 @@ def test_a_resume_killed_between_manifest_and_index_opens_verifies_and_resumes(t
 
     path = tmp_path / "run"
     _write(HistoryWriter(path), [0, 1, 2])
-    h = open_history(path)
+    h = open_run(path)
     new = h.segments[-1].resumed(3)  # what a resume writes first: the manifest with its segment
     write_manifest(path, h.descriptor.to_dict(), [*h.segments, new], durable=False)
-    h = open_history(path)
+    h = open_run(path)
     assert h.steps.tolist() == [0, 1, 2] and len(h.segments) == 1
     assert h.verify().ok
     w = HistoryWriter(path, resume=True)
     _write(w, [3])
-    h = open_history(path)
+    h = open_run(path)
     assert h.steps.tolist() == [0, 1, 2, 3] and len(h.segments) == 2 and h.verify().ok
 
 
@@ -94,7 +95,7 @@ def test_a_manifest_edited_otherwise_still_refuses(tmp_path):
     raw = (path / "manifest.json").read_text()
     (path / "manifest.json").write_text(raw.replace('"segments"', '"segments" ', 1))
     with pytest.raises(Refusal) as err:
-        open_history(path)
+        open_run(path)
     assert err.value.code == "history_artifact_corrupt"
 
 
@@ -111,5 +112,5 @@ def test_resume_on_an_empty_directory_starts_a_fresh_run_in_the_collector_too(tm
         model(torch.ones(3, 2)).sum().backward()
         opt.step()
     c.close()
-    assert open_history(out).steps.tolist() == [0]
+    assert open_run(out).steps.tolist() == [0]
     assert HistoryWriter(tmp_path / "w", resume=True).resumed_after is None

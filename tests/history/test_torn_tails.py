@@ -14,7 +14,8 @@ import subprocess
 import numpy as np
 import pytest
 
-from stepscope.history import HistoryWriter, ObservationBatch, StepBlockRecord, open_history
+from stepscope import open_run
+from stepscope.history import HistoryWriter, ObservationBatch, StepBlockRecord
 from stepscope.history.files import append_log_row, encode_log_row, read_log
 
 
@@ -103,7 +104,7 @@ def test_a_commit_torn_mid_index_line_then_retried_keeps_the_whole_run(
                 w.write_step(StepBlockRecord(step), [_batch(ids, step)])
             assert w.close().uncommitted_steps == 0
         monkeypatch.undo()
-        h = open_history(path)
+        h = open_run(path)
         assert h.steps.tolist() == list(range(6)), keep
         assert h.verify().ok
 

@@ -8,7 +8,8 @@ import time
 import pytest
 import torch
 
-from stepscope.history import HistoryWriter, open_history
+from stepscope import open_run
+from stepscope.history import HistoryWriter
 from stepscope.probe import DenseProbe, plan_cadence, time_probe_parts, write_probe_record
 from tests.probe.probe_testkit import make_data, make_model
 
@@ -46,4 +47,4 @@ def test_serialisation_is_timed_and_charged_to_the_probe(tmp_path):
             probe, model, step, repeats=1, serialize=lambda r: write_probe_record(w, r)
         )
     assert min(t.serialization_seconds) > 0
-    assert "probe/model/loss" in open_history(tmp_path / "scratch").scalar_names
+    assert "probe/model/loss" in open_run(tmp_path / "scratch").scalar_names

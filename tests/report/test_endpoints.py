@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from stepscope import open_run
 from stepscope.history import HistoryWriter, RunRecord, StepBlockRecord
-from stepscope.report import ReportRun
 from stepscope.report.endpoints import default_endpoints, endpoints_section
 from stepscope.report.model import Table
 
@@ -20,7 +20,7 @@ def _run(path, probe_steps, eval_steps):
     for step in eval_steps:
         w.write_scalar("eval/validation/accuracy_fraction", step, 0.25)
     w.close()
-    return ReportRun.open(path)
+    return open_run(path)
 
 
 @pytest.mark.parametrize(

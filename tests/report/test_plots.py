@@ -10,7 +10,8 @@ import pytest
 import torch
 
 import stepscope as ss
-from stepscope.history import HistoryWriter, ObservationBatch, StepBlockRecord, open_history
+from stepscope import open_run
+from stepscope.history import HistoryWriter, ObservationBatch, StepBlockRecord
 from stepscope.report import histogram_plot
 from stepscope.report.data import histogram_grid
 from stepscope.report.sections import seed_traces
@@ -44,7 +45,7 @@ def hand_run_at(path):
             ids = [site, dead]
             batch = ObservationBatch.observed("activation", "forward", ids, spines, **kw)
             w.write_step(StepBlockRecord(step, examples_seen=1), [batch])
-    return open_history(path)
+    return open_run(path)
 
 
 @pytest.fixture(scope="module")

@@ -34,7 +34,7 @@ def _collect(sdnet_train, path, *, streams=("gradient", "parameter"), **kw):
 
 def test_collector_rows_match_the_logged_values_and_axes(tmp_path, sdnet_train):
     truth, _c = _collect(sdnet_train, tmp_path / "run")
-    h = ss.open_history(tmp_path / "run")
+    h = ss.open_run(tmp_path / "run")
     v = RunView(h)
     assert h.scalars("loss").values.tolist() == [truth.loss[s] for s in range(STEPS)]
     lr = v.scalar("lr")
@@ -54,7 +54,7 @@ def test_collector_rows_match_the_logged_values_and_axes(tmp_path, sdnet_train):
 
 
 def _w2_gradient(path):
-    s = ss.open_history(path).series(W2, "gradient", "sum_squares")
+    s = ss.open_run(path).series(W2, "gradient", "sum_squares")
     return s, s.presence_names()
 
 
@@ -71,7 +71,7 @@ def test_a_skipped_branch_with_stale_zero_grads_is_not_scheduled_not_zero(tmp_pa
     np.testing.assert_allclose(s.values[ran], [truth.grad_sq[st] for st in ran], rtol=1e-12)
     assert all(truth.grad_sq[st] > 0 for st in ran)
     # the same site's parameter stream is still measured at skipped steps (momentum moves it)
-    p = ss.open_history(tmp_path / "run").series(W2, "parameter", "sum_squares")
+    p = ss.open_run(tmp_path / "run").series(W2, "parameter", "sum_squares")
     assert p.valid.all()
 
 
@@ -96,7 +96,7 @@ def test_grads_set_to_none_are_absent_and_the_mask_marks_them_not_scheduled(tmp_
 
 def test_collector_clocks_add_up_and_match_its_telemetry(tmp_path, sdnet_train):
     _, c = _collect(sdnet_train, tmp_path / "run", streams=("activation", "gradient"))
-    v = RunView(ss.open_history(tmp_path / "run"))
+    v = RunView(ss.open_run(tmp_path / "run"))
     clk = v.clocks()
     assert clk.steps.tolist() == list(range(STEPS))
     assert (clk.training_seconds + clk.telemetry_seconds <= clk.elapsed_seconds).all()
@@ -108,8 +108,9 @@ def test_collector_clocks_add_up_and_match_its_telemetry(tmp_path, sdnet_train):
     trailing = v.summary["trailing_telemetry_seconds"]
     assert trailing > 0
     assert v.summary["telemetry_seconds"] == clk.telemetry_seconds[-1] + trailing
-    assert v.summary["overhead_fraction"] == v.summary["telemetry_seconds"] / (
-        clk.training_seconds[-1]
+    assert (
+        v.summary["overhead_fraction"]
+        == v.summary["telemetry_seconds"] / (clk.training_seconds[-1])
     )
 
 
@@ -129,7 +130,7 @@ def test_telemetry_after_the_last_step_is_counted_in_the_run_total(tmp_path):
     with c.telemetry():  # the final probe of a run
         time.sleep(0.05)
     c.close()
-    v = RunView(ss.open_history(tmp_path / "run"))
+    v = RunView(ss.open_run(tmp_path / "run"))
     rows = v.clocks().telemetry_seconds[-1]
     assert v.summary["trailing_telemetry_seconds"] >= 0.05
     assert v.summary["telemetry_seconds"] == rows + v.summary["trailing_telemetry_seconds"]

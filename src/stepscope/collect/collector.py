@@ -38,7 +38,7 @@ RAM ring of 256 steps instead:
 ...         with c.step(opt, examples=16):
 ...             loss = model(torch.randn(16, 4)).pow(2).mean()
 ...             opt.zero_grad(); loss.backward(); opt.step()
->>> ss.open_history(run_dir).steps.tolist()
+>>> ss.open_run(run_dir).steps.tolist()
 [0, 1, 2]
 """
 

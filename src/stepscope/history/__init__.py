@@ -1,4 +1,8 @@
-"""History: the per-step schema, the crash-safe artifact, the RAM ring and exact merges."""
+"""History: the per-step schema, the crash-safe artifact, the RAM ring and exact merges.
+
+Write with :class:`HistoryWriter`; read a run with :func:`stepscope.open_run` (the one reader
+entry point, above this layer: it adds the run log's evaluations and clocks).
+"""
 
 from stepscope.history.artifact import CloseReport, HistoryWriter
 from stepscope.history.batch import ObservationBatch, batches_from_records
@@ -10,7 +14,7 @@ from stepscope.history.merge import (
     merge_ranks,
     merge_spine_rows,
 )
-from stepscope.history.reader import HistogramSeries, HistoryReader, Series, open_history
+from stepscope.history.reader import HistogramSeries, Series
 from stepscope.history.ring import RingBlock, RingPolicy, StepRing, coarsen_pair
 from stepscope.history.schema import (
     FORMAT,
@@ -35,7 +39,6 @@ __all__ = [
     "SCHEMA_VERSION",
     "CloseReport",
     "HistogramSeries",
-    "HistoryReader",
     "HistoryWriter",
     "ObservationBatch",
     "ObservationRecord",
@@ -63,7 +66,6 @@ __all__ = [
     "merge_ranks",
     "merge_spine_rows",
     "model_fingerprint",
-    "open_history",
     "pick_run",
     "runs_at",
 ]

@@ -24,7 +24,8 @@ in :mod:`~stepscope.history.layout`, :mod:`~stepscope.history.pending`,
 Example
 -------
 >>> import tempfile, numpy as np
->>> from stepscope.history import HistoryWriter, ObservationBatch, StepBlockRecord, open_history
+>>> import stepscope as ss
+>>> from stepscope.history import HistoryWriter, ObservationBatch, StepBlockRecord
 >>> from stepscope.stats import SPINE_WIDTH
 >>> path = tempfile.mkdtemp() + "/run"
 >>> with HistoryWriter(path, commit_steps=2) as w:
@@ -32,7 +33,7 @@ Example
 ...     for step in range(3):
 ...         spine = np.zeros((1, SPINE_WIDTH)); spine[0, :2] = 12
 ...         _ = w.write_step(StepBlockRecord(step), [ObservationBatch.observed("activation", "forward", [fc], spine)])
->>> open_history(path).steps.tolist()
+>>> ss.open_run(path).steps.tolist()
 [0, 1, 2]
 """
 

@@ -3,7 +3,7 @@
 A run log writes the same rows a :class:`~stepscope.HistoryCollector` writes for its user
 scalars — step blocks with ``optimizer_step``/``examples_seen``/``epoch``, ``scalars`` rows, the
 ``evals`` table, the reserved ``clock/*`` and ``branch/*`` scalars — into a history artifact
-(``output_dir``) or RAM. Read them back with :func:`stepscope.open_history` (``.scalars()``,
+(``output_dir``) or RAM. Read them back with :func:`stepscope.open_run` (``.scalars()``,
 ``.evals()``, ``.clocks()``) or :meth:`RunLog.view`.
 
 Example
@@ -45,6 +45,7 @@ from stepscope.history import (
     StepProvenance,
     StepTruth,
 )
+from stepscope.history.reader import HistoryReader
 from stepscope.runlog.clocks import ClockRow, StepClock
 from stepscope.runlog.names import CLOCK_ELAPSED, CLOCK_TELEMETRY, CLOCK_TRAINING
 from stepscope.runlog.pending import PendingStep
@@ -249,8 +250,6 @@ def view_of(sink: Any, clock: StepClock, closed: bool) -> RunView:
     if isinstance(sink, MemoryRows):
         sink.summary_data = clock.summary(closed=closed)
         return RunView(sink)
-    from stepscope.history import open_history
-
     if not closed:
         sink.writer.commit()
-    return RunView(open_history(sink.path))
+    return RunView(HistoryReader(sink.path))
