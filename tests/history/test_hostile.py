@@ -360,11 +360,10 @@ def test_a_bad_scalar_name_id_refuses(tmp_path):
     buf = io.BytesIO()
     np.save(buf, arr)
     _replace_chunk(run, "scalars", buf.getvalue())
-    from stepscope.runlog import RunView
 
     with pytest.raises(Refusal) as err:
         _read_everything(open_run(run))
-        RunView(open_run(run)).scalar("loss")
+        open_run(run).view().scalar("loss")
     assert err.value.code == "history_artifact_corrupt"
 
 

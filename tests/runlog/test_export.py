@@ -36,6 +36,5 @@ def test_jsonl_export_carries_scalars_clocks_branches_and_evals(tmp_path, sdnet_
 
 def _view_of(path):
     from stepscope import open_run
-    from stepscope.runlog import RunView
 
-    return RunView(open_run(path))
+    return open_run(path).view()

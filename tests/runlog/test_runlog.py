@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from stepscope import Refusal, open_run
-from stepscope.runlog import EvalRecord, RunLog, RunView, read_summary
+from stepscope.runlog import EvalRecord, RunLog, read_summary
 from tests.runlog.runlog_testkit import BATCH, STEPS, STEPS_PER_EPOCH, survival
 
 
@@ -13,7 +13,7 @@ def _run(sdnet_train, path=None, **kw):
     truth = sdnet_train(lambda m, o: (rl, lambda n, e: rl.step(examples=n, epoch=e)), **kw)
     view = rl.view() if path is None else None
     rl.close()
-    return truth, (view or RunView(open_run(path)))
+    return truth, (view or open_run(path).view())
 
 
 def test_reader_returns_exactly_the_logged_values_at_their_steps(tmp_path, sdnet_train):

@@ -516,7 +516,7 @@ class HistoryCollector(UserLog):
         return self._rows
 
     def run_view(self) -> Any:
-        """Run-log rows written so far (:class:`~stepscope.runlog.RunView`; commits first)."""
+        """Run-log rows written so far (:class:`~stepscope.runlog.view.RunView`; commits first)."""
         return view_of(self._rows, self.clock, self._closed)
 
     # ------------------------------------------------------------------ lifecycle

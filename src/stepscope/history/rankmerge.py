@@ -78,7 +78,7 @@ def merge_rank_artifacts(paths: list[Path], out: Path, *, durable: bool = True) 
     with HistoryWriter(out, run, durable=durable, commit_steps=64) as w:
         remaps: list[np.ndarray] = []
         by_structure: dict[tuple[str, str, str, int | None], int] = {}
-        for r in readers:  # series match by structure, never by name alone
+        for r in readers:  # sites match by structure, never by name alone
             structures = [(*s.structure, s.started_step) for s in r.sites]
             for s, structure in zip(r.sites, structures):
                 if structure not in by_structure:

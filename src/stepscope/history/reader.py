@@ -195,7 +195,7 @@ class HistoryReader(CommittedArtifact):
         return decode_steps(rows[np.argsort(rows["step"], kind="stable")])
 
     def site_ids(self, site: int | str | SiteRecord) -> np.ndarray:
-        """Series ids of a site: an id, a record, or a name (all series ever bound to it)."""
+        """Site ids of a site: an id, a record, or a name (every site record of that name)."""
         if isinstance(site, SiteRecord):
             site = site.site_id
         if isinstance(site, (int, np.integer)) and 0 <= site < len(self.sites):
