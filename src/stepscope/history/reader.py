@@ -343,4 +343,3 @@ class HistoryReader(CommittedArtifact):
     def clear_cache(self) -> None:
         """Forget decoded chunks (they are re-read and re-verified on next use)."""
         self._cache.clear()
-
