@@ -44,9 +44,7 @@ def _check(readers: list[HistoryReader]) -> None:
         )
 
 
-def merge_step_blocks(
-    blocks: list[StepBlockRecord], n_ranks: int
-) -> tuple[StepBlockRecord, bool]:
+def merge_step_blocks(blocks: list[StepBlockRecord], n_ranks: int) -> tuple[StepBlockRecord, bool]:
     """One step's blocks of several ranks as one (``examples_seen`` summed when every rank
     knows it, truth kept when all agree), and whether every rank agreed and was present."""
     first = blocks[0]
