@@ -10,7 +10,7 @@ Every writer gets the same rows: ``sites x streams`` spine observations per step
 fields each) and a histogram for every site and stream every ``--hist-every`` steps. Each writer
 runs in a forked child so its peak RSS growth (``VmHWM`` after ``clear_refs``) is its own.
 
-- ``stepscope``: :class:`ArtifactWriter.write_step` with one columnar batch per stream, fsync on
+- ``stepscope``: :class:`HistoryWriter.write_step` with one columnar batch per stream, fsync on
   (``durable``) and off; commit every ``--commit-steps`` steps.
 - ``tensorboard``: ``SummaryWriter.add_scalar`` for each of the 15 spine fields of every row and
   ``add_histogram_raw`` (non-empty buckets only) for each histogram; on ``--tb-steps`` steps.
@@ -36,7 +36,8 @@ from pathlib import Path
 
 import numpy as np
 
-from stepscope.history import ArtifactWriter, ObservationBatch, StepBlockRecord, open_history
+from stepscope import open_run
+from stepscope.history import HistoryWriter, ObservationBatch, StepBlockRecord
 from stepscope.stats import SPINE_FIELDS, HistogramDescriptor
 
 STREAMS = [("activation", "forward", None), ("gradient", "backward", "unscaled"),
@@ -84,7 +85,7 @@ def write_stepscope(path: Path, a: argparse.Namespace, durable: bool) -> dict:
     base = _rss_reset()
     commits: list[float] = []
     t0 = time.perf_counter()
-    with ArtifactWriter(
+    with HistoryWriter(
         path, commit_steps=a.commit_steps, commit_seconds=None, durable=durable
     ) as w:
         ids = np.array(
@@ -207,19 +208,19 @@ def _in_child(fn, *args) -> dict:
 
 def read_stepscope(path: Path, a: argparse.Namespace) -> dict:
     t0 = time.perf_counter()
-    h = open_history(path)
+    h = open_run(path)
     obs = h.table("observations")
     full = time.perf_counter() - t0
     t0 = time.perf_counter()
     hist = h.table("histograms")
     full_hist = time.perf_counter() - t0
     t0 = time.perf_counter()
-    s = open_history(path).series(
+    s = open_run(path).series(
         "layers.17", "gradient", "mean", steps=(a.steps // 2, a.steps // 2 + 49)
     )
     filtered = time.perf_counter() - t0
     t0 = time.perf_counter()
-    ok = open_history(path).verify().ok
+    ok = open_run(path).verify().ok
     verify = time.perf_counter() - t0
     return {"rows": len(obs), "hist_rows": len(hist), "full": full, "full_hist": full_hist,
             "filtered": filtered, "filtered_rows": len(s.steps), "verify": verify, "ok": ok}  # fmt: skip

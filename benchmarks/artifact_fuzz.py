@@ -57,7 +57,7 @@ from typing import Any
 import numpy as np
 
 from stepscope import Refusal
-from stepscope.history import ArtifactWriter, ObservationBatch, StepBlockRecord
+from stepscope.history import HistoryWriter, ObservationBatch, StepBlockRecord
 from stepscope.history.files import encode_log_row, json_sha256, log_extent
 from stepscope.run import open_run  # the reader with the run log's evals.log
 from stepscope.runlog import EvalRecord
@@ -73,7 +73,7 @@ HOSTILE = [10**400, -1, -(10**30), 2**63, 1e308, float("nan"), None, True, "", "
 
 def build_base(path: Path, kind: str) -> None:
     """A small run with every file kind; ``kind="killed"`` never closes (no seal, pending rows)."""
-    w = ArtifactWriter(path, commit_steps=2, commit_seconds=None)
+    w = HistoryWriter(path, commit_steps=2, commit_seconds=None)
     width = HistogramDescriptor.from_dict(dict(w.run.histogram_descriptor)).width
     rows = DiskSink(w)
     ids = [w.register_site(f"blocks.{i}.fc", "torch.nn.Linear", "f32[*,8]") for i in range(N_SITES)]

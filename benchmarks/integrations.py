@@ -42,7 +42,7 @@ def telemetry_fraction(run: str) -> float:
     """``clock/telemetry_seconds`` over ``clock/training_seconds`` at the run's last step."""
     import stepscope as ss
 
-    reader = ss.open_history(run)
+    reader = ss.open_run(run)
     tele = reader.scalars("clock/telemetry_seconds").values[-1]
     return float(tele / reader.scalars("clock/training_seconds").values[-1])
 

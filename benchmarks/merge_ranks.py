@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from stepscope.history import ArtifactWriter, ObservationBatch, RunRecord, StepBlockRecord
+from stepscope.history import HistoryWriter, ObservationBatch, RunRecord, StepBlockRecord
 from stepscope.stats import HistogramDescriptor, reduce_spines
 
 STREAMS = (("gradient", "backward"), ("parameter", "post_step"), ("update", "post_step"))
@@ -51,7 +51,7 @@ def write_segments(root: Path, ranks: int, sites: int, steps: int, hist_every: i
     hist = np.ones((sites, width), dtype=np.int64)
     for rank in range(ranks):
         run = RunRecord.new(run_id="synthetic", rank=rank, world_size=ranks)
-        with ArtifactWriter(root / f"rank{rank:04d}", run, durable=False, commit_steps=64) as w:
+        with HistoryWriter(root / f"rank{rank:04d}", run, durable=False, commit_steps=64) as w:
             ids = [w.register_site(f"layers.{i}.weight", "Linear", "f32[64]") for i in range(sites)]
             for step in range(steps):
                 h = step % hist_every == 0

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 import stepscope as ss
-from stepscope.history import ArtifactWriter, ObservationBatch, StepBlockRecord, open_history
+from stepscope import open_run
+from stepscope.history import HistoryWriter, ObservationBatch, StepBlockRecord
 from stepscope.stats import SPINE_WIDTH
 
 
@@ -80,11 +81,11 @@ def test_logging_a_value_beyond_float64_refuses():
 
 @pytest.mark.parametrize("steps", [(1,), (1, 2, 3), ("a", 2), (5, 1), 3, (1.5, 2)])
 def test_reader_step_ranges_must_be_pairs_of_ints(tmp_path, steps):
-    with ArtifactWriter(tmp_path / "run", commit_steps=1) as w:
+    with HistoryWriter(tmp_path / "run", commit_steps=1) as w:
         ids = [w.register_site("s", "t", "sig")]
         b = ObservationBatch.observed("activation", "forward", ids, np.ones((1, SPINE_WIDTH)))
         w.write_step(StepBlockRecord(0), [b], scalars={"loss": 1.0})
-    h = open_history(tmp_path / "run")
+    h = open_run(tmp_path / "run")
     for call in (
         lambda: h.series("s", "activation", "sum", steps=steps),
         lambda: h.scalars("loss", steps=steps),
@@ -96,12 +97,12 @@ def test_reader_step_ranges_must_be_pairs_of_ints(tmp_path, steps):
 
 
 def test_a_phase_typo_refuses_with_a_query_code_not_a_json_code(tmp_path):
-    with ArtifactWriter(tmp_path / "run", commit_steps=1) as w:
+    with HistoryWriter(tmp_path / "run", commit_steps=1) as w:
         ids = [w.register_site("s", "t", "sig")]
         b = ObservationBatch.observed("activation", "forward", ids, np.ones((1, SPINE_WIDTH)))
         w.write_step(StepBlockRecord(0), [b])
     with pytest.raises(ss.Refusal) as err:
-        open_history(tmp_path / "run").series("s", "activation", "sum", phase="forwrd")
+        open_run(tmp_path / "run").series("s", "activation", "sum", phase="forwrd")
     assert err.value.code == "history_series_unknown"
     with pytest.raises(ss.Refusal) as err:
         ObservationBatch.observed("activation", "forwrd", [0], np.ones((1, SPINE_WIDTH)))
@@ -111,4 +112,4 @@ def test_a_phase_typo_refuses_with_a_query_code_not_a_json_code(tmp_path):
 @pytest.mark.parametrize("kw", [dict(commit_steps="2"), dict(commit_seconds=math.nan)])
 def test_artifact_writer_arguments_are_checked(tmp_path, kw):
     with pytest.raises((TypeError, ss.Refusal)):
-        ArtifactWriter(tmp_path / "run", **kw)
+        HistoryWriter(tmp_path / "run", **kw)

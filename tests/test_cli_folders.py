@@ -1,6 +1,6 @@
 """Every command that reads runs takes a folder of runs, searched like ``tensorboard --logdir``.
 
-The runs are real artifacts (written by :class:`~stepscope.history.ArtifactWriter`); what the
+The runs are real artifacts (written by :class:`~stepscope.history.HistoryWriter`); what the
 commands print is checked against the reader's own view of each run found under the folder.
 """
 
@@ -12,16 +12,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from stepscope import open_run
 from stepscope.cli import main
 from stepscope.events import run_name
-from stepscope.history import (
-    ArtifactWriter,
-    ObservationBatch,
-    RunRecord,
-    StepBlockRecord,
-    find_runs,
-    open_history,
-)
+from stepscope.history import HistoryWriter, ObservationBatch, RunRecord, StepBlockRecord, find_runs
 from stepscope.history.cli import show_payload
 
 
@@ -41,7 +35,7 @@ def _spines(step: int, n_sites: int) -> np.ndarray:
 
 
 def _run(path: Path, n_steps: int, run: RunRecord | None = None) -> Path:
-    with ArtifactWriter(path, run or RunRecord.new(run_id=path.name), commit_steps=2) as w:
+    with HistoryWriter(path, run or RunRecord.new(run_id=path.name), commit_steps=2) as w:
         ids = [w.register_site(f"s{i}", "torch.nn.Linear", "f32[5]") for i in range(2)]
         for step in range(n_steps):
             batch = ObservationBatch.observed("activation", "forward", ids, _spines(step, 2))
@@ -65,14 +59,14 @@ def test_show_of_a_folder_lists_every_run_as_the_reader_sees_it(folder, capsys):
     runs = find_runs(folder)
     assert out.startswith(f"3 run(s) under {folder}")
     for run in runs:
-        h = open_history(run)
+        h = open_run(run)
         line = next(ln for ln in out.splitlines() if ln.startswith(str(run) + " "))
         steps = h.steps
         assert f"{len(steps)} ({steps[0]}..{steps[-1]})" in line and h.run.run_id in line
     assert main(["show", str(folder), "--json"]) == 0
     payload = json.loads(capsys.readouterr().out)
     assert payload["path"] == str(folder)
-    assert payload["runs"] == [json.loads(json.dumps(show_payload(open_history(r)))) for r in runs]
+    assert payload["runs"] == [json.loads(json.dumps(show_payload(open_run(r)))) for r in runs]
     # a run directory is shown as before: one run in full
     assert main(["show", str(runs[0]), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["run"]["run_id"] == "exp-version_0"
@@ -82,7 +76,7 @@ def test_verify_of_a_folder_checks_every_run_and_names_the_damaged_one(folder, c
     assert main(["verify", str(folder)]) == 0
     assert capsys.readouterr().out.rstrip().endswith("all 3 runs ok")
     damaged = folder / "exp" / "version_1"
-    name = open_history(damaged).commits[-1]["files"][-1]["name"]
+    name = open_run(damaged).commits[-1]["files"][-1]["name"]
     chunk = damaged / "chunks" / name
     raw = bytearray(chunk.read_bytes())
     raw[-1] ^= 0x10
@@ -111,7 +105,7 @@ def test_merge_takes_the_folder_holding_the_ranks(tmp_path, capsys):
     listed = [str(tmp_path / "ddp" / f"rank{r:03d}") for r in range(2)]
     assert main(["merge", *listed, "--out", str(tmp_path / "by-list")]) == 0
     assert main(["merge", str(tmp_path / "ddp"), "--out", str(tmp_path / "by-folder")]) == 0
-    a, b = open_history(tmp_path / "by-list"), open_history(tmp_path / "by-folder")
+    a, b = open_run(tmp_path / "by-list"), open_run(tmp_path / "by-folder")
     assert (a.run.run_id, a.run.world_size) == (b.run.run_id, b.run.world_size)
     np.testing.assert_array_equal(a.steps, b.steps)
     for table in ("observations", "scalars"):
@@ -136,13 +130,13 @@ def test_export_of_a_folder_writes_each_run_once_however_often_it_is_run(folder,
     written = _events(tb)
     # each run in the folder named after its directory (a version keeps its parent's name)
     assert sorted({k.rsplit("/", 1)[0] for k in written}) == sorted(
-        run_name(open_history(r).run, r) for r in runs
+        run_name(open_run(r).run, r) for r in runs
     )
     for run in runs:  # one JSONL file per run: out.<run>.jsonl, every committed step in it
         rel = run.relative_to(folder).as_posix().replace("/", ".")
         lines = (tmp_path / f"out.{rel}.jsonl").read_text().splitlines()
         steps = {json.loads(ln).get("optimizer_step") for ln in lines}
-        assert set(open_history(run).steps.tolist()) <= steps
+        assert set(open_run(run).steps.tolist()) <= steps
     capsys.readouterr()
     # again: nothing is written twice (the series would double), and it is not a refusal
     assert main(["export", str(folder), "--tensorboard", str(tb), "--no-progress"]) == 0

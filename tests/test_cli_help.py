@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from stepscope.cli import COMMANDS, build_parser, main
-from stepscope.history import ArtifactWriter, RunRecord
+from stepscope.history import HistoryWriter, RunRecord
 
 
 def _action(parser: argparse.ArgumentParser) -> argparse._SubParsersAction:
@@ -51,7 +51,7 @@ def test_top_level_help_imports_no_area(tmp_path):
 
 
 def test_show_and_verify_of_a_run_read_it_without_torch(tmp_path):
-    with ArtifactWriter(tmp_path / "runs" / "a", RunRecord.new(run_id="a")) as writer:
+    with HistoryWriter(tmp_path / "runs" / "a", RunRecord.new(run_id="a")) as writer:
         writer.write_scalar("loss", 0, 1.5)
     heavy = _imports_after(
         """

@@ -44,8 +44,9 @@ LAYERS: list[set[str]] = [
     {"history"},
     {"runlog", "events", "profile"},
     {"collect", "probe", "curvature", "forensics"},
+    {"run"},  # the one reader (history + run log + flight recorder); the report reads Runs
     {"report"},
-    {"demo", "integrations", "cli", "run", "__init__", "__main__"},
+    {"demo", "integrations", "cli", "__init__", "__main__"},
 ]
 TOP = len(LAYERS) - 1
 
@@ -127,18 +128,20 @@ def test_no_module_imports_a_higher_layer():
 @pytest.mark.parametrize(
     ("source", "unit", "bad"),
     [
-        ("from stepscope.runlog import RunView\n", "history", True),
+        ("from stepscope.runlog import RunLog\n", "history", True),
         ("def f():\n    import stepscope.collect.staging as s\n", "runlog", True),
         ("def f():\n    from stepscope import runlog\n", "history", True),
         ("from stepscope import __version__\n", "history", True),  # the root is the top
         ("from ..runlog import x\n", "history", True),
         ("from stepscope.stats import SPINE_WIDTH\n", "history", False),
         ("from stepscope.stats.layout import merge_spine_rows\n", "history", False),
-        ("from stepscope.history import open_history\n", "stats", True),
+        ("from stepscope.history import HistoryWriter\n", "stats", True),
         ("from .files import read_log\n", "history", False),
         ("from stepscope.profile import scope\n", "runlog", True),  # an unlisted peer
         ("from stepscope.probe.outputs import x\n", "curvature", False),  # a listed peer
         ("from stepscope.report import x\n", "demo", False),
+        ("from stepscope.run import Run\n", "report", False),  # the report reads Runs
+        ("from stepscope.report import x\n", "run", True),
         ("from stepscope.cli import main\n", "integrations", False),  # the top layer
     ],
 )
@@ -150,7 +153,7 @@ def test_the_checker_sees_upward_imports_at_any_depth(source, unit, bad):
 
 #: Where the torch-free part of the package starts: every module it imports at module level
 #: (transitively, package ``__init__``s included) must not import torch at module level.
-TORCH_FREE_ROOTS = ["stepscope.stats.layout", "stepscope.history"]
+TORCH_FREE_ROOTS = ["stepscope.stats.layout", "stepscope.history", "stepscope.run"]
 
 
 def module_file(module: str) -> Path | None:
@@ -237,12 +240,12 @@ def test_history_reads_a_run_in_a_process_where_torch_cannot_be_imported(tmp_pat
     and the value classes still import, and a run written here opens and decodes there."""
     import numpy as np
 
-    from stepscope.history import ArtifactWriter, ObservationBatch, StepBlockRecord
+    from stepscope.history import HistoryWriter, ObservationBatch, StepBlockRecord
     from stepscope.stats import SPINE_WIDTH, HistogramDescriptor
 
     path = tmp_path / "run"
     d = HistogramDescriptor()
-    with ArtifactWriter(path) as w:
+    with HistoryWriter(path) as w:
         site = w.register_site("fc1", "torch.nn.Linear", "f32[4]")
         spine = np.zeros((1, SPINE_WIDTH))
         spine[0, :2] = 4  # total, finite
@@ -258,8 +261,8 @@ def test_history_reads_a_run_in_a_process_where_torch_cannot_be_imported(tmp_pat
         import sys
         sys.modules["torch"] = None  # any import of torch now raises ImportError
         import stepscope.history, stepscope.stats.layout, stepscope.stats
-        from stepscope.history import open_history
-        h = open_history({str(path)!r})
+        import stepscope as ss
+        h = ss.open_run({str(path)!r})
         (rec,) = h.observations()
         print(h.series("fc1", "activation", "mean").values.tolist(), rec.spine.m2,
               rec.histogram.total, type(rec.spine).__name__)

@@ -93,11 +93,11 @@ def _make_inputs(here: Path) -> None:
     import numpy as np
     import torch
 
-    from stepscope.history import ArtifactWriter, RunRecord
+    from stepscope.history import HistoryWriter, RunRecord
 
     for rank in range(2):
         record = RunRecord.new(run_id="ddp", rank=rank, world_size=2)
-        with ArtifactWriter(here / "runs" / "ddp" / f"rank{rank:03d}", record) as writer:
+        with HistoryWriter(here / "runs" / "ddp" / f"rank{rank:03d}", record) as writer:
             for step in range(3):
                 writer.write_scalar("train/loss", step, 1.0 / (step + 1 + rank))
     (here / "model.py").write_text(MODEL)

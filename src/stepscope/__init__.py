@@ -42,7 +42,6 @@ if TYPE_CHECKING:  # what the lazy table below resolves to, spelled out for type
     from stepscope.profile import kernel_profile as kernel_profile
     from stepscope.profile import region as region
     from stepscope.profile import session as session
-    from stepscope.run import open_run as open_history  # noqa: F401 (the older name)
     from stepscope.run import open_run as open_run
     from stepscope.runlog import RunLog as RunLog
 
@@ -54,9 +53,8 @@ _EXPORTS: dict[str, str] = {
     "history": "stepscope.history:",
     "curvature": "stepscope.curvature:",
     "profile": "stepscope.profile:",
-    # the joint view (history + run log); open_history is its older name
+    # the one reader entry point: a Run (history + run log + flight recorder)
     "open_run": "stepscope.run:open_run",
-    "open_history": "stepscope.run:open_run",
     "HistoryCollector": "stepscope.collect:HistoryCollector",
     "WatchSettings": "stepscope.collect:WatchSettings",
     "MisuseWarning": "stepscope.collect:MisuseWarning",

@@ -1,14 +1,13 @@
-"""The joint view of one run directory: the history artifact plus the run log's rows.
+"""The one reader of a run directory: the history artifact plus the run log's rows.
 
-``history`` reads what the collector and the artifact writer committed; ``runlog`` adds user
+``history`` reads what the collector and the history writer committed; ``runlog`` adds user
 scalars' axes, evaluations and clocks on top of it. ``history`` never imports ``runlog`` (a lower
 layer never imports a higher one, see ``docs/architecture.md``), so the view that needs both
-lives here, at the top: :func:`open_run` returns a :class:`Run`, which is a
-:class:`~stepscope.history.HistoryReader` (``.series()``, ``.scalars()``, ``.steps``, ...) with
-the run log's ``.evals()``, ``.clocks()`` and ``.view()``, and a :meth:`Run.verify` that also
-decodes every evaluation. ``stepscope.open_history`` is this same function (it returned a
-reader with ``evals()``/``clocks()`` before the layers were separated); the plain reader of the
-history layer is :func:`stepscope.history.open_history`.
+lives here, above them: :func:`open_run` (``stepscope.open_run``) returns a :class:`Run`, the
+history layer's reader (``.series()``, ``.histograms()``, ``.scalars()``, ``.steps``,
+``.sites``, ...) with the run log's ``.evals()``, ``.clocks()`` and ``.view()``, the flight
+recorder's ``.spikes()``, the data-frame exports and a :meth:`Run.verify` that also decodes
+every evaluation. It is the only reader users need; the report reads runs as ``Run`` too.
 
 Example
 -------
@@ -50,7 +49,12 @@ log = logging.getLogger("stepscope")
 
 
 class Run(HistoryReader):
-    """A :class:`~stepscope.history.HistoryReader` with the run log's rows (see :func:`open_run`)."""
+    """One run directory, read (see :func:`open_run`, the way to get one).
+
+    The history layer's reader (``.run``, ``.segments``, ``.sites``, ``.steps``, ``.series()``,
+    ``.histograms()``, ``.scalars()``, ``.observations()``, ``.refresh()``) with the run log's
+    ``.evals()``, ``.clocks()``, ``.view()`` and the flight recorder's ``.spikes()``.
+    """
 
     def view(self) -> RunView:
         """The run-log view: scalars with their ``examples_seen``/``epoch`` axes, branches, ..."""
@@ -94,7 +98,7 @@ class Run(HistoryReader):
         return frames.to_arrow(self, wide)
 
     def verify(self) -> VerifyReport:
-        """:meth:`HistoryReader.verify`, and every evaluation row decoded (its values checked)."""
+        """Every chunk's sha256 and consistency, and every evaluation row decoded and checked."""
         report = super().verify()
         if not any(name == EVAL_LOG for name, _, _ in report.failures):
             try:
@@ -115,7 +119,7 @@ def open_run(path: str | os.PathLike[str]) -> Run:
     ----------
     path
         The run directory (``collector.run_dir``, ``WatchSettings(output_dir=...)``,
-        ``RunLog(path)`` or :class:`~stepscope.history.ArtifactWriter`), also while its writer
+        ``RunLog(path)`` or :class:`~stepscope.history.HistoryWriter`), also while its writer
         still appends; or the folder a user naturally has: a folder of versions
         (``runs/mlp``, holding ``version_0``, ``version_1``, ...) opens the newest (highest
         ``N``), a folder holding exactly one run opens it, and a folder holding several other
@@ -124,7 +128,8 @@ def open_run(path: str | os.PathLike[str]) -> Run:
     Returns
     -------
     Run
-        A :class:`~stepscope.history.HistoryReader` with ``.evals()``, ``.clocks()``, ``.view()``.
+        ``.series()``, ``.scalars()``, ``.steps``, ``.evals()``, ``.clocks()``, ``.spikes()``,
+        ``.to_pandas()``, ``.verify()``, ...
     """
     chosen = pick_run(path)
     if Path(chosen) != Path(path):

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from stepscope.collect.sites import Row
+from stepscope.collect.sites import SiteRow
 from stepscope.collect.step import StepState, scale_grad_of
 from stepscope.collect.write import ABSENT, FAILED, OBSERVED, PHASE, UNSUPPORTED
 from stepscope.history import ObservationBatch
@@ -25,7 +25,7 @@ from stepscope.stats import SPINE_WIDTH
 def reference_assemble_batches(
     state: StepState,
     streams: Sequence[str],
-    by_stream: Mapping[str, Sequence[Row]],
+    by_stream: Mapping[str, Sequence[SiteRow]],
     host: Mapping[Any, tuple[np.ndarray, np.ndarray | None]],
     stagings: Mapping[Any, Any],
     scaler: Any,

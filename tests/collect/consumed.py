@@ -56,7 +56,7 @@ class Consumed:
 
 def recorded(run: Any, names: list[str], stream: str = "gradient") -> dict[int, dict[str, tuple]]:
     """step -> name -> the five facts stepscope recorded (observed rows only)."""
-    reader = ss.open_history(run)
+    reader = ss.open_run(run)
     out: dict[int, dict[str, tuple]] = {}
     for name in names:
         cols = [reader.series(name, stream, f) for f in FIELDS]
@@ -86,7 +86,7 @@ def assert_rows_are_consumed(
 
 def update_presence(run: Any, step: int) -> dict[str, tuple[str, tuple[str, ...]]]:
     """name -> (presence, disclosures) of every ``update`` row recorded at ``step``."""
-    reader = ss.open_history(run)
+    reader = ss.open_run(run)
     by_id = {s.site_id: s.name for s in reader.sites}
     return {
         by_id[r.site_id]: (r.presence.value, tuple(r.disclosures))

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from stepscope import open_history
+from stepscope import open_run
 from stepscope.collect import Cadence, HistoryCollector, WatchSettings
 from tests.collect.models import Numbers, close, spine_numbers
 
@@ -42,7 +42,7 @@ def test_transformer_encoder_over_varying_lengths_keeps_one_series_per_site(tmp_
             loss.backward()
             opt.step()
     c.close()
-    h = open_history(tmp_path / "t")
+    h = open_run(tmp_path / "t")
     assert all(s.ended_step is None for s in h.sites)
     assert len(h.sites) == len({r.site for r in c.rows})
     totals = h.series("layers.0.linear2", "activation", "total").values
@@ -169,7 +169,7 @@ def test_series_of_a_module_that_never_runs_reads_site_absent_every_step(tmp_pat
             model[0](torch.randn(4, 2)).sum().backward()
             opt.step()
     c.close()
-    h = open_history(tmp_path / "n")
+    h = open_run(tmp_path / "n")
     for site in ("spare", "spare.0"):
         s = h.series(site, "activation", "total")
         assert list(s.presence_names()) == ["site_absent"] * 3
@@ -211,7 +211,7 @@ def test_quiet_steps_return_early_yet_a_module_first_run_then_is_recorded_when_d
             opt.zero_grad()
             calls.append(c._open.state.hook_calls)
     c.close()
-    h = open_history(tmp_path / "run")
+    h = open_run(tmp_path / "run")
     s = h.series("b", "activation", "sum")
     # step 0: b had not run (a site_absent row, no value); first run at step 3 (a quiet step):
     # recorded at the next due steps, equal to the independent hook
@@ -257,7 +257,7 @@ def test_quiet_steps_take_the_module_hooks_off_and_keep_the_order_of_hooks(tmp_p
     # from then on a has another hook too, so the collector's stays
     assert hooks_on_a == [1, 0, 1, 1, 1, 2, 2, 2, 2, 2, 2]
     assert len(net.a._forward_hooks) == 1 and len(net.b._forward_hooks) == 1  # ours removed
-    h = open_history(tmp_path / "run")
+    h = open_run(tmp_path / "run")
     a, b = h.series("a", "activation", "sum"), h.series("b", "activation", "sum")
     assert a.steps.tolist() == b.steps.tolist() == [0, 5, 10]
     np.testing.assert_allclose(a.values[1:], [a_seen[5], a_seen[10]], rtol=1e-6)

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from stepscope import Refusal, open_history
+from stepscope import Refusal, open_run
 from stepscope.collect import AutoCadence, HistoryCollector, WatchSettings, choose_stream_cadences
 
 
@@ -71,7 +71,7 @@ def test_collector_measures_then_applies_and_records_its_choice(tmp_path):
     assert decision is not None and decision["decided_at_step"] == 4
     chosen = {s: c.cadences[s].spine for s in c.streams}
     assert all(k >= 1 for k in chosen.values())
-    h = open_history(tmp_path / "a")
+    h = open_run(tmp_path / "a")
     for s, k in chosen.items():
         # the decision is in the artifact, at the step it was made
         rec = h.scalars(f"cadence/{s}/spine_every")
@@ -251,6 +251,6 @@ def test_auto_warmup_measures_a_real_commit_and_the_hook_dispatch(tmp_path):
     d = _sleepy_run(tmp_path, 0.0, 0.005)
     assert d["commit_seconds"] > 0  # the warm-up's rows were committed and timed
     assert 0 < d["hook_dispatch_seconds"] < 1e-3
-    h = open_history(tmp_path / "run")
+    h = open_run(tmp_path / "run")
     # that commit made the warm-up durable at the decision step
     assert h.commits[0]["step_hi"] == d["decided_at_step"] - 1

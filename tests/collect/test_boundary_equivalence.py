@@ -27,10 +27,10 @@ import torch.nn.functional as F
 
 import stepscope.collect.surgery as surgery_mod
 import stepscope.collect.write as write_mod
+from stepscope import open_run
 from stepscope.collect import Cadence, HistoryCollector, WatchSettings
 from stepscope.collect.staging import Reducer
-from stepscope.history import open_history
-from stepscope.history.artifact import ArtifactWriter
+from stepscope.history.artifact import HistoryWriter
 from stepscope.history.layout import TABLES
 from tests.collect.boundary_reference import reference_assemble_batches
 from tests.collect.models import LENGTHS, ResNetish, TinyGPT
@@ -127,7 +127,7 @@ def _record(model_name: str, cadence: Cadence | None, path: str | None) -> Histo
 
 def _stored(path: str) -> dict:
     """Every value the artifact stores, with wall-clock values blanked."""
-    h = open_history(path)
+    h = open_run(path)
     out: dict = {
         "sites": [s.to_dict() for s in h.sites],
         "scalar_names": list(h.scalar_names),
@@ -155,12 +155,12 @@ def _plain(m: pytest.MonkeyPatch) -> None:
     m.setattr(write_mod, "assemble_batches", reference_assemble_batches)
     truth = write_mod.step_truth
     m.setattr(write_mod, "step_truth", lambda s, sc, p, k, seen=None: truth(s, sc, p, k, None))
-    write_step = ArtifactWriter.write_step
+    write_step = HistoryWriter.write_step
 
     def checked(self, block, batches=(), observations=(), scalars=None, *, trusted=False):
         return write_step(self, block, batches, observations, scalars, trusted=False)
 
-    m.setattr(ArtifactWriter, "write_step", checked)
+    m.setattr(HistoryWriter, "write_step", checked)
     m.setattr(surgery_mod, "identity_edges", lambda *a: [({}, "never bound", object())])
 
 

@@ -47,5 +47,5 @@ def test_a_raising_check_leaves_the_collector_usable(tmp_path, spelling):
                 raised += 1
         assert not c.closed
     assert raised == 4
-    blocks = ss.open_history(tmp_path / "r").step_blocks()
+    blocks = ss.open_run(tmp_path / "r").step_blocks()
     assert [b.optimizer_step for b in blocks] == [0, 1, 2, 3]

@@ -20,7 +20,7 @@ from tests.collect.stepkit import ce, disk_settings, images, tokens
 
 
 def _recorded(path, site: str, field: str = "sum_squares"):
-    h = ss.open_history(path)
+    h = ss.open_run(path)
     s = h.series(site, "gradient", field)
     return dict(zip(s.steps.tolist(), s.values.tolist()))
 
@@ -54,7 +54,7 @@ def _closure_loop(model, opt, batches, loss_fn, collector, explicit=True, snapsh
 
 
 def _assert_consumed(path, model, snapshots, note=True):
-    recorded_sites = {site.name for site in ss.open_history(path).sites}
+    recorded_sites = {site.name for site in ss.open_run(path).sites}
     names = [n for n, _ in _named_params(model) if n in recorded_sites]
     assert len(names) >= 4
     for name in names:
@@ -66,7 +66,7 @@ def _assert_consumed(path, model, snapshots, note=True):
             got = rec.get(step, float("nan"))
             assert math.isclose(got, want, rel_tol=1e-9, abs_tol=1e-30), (name, step, got, want)
     if note:
-        obs = ss.open_history(path).observations(stream="gradient")
+        obs = ss.open_run(path).observations(stream="gradient")
         observed = [r for r in obs if r.presence.value == "observed"]
         assert observed
         assert {r.phase.value for r in observed} == {"pre_step"}
@@ -95,7 +95,7 @@ def test_hand_written_closure_loop_on_a_gpt_decoder(tmp_path, explicit):
         c = ss.HistoryCollector(model, cadence=1, settings=disk_settings(tmp_path), optimizer=opt)
     with c:
         _closure_loop(model, opt, tokens(6), ce, c, explicit=explicit, snapshots=snapshots)
-    assert len(ss.open_history(tmp_path / "run").steps) == 6
+    assert len(ss.open_run(tmp_path / "run").steps) == 6
     _assert_consumed(tmp_path / "run", model, snapshots)
 
 
@@ -178,7 +178,7 @@ def test_an_accelerate_style_wrapper_is_unwrapped(tmp_path):
     del g
     rec = _recorded(tmp_path / "run", "fc.weight")
     np.testing.assert_allclose([rec[i] for i in range(4)], want, rtol=1e-9)
-    blocks = ss.open_history(tmp_path / "run").step_blocks()
+    blocks = ss.open_run(tmp_path / "run").step_blocks()
     assert [b.truth.applied.value for b in blocks] == ["yes"] * 4
 
 
@@ -202,7 +202,7 @@ def test_real_accelerate_optimizer_is_unwrapped(tmp_path):
         accelerate.state.AcceleratorState._reset_state(reset_partial_state=True)
     rec = _recorded(tmp_path / "run", "fc.weight")
     np.testing.assert_allclose([rec[i] for i in range(3)], want, rtol=1e-9)
-    blocks = ss.open_history(tmp_path / "run").step_blocks()
+    blocks = ss.open_run(tmp_path / "run").step_blocks()
     assert [b.truth.applied.value for b in blocks] == ["yes"] * 3
 
 
@@ -269,7 +269,7 @@ def test_lightning_style_accumulation_with_the_last_backward_inside_step(tmp_pat
                         opt.zero_grad()
                         consumed.append(seen)
     _assert_consumed(tmp_path / "run", model, consumed)
-    h = ss.open_history(tmp_path / "run")
+    h = ss.open_run(tmp_path / "run")
     assert h.series("ln_f", "activation", "total").values.tolist() == [
         float(sum(3 * x.shape[1] * 32 for x, _ in data[3 * w : 3 * w + 3])) for w in range(4)
     ]

@@ -10,8 +10,8 @@ import time
 import pytest
 import torch
 
+from stepscope import open_run
 from stepscope.collect import HistoryCollector, WatchSettings
-from stepscope.history import open_history
 
 COMMIT_SECONDS = 1.0
 RECORD = struct.Struct("<qqd")  # step written, committed step (-1: none), monotonic seconds
@@ -71,7 +71,7 @@ def test_a_kill_loses_exactly_the_steps_since_the_last_time_based_commit(tmp_pat
     os.close(r)
     assert len({c for _, c, _ in seen if c >= 0}) >= 2, "the child committed less than twice"
 
-    h = open_history(path)
+    h = open_run(path)
     assert h.verify().ok
     steps = h.steps.tolist()
     last_written, last_reported_commit, _ = seen[-1]
@@ -107,5 +107,5 @@ def test_default_settings_commit_by_time_not_every_32_steps(tmp_path):
         assert c.writer.commits == 0
         assert c.writer.pending_steps == 100
     c.close()
-    h = open_history(str(tmp_path / "run"))
+    h = open_run(str(tmp_path / "run"))
     assert h.steps.tolist() == list(range(100))

@@ -10,7 +10,7 @@ optimizer consumed, captured by an independent pre-step hook.
 import pytest
 import torch
 
-from stepscope import open_history
+from stepscope import open_run
 from stepscope.collect import Cadence, HistoryCollector, WatchSettings
 
 
@@ -52,7 +52,7 @@ def test_parameters_of_modules_with_children_have_rows_equal_to_the_consumed_gra
             loss.backward()
             opt.step()
     c.close()
-    h = open_history(tmp_path / "r")
+    h = open_run(tmp_path / "r")
     names = {n for n, _ in model.named_parameters()}
     for name in ("cls", "layer.self_attn.in_proj_weight", "layer.self_attn.in_proj_bias"):
         assert name in names

@@ -45,7 +45,7 @@ def test_nonfinite_check_names_the_first_step_and_site_of_an_injected_nan(tmp_pa
     assert first.optimizer_step == 4
     assert first.site == "2" and first.stream.value == "activation"
     # the artifact agrees: layer 0 clean, layer 2 non-finite at step 4
-    h = ss.open_history(tmp_path / "r")
+    h = ss.open_run(tmp_path / "r")
     assert h.series("0", "activation", "nan").values[4] == 0
     assert h.series("2", "activation", "nan").values[4] > 0
     hist_steps = sorted({e.optimizer_step for e in bus.recent("histogram_counts")})

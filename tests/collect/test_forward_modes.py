@@ -40,7 +40,7 @@ class Distilled(nn.Module):
 
 
 def _observations(run, stream="activation"):
-    reader = ss.open_history(run)
+    reader = ss.open_run(run)
     names = {s.site_id: s.name for s in reader.sites}
     return reader, [(names[r.site_id], r) for r in reader.observations(stream=stream)]
 

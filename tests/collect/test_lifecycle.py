@@ -46,7 +46,7 @@ def test_close_removes_everything_and_is_idempotent(small_net):
 def test_exception_inside_a_step_removes_hooks_and_keeps_committed_data(
     small_net, tmp_path, exc_type
 ):
-    from stepscope import open_history
+    from stepscope import open_run
 
     opt = torch.optim.SGD(small_net.parameters(), lr=0.1)
     c = HistoryCollector(
@@ -64,7 +64,7 @@ def test_exception_inside_a_step_removes_hooks_and_keeps_committed_data(
             small_net(data[2][0])
             raise exc_type("interrupted")
     assert c.closed and hook_count(small_net) == 0 and opt_hook_count(opt) == 0
-    assert list(open_history(tmp_path / "r").steps) == [0, 1]  # the failed step is not recorded
+    assert list(open_run(tmp_path / "r").steps) == [0, 1]  # the failed step is not recorded
 
 
 def test_empty_selection_refuses_at_construction(small_net):

@@ -5,7 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from stepscope import Refusal, open_history
+from stepscope import Refusal, open_run
 from stepscope import transfer as transfer_mod
 from stepscope.collect import ALL_STREAMS, Cadence, HistoryCollector, WatchSettings
 from stepscope.stats import SPINE_FIELDS, Histogram, RunningStats
@@ -56,7 +56,7 @@ def test_every_stream_matches_hand_captured_tensors(small_net, tmp_path):
             after.append(model.fc.weight.detach().clone())
             captured.setdefault("out_grad", []).append(out.grad.detach().clone())
     c.close()
-    h = open_history(tmp_path / "r")
+    h = open_run(tmp_path / "r")
 
     def spine_at(site, stream, step):
         vec = [h.series(site, stream, f).values[step] for f in SPINE_FIELDS]
@@ -111,7 +111,7 @@ def test_update_channel_is_a_seeded_subvector_of_the_true_change(tmp_path):
         opt.step()
     full = (model.weight.detach() - before).reshape(-1)
     c.close()
-    h = open_history(tmp_path / "u")
+    h = open_run(tmp_path / "u")
     total = h.series("weight", "update", "total").values[0]
     assert total == 4096
     lo, hi = (
@@ -169,7 +169,7 @@ def test_both_spellings_record_the_same_activation_rows(tmp_path):
         torch.manual_seed(5)
         run(model, opt, batches(4), c, explicit=explicit)
         c.close()
-        h = open_history(tmp_path / str(explicit))
+        h = open_run(tmp_path / str(explicit))
         prov = {b.provenance.value for b in h.step_blocks()}
         return {s.name: h.series(s.name, "activation", "sum_squares").values for s in h.sites}, prov
 
@@ -197,7 +197,7 @@ def test_skipped_optimizer_step_records_no_update(small_net, tmp_path):
         F.cross_entropy(small_net(x), y).backward()
         opt.step()
     c.close()
-    h = open_history(tmp_path / "s")
+    h = open_run(tmp_path / "s")
     blocks = h.step_blocks()
     assert [b.truth.applied.value for b in blocks] == ["no", "yes"]
     upd = h.series("fc.weight", "update", "total")
@@ -232,7 +232,7 @@ def test_histograms_only_on_histogram_steps_and_absent_sites(tmp_path):
             m(torch.randn(2, 3), use_b=step != 1).sum().backward()
             opt.step()
     c.close()
-    h = open_history(tmp_path / "g")
+    h = open_run(tmp_path / "g")
     assert list(h.histograms("a", "activation").steps) == [0, 2]
     b = h.series("b", "activation", "total")
     assert list(b.presence_names()) == ["observed", "site_absent", "observed", "observed"]
@@ -254,7 +254,7 @@ def test_a_rank_or_dtype_change_ends_the_series_and_a_size_change_does_not(tmp_p
         with c.step():
             m(x)
     c.close()
-    h = open_history(tmp_path / "d")
+    h = open_run(tmp_path / "d")
     assert [(s.name, s.signature, s.started_step, s.ended_reason) for s in h.sites] == [
         ("0", "float32[*,*]", 0, "topology_drift"),
         ("0", "float32[*,*,*]", 2, "topology_drift"),
@@ -301,7 +301,7 @@ def test_user_scalars_land_at_their_step(small_net, tmp_path):
             c.log("lr", 0.1)
             losses.append(loss.item())
     c.close()
-    h = open_history(tmp_path / "l")
+    h = open_run(tmp_path / "l")
     assert h.scalars("loss").values.tolist() == pytest.approx(losses, rel=1e-7)
     assert h.scalars("lr").values.tolist() == [0.1, 0.1, 0.1]
 
@@ -324,5 +324,5 @@ def test_an_evaluation_inside_the_step_is_not_folded_into_its_activation_rows(sm
             small_net(torch.randn(3, 1, 6, 6))  # an evaluation: eval mode, no graph
         small_net.train()
     c.close()
-    total = open_history(tmp_path / "e").series("fc", "activation", "total").values
+    total = open_run(tmp_path / "e").series("fc", "activation", "total").values
     assert total.tolist() == [8 * 10]  # the training batch only (8 examples x 10 logits)

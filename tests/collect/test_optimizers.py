@@ -48,13 +48,13 @@ def test_gradscaler_skip_explicit_one_step_per_iteration_scale_in_force(tmp_path
         for i, (x, y) in enumerate(images(6)):
             with c.step(opt, scaler=scaler, examples=len(x)):
                 truth.append(_scaled_iteration(model, opt, scaler, x, y, i in SKIPS))
-    blocks = ss.open_history(tmp_path / "run").step_blocks()
+    blocks = ss.open_run(tmp_path / "run").step_blocks()
     assert [b.optimizer_step for b in blocks] == list(range(6))
     assert [b.truth.applied.value for b in blocks] == ["yes" if ch else "no" for _, ch in truth]
     assert [b.truth.scale for b in blocks] == [s for s, _ in truth]
     assert len({s for s, _ in truth}) == 2  # the scale really moved (growth and backoff)
     # a skipped step's gradients were unscaled by scaler.step() (and hold the injected inf)
-    h = ss.open_history(tmp_path / "run")
+    h = ss.open_run(tmp_path / "run")
     cells = h.observations("conv1.weight", "gradient")
     assert [r.scale_grad.value for r in cells] == ["unscaled"] * 6
     posinf = {}
@@ -76,7 +76,7 @@ def test_gradscaler_skip_implicit_one_step_per_iteration(tmp_path):
     with c:
         for i, (x, y) in enumerate(tokens(6)):
             truth.append(_scaled_iteration(model, opt, scaler, x, y, i in SKIPS))
-    h = ss.open_history(tmp_path / "run")
+    h = ss.open_run(tmp_path / "run")
     blocks = h.step_blocks()
     assert [b.optimizer_step for b in blocks] == list(range(6))  # never two iterations merged
     assert [b.truth.applied.value for b in blocks] == ["yes" if ch else "no" for _, ch in truth]
@@ -122,7 +122,7 @@ def test_two_optimizers_each_own_their_parameters_updates(tmp_path, spelling):
                 opt_head.step()
                 for n, p in named.items():
                     want[(n, step)] = float((p.detach() - before[n]).double().pow(2).sum())
-    h = ss.open_history(tmp_path / "run")
+    h = ss.open_run(tmp_path / "run")
     checked = 0
     for site in ("ln_f.weight", "ln_f.bias", "h.0.ln_1.weight", "h.0.mlp.0.bias", "wpe.weight"):
         s = h.series(site, "update", "sum_squares")
@@ -163,7 +163,7 @@ def test_a_bare_optimizer_step_after_explicit_steps_is_refused_not_recorded(tmp_
                 opt.zero_grad()
                 ce(model(x), y).backward()
                 opt.step()
-    blocks = ss.open_history(tmp_path / "run").step_blocks()
+    blocks = ss.open_run(tmp_path / "run").step_blocks()
     assert [(b.optimizer_step, b.provenance.value) for b in blocks] == [
         (0, "explicit"),
         (1, "explicit"),
@@ -183,7 +183,7 @@ def test_implicit_steps_are_not_affected_by_the_bare_step_rule(tmp_path):
                 opt.zero_grad()
                 ce(model(x), y).backward()
                 opt.step()
-    blocks = ss.open_history(tmp_path / "run").step_blocks()
+    blocks = ss.open_run(tmp_path / "run").step_blocks()
     assert [b.provenance.value for b in blocks] == ["implicit"] * 3
 
 
@@ -289,7 +289,7 @@ def test_an_optimizer_subclass_calling_super_step_is_one_step(tmp_path, case, sp
             )
     c.close()
     assert len(fired) == 2 * len(batches)  # torch really ran the step hooks twice a step
-    h = ss.open_history(tmp_path / "run")
+    h = ss.open_run(tmp_path / "run")
     assert h.steps.tolist() == list(range(len(batches)))
     assert [b.optimizer_step for b in h.step_blocks()] == list(range(len(batches)))
     for n in named:
@@ -348,7 +348,7 @@ def test_an_optimizer_stepped_twice_in_one_step_writes_no_false_update(tmp_path,
     said = [w for w in caught if "several_optimizer_steps" in str(w.message)]
     assert len(said) == 1 and "SGD.step() ran more than once" in str(said[0].message)
     assert said[0].filename == __file__  # it points at the user's optimizer.step() line
-    h = ss.open_history(tmp_path / "run")
+    h = ss.open_run(tmp_path / "run")
     assert h.steps.tolist() == [0, 1, 2]
     for n, p in named.items():
         got = h.series(n, "gradient", "sum_squares").values
@@ -407,7 +407,7 @@ def test_a_parameter_in_two_optimizers_writes_no_false_update(tmp_path, case, sh
     assert len(said) == 1 and "Adam.step() stepped parameters another optimizer" in str(
         said[0].message
     )
-    h = ss.open_history(tmp_path / "run")
+    h = ss.open_run(tmp_path / "run")
     for n in named:
         np.testing.assert_allclose(
             h.series(n, "gradient", "sum_squares").values, [g[n] for g in grads], rtol=1e-9

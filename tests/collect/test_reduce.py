@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from stepscope.collect.sites import Row
+from stepscope.collect.sites import SiteRow
 from stepscope.collect.staging import Reducer
 from stepscope.collect.step import StepState
 from stepscope.stats import SPINE_FIELDS, HistogramDescriptor
@@ -18,9 +18,9 @@ def _state(due: bool = True) -> StepState:
     return StepState(step=0, spine_due={"parameter": due}, hist_due={"parameter": False})
 
 
-def _rows(n: int) -> list[Row]:
+def _rows(n: int) -> list[SiteRow]:
     module = torch.nn.Linear(1, 1)
-    return [Row(i, "parameter", f"p{i}", "Linear", module) for i in range(n)]
+    return [SiteRow(i, "parameter", f"p{i}", "Linear", module) for i in range(n)]
 
 
 def _spine(reducer: Reducer, row: int) -> dict[str, float]:

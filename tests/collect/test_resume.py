@@ -40,7 +40,7 @@ def test_resume_with_a_changed_architecture_is_refused_naming_both_fingerprints(
     assert err.value.code == "resume_fingerprint_mismatch"
     assert model_fingerprint(ResNetish()) in err.value.message
     assert model_fingerprint(other) in err.value.message
-    h = ss.open_history(tmp_path / "r")  # the artifact is untouched and unlocked
+    h = ss.open_run(tmp_path / "r")  # the artifact is untouched and unlocked
     assert len(h.segments) == 1 and h.steps.tolist() == [0, 1, 2]
     _train(ResNetish(), tmp_path / "r", 1, resume=True)  # the right model still resumes
 
@@ -62,7 +62,7 @@ def test_resume_continues_steps_and_examples_and_records_its_own_facts(tmp_path)
     _train(model, tmp_path / "r", 5, cadence=1, extra={"phase": "first"})
     first = _train(model, tmp_path / "r", 3, resume=True, cadence=2, extra={"phase": "second"})
     assert first == 5
-    h = ss.open_history(tmp_path / "r")
+    h = ss.open_run(tmp_path / "r")
     blocks = h.step_blocks()
     assert [b.optimizer_step for b in blocks] == list(range(8))
     assert [b.examples_seen for b in blocks] == [4 * (i + 1) for i in range(8)]
@@ -79,7 +79,7 @@ def test_resume_at_a_declared_checkpoint_step_supersedes_the_later_steps(tmp_pat
     _train(model, tmp_path / "r", 8)
     first = _train(model, tmp_path / "r", 2, resume=True, resume_step=4)
     assert first == 4
-    h = ss.open_history(tmp_path / "r")
+    h = ss.open_run(tmp_path / "r")
     blocks = h.step_blocks()
     assert [b.optimizer_step for b in blocks] == [0, 1, 2, 3, 4, 5]
     assert [b.examples_seen for b in blocks] == [4, 8, 12, 16, 20, 24]
@@ -90,9 +90,9 @@ def test_resume_beyond_the_committed_steps_keeps_examples_unknown_unless_declare
     model = ResNetish()
     _train(model, tmp_path / "r", 3)
     _train(model, tmp_path / "r", 1, resume=True, resume_step=10)
-    assert ss.open_history(tmp_path / "r").step_blocks()[-1].examples_seen is None
+    assert ss.open_run(tmp_path / "r").step_blocks()[-1].examples_seen is None
     _train(model, tmp_path / "r", 1, resume=True, resume_step=20, resume_examples_seen=80)
-    assert ss.open_history(tmp_path / "r").step_blocks()[-1].examples_seen == 84
+    assert ss.open_run(tmp_path / "r").step_blocks()[-1].examples_seen == 84
 
 
 def test_resume_requires_the_explicit_spelling(tmp_path):
@@ -115,7 +115,7 @@ def test_a_bare_step_in_a_resumed_collector_is_not_recorded_as_implicit(tmp_path
         _ce(model(torch.randn(4, 3, 8, 8)), torch.tensor([0, 1, 2, 3])).backward()
         with pytest.warns(RuntimeWarning):
             opt.step()
-    blocks = ss.open_history(tmp_path / "r").step_blocks()
+    blocks = ss.open_run(tmp_path / "r").step_blocks()
     assert [b.provenance.value for b in blocks] == ["explicit", "explicit"]
 
 

@@ -3,7 +3,7 @@ step, its series ends with a reason, and the replacement is observed as a new se
 
 import torch
 
-from stepscope import open_history
+from stepscope import open_run
 from stepscope.collect import Cadence, HistoryCollector, WatchSettings
 from stepscope.collect.surgery import find_changes
 from tests.collect.models import Numbers
@@ -38,7 +38,7 @@ def test_a_replaced_module_ends_its_series_and_the_new_one_is_observed(tmp_path)
     model[2].register_forward_hook(lambda m, i, o: seen.append(o.detach().clone()))
     train_step(c, model, opt, torch.randn(5, 3))
     c.close()
-    h = open_history(tmp_path / "m")
+    h = open_run(tmp_path / "m")
     ended = {(s.name, s.ended_step, s.ended_reason) for s in h.sites if s.ended_step is not None}
     assert ended == {
         ("2", 2, "module_replaced"),
@@ -78,7 +78,7 @@ def test_surgery_on_a_quiet_step_ends_the_series_at_the_next_step_that_records(t
             model[2].register_forward_hook(lambda m, i, o: seen.append(o.detach().clone()))
         train_step(c, model, opt, torch.randn(5, 3))
     c.close()
-    h = open_history(tmp_path / "q")
+    h = open_run(tmp_path / "q")
     ended = {(s.name, s.ended_step, s.ended_reason) for s in h.sites if s.ended_step is not None}
     assert ended == {("2", 3, "module_replaced"), ("2.weight", 3, "module_replaced"),
                      ("2.bias", 3, "module_replaced")}  # fmt: skip
@@ -100,7 +100,7 @@ def test_a_replaced_parameter_ends_its_series_at_the_next_step(tmp_path):
     model[0].weight = torch.nn.Parameter(torch.zeros(2, 3))
     train_step(c, model, opt, torch.randn(4, 3))  # the new weight is in no optimizer
     c.close()
-    h = open_history(tmp_path / "p")
+    h = open_run(tmp_path / "p")
     weight = [s for s in h.sites if s.name == "0.weight"]
     assert [(s.started_step, s.ended_step, s.ended_reason) for s in weight] == [
         (0, 1, "parameter_replaced"),

@@ -71,7 +71,7 @@ def test_probe_inside_the_transaction_is_telemetry_time_and_not_in_the_rows(tmp_
                         with c.telemetry():  # nested: charged once
                             pass
     oracle.remove()
-    h = ss.open_history(tmp_path / "r")
+    h = ss.open_run(tmp_path / "r")
     telemetry = _per_step(h, "clock/telemetry_seconds")
     training = _per_step(h, "clock/training_seconds")
     assert telemetry[2] >= PROBE_SECONDS
@@ -105,7 +105,7 @@ def test_probe_between_steps_counts_in_the_next_steps_telemetry(tmp_path):
                 opt.zero_grad()
                 torch.nn.functional.cross_entropy(model(x), y).backward()
                 opt.step()
-    h = ss.open_history(tmp_path / "r")
+    h = ss.open_run(tmp_path / "r")
     telemetry = _per_step(h, "clock/telemetry_seconds")
     assert telemetry[1] >= PROBE_SECONDS > max(telemetry[0], telemetry[2])
     totals = h.series("fc", "activation", "total")
@@ -144,7 +144,7 @@ def test_the_transactions_own_bookkeeping_is_telemetry_not_training(tmp_path):
                 model(torch.randn(2, 4)).sum().backward()
                 opt.step()
                 opt.zero_grad()
-    h = ss.open_history(tmp_path / "r")
+    h = ss.open_run(tmp_path / "r")
     telemetry = _per_step(h, "clock/telemetry_seconds")
     training = _per_step(h, "clock/training_seconds")
     assert telemetry[2] >= slow > max(telemetry[1], telemetry[3])

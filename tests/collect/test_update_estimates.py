@@ -71,9 +71,9 @@ def test_update_rows_say_estimated_per_row_and_events_carry_it(tmp_path):
     assert {e.estimated for e in l2} == {True, False}  # both kinds are present
     for e in l2:  # the flag survives JSON (trackers, JSONL export)
         assert ObserverEvent.from_dict(e.to_dict()).estimated is e.estimated
-    obs = ss.open_history(tmp_path / "r").observations(stream="update")
+    obs = ss.open_run(tmp_path / "r").observations(stream="update")
     for r in obs:
-        name = ss.open_history(tmp_path / "r").sites[r.site_id].name
+        name = ss.open_run(tmp_path / "r").sites[r.site_id].name
         sampled = named[name].numel() > SAMPLE
         assert (f"update_sampled:{SAMPLE}" in r.disclosures) is sampled, name
     # other streams never say estimated

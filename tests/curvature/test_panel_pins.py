@@ -142,13 +142,13 @@ def test_cli_refuses_a_module_factory_whose_file_is_not_pinned(
 
 
 def test_the_recorders_probe_identity_is_checked_against_the_probe(panel, tmp_path):
-    from stepscope.history import ArtifactWriter
+    from stepscope.history import HistoryWriter
     from stepscope.probe import DenseProbe, read_probe_identity, write_probe_record
 
     model = panel["module"].make_model()
     probe = DenseProbe(panel["x"], panel["y"], indices=range(8), input_normalization="raw")
     run = tmp_path / "run"
-    with ArtifactWriter(run, durable=False) as w:
+    with HistoryWriter(run, durable=False) as w:
         write_probe_record(w, probe.measure(model, step=0, examples_seen=0, epoch=0))
     identity = read_probe_identity(run)
     assert identity["count"] == 8 and identity["indices"] == list(range(8))

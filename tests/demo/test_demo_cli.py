@@ -25,7 +25,7 @@ def test_quick_study_writes_verified_artifacts_probe_rows_evals_and_curvature(tm
     assert "activation spines" in text and "0 (exact)" in text
     for variant in ("plain", "residual"):
         run = out / f"{variant}-seed0"
-        h = ss.open_history(run)
+        h = ss.open_run(run)
         assert h.verify().ok  # every committed chunk re-hashes to its index row
         steps = h.steps
         assert len(steps) == 110 and steps[0] == 0  # 2 epochs x 55 steps, every step recorded
@@ -55,7 +55,7 @@ def test_quick_study_writes_verified_artifacts_probe_rows_evals_and_curvature(tm
         assert {"empirical_fisher", "ce_ggn", "jacobian_gram"} <= set(layer)
     # stochastic depth in the residual variant: realised activity is logged per block, and a
     # block that did not run has its gradient cells recorded not_scheduled, never as zeros
-    h = ss.open_history(out / "residual-seed0")
+    h = ss.open_run(out / "residual-seed0")
     branches = sorted({n.split("/")[1] for n in h.scalar_names if n.startswith("branch/")})
     assert len(branches) == 5
     skipped_and_scheduled = 0
@@ -91,12 +91,12 @@ def test_quick_study_writes_verified_artifacts_probe_rows_evals_and_curvature(tm
             runlog["telemetry_seconds"] / runlog["training_seconds"]
         )
         assert record["counts"]["probe_seconds"] == len(
-            ss.open_history(run).scalars("probe/model/loss").steps
+            ss.open_run(run).scalars("probe/model/loss").steps
         )
         qual = record["cadence_qualification"]["measurements"]
         assert min(qual["serialization_seconds"]) > 0  # qualification charged serialisation
         # evaluation splits carry confusion matrices; the panel checked the recorder's probe
-        h = ss.open_history(run)
+        h = ss.open_run(run)
         cells = [n for n in h.scalar_names if n.startswith("eval/validation/confusion/")]
         assert len(cells) == 100
         done = json.loads((run / "curvature" / "result.json").read_text())

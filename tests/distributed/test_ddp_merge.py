@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import torch
 
+from stepscope import open_run
 from stepscope.cli import main
-from stepscope.history import open_history
 from stepscope.stats import SPINE_FIELDS, Histogram
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "ddp_train.py"
@@ -41,7 +41,7 @@ def dumped(dump: Path, kind: str, rank: int, step: int) -> torch.Tensor:
 
 
 def test_each_rank_wrote_its_own_segment_with_rank_and_world(ddp_run):
-    readers = [open_history(p) for p in ddp_run["ranks"]]
+    readers = [open_run(p) for p in ddp_run["ranks"]]
     assert [h.run.rank for h in readers] == list(range(WORLD))
     assert {h.run.world_size for h in readers} == {WORLD}
     assert len({h.run.run_id for h in readers}) == 1
@@ -52,8 +52,8 @@ def test_each_rank_wrote_its_own_segment_with_rank_and_world(ddp_run):
 
 
 def test_merged_counts_equal_the_per_rank_sums(ddp_run):
-    readers = [open_history(p) for p in ddp_run["ranks"]]
-    merged = open_history(ddp_run["merged"])
+    readers = [open_run(p) for p in ddp_run["ranks"]]
+    merged = open_run(ddp_run["merged"])
     assert merged.steps.tolist() == list(range(STEPS))
     blocks = merged.step_blocks()
     assert [b.examples_seen for b in blocks] == [32 * WORLD * (s + 1) for s in range(STEPS)]
@@ -76,7 +76,7 @@ def test_merged_counts_equal_the_per_rank_sums(ddp_run):
 
 
 def test_merged_histograms_equal_one_histogram_over_every_ranks_tensors(ddp_run):
-    merged = open_history(ddp_run["merged"])
+    merged = open_run(ddp_run["merged"])
     dump = ddp_run["dump"]
     acts = merged.histograms("0", "activation")
     grads = merged.histograms("0.weight", "gradient")

@@ -21,8 +21,9 @@ import numpy as np
 import pytest
 import torch
 
+from stepscope import open_run
 from stepscope.cli import main
-from stepscope.history import Presence, open_history
+from stepscope.history import Presence
 from stepscope.history.batch import code_of
 from stepscope.stats import SPINE_FIELDS
 
@@ -62,7 +63,7 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> dict:
     root = tmp_path_factory.mktemp("single")
     ex = _example()
     facts = ex.train(0, 1, "single", str(root / "run"), "single", STEPS, str(root / "dump"))
-    return {"history": open_history(root / "run"), "facts": facts}
+    return {"history": open_run(root / "run"), "facts": facts}
 
 
 _RUNS: dict[tuple[str, int], dict] = {}
@@ -82,8 +83,8 @@ def distributed_run(tmp_path_factory: pytest.TempPathFactory, mode: str, world: 
         assert main(["merge", *map(str, ranks), "--out", str(root / "merged")]) == 0
         facts = [json.loads((root / "dump" / f"rank{r}.json").read_text()) for r in range(world)]
         _RUNS[key] = {
-            "merged": open_history(root / "merged"),
-            "ranks": [open_history(p) for p in ranks],
+            "merged": open_run(root / "merged"),
+            "ranks": [open_run(p) for p in ranks],
             "facts": facts,
         }
     return _RUNS[key]
@@ -143,8 +144,9 @@ def test_merged_parameter_statistics_equal_the_unsharded_run(
                 assert_same_statistics(got, want, scale=world)
     # activations stay per rank (each its slice of the batch) and merge to the whole batch
     for site in ("0.linear1", "0.norm2", "2"):
-        assert_same_statistics(spines(run["merged"], site, "activation"),
-                               spines(ref, site, "activation"))
+        assert_same_statistics(
+            spines(run["merged"], site, "activation"), spines(ref, site, "activation")
+        )
 
 
 @pytest.mark.parametrize(("mode", "world"), [c for c in CASES if c.values[0] == "fsdp"])

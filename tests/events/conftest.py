@@ -2,7 +2,7 @@
 
 Forward hooks capture module outputs; parameters, gradients and updates are read around
 ``optimizer.step()``; every tensor is reduced with the real kernels (``reduce_spines`` /
-``reduce_histograms``), written with ``ArtifactWriter.write_step`` and converted with
+``reduce_histograms``), written with ``HistoryWriter.write_step`` and converted with
 ``events_from_step`` — the contract the collector follows.
 """
 
@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from stepscope.events import EventBus, events_from_step
-from stepscope.history import ArtifactWriter, ObservationBatch, RunRecord, StepBlockRecord
+from stepscope.history import HistoryWriter, ObservationBatch, RunRecord, StepBlockRecord
 from stepscope.history.batch import code_of
 from stepscope.history.schema import Presence
 from stepscope.stats import SPINE_WIDTH, HistogramDescriptor, reduce_histograms, reduce_spines
@@ -84,7 +84,7 @@ def train(
             model.fc1.bias.fill_(fc1_bias)
     opt = torch.optim.SGD(model.parameters(), lr=lr)
     desc = HistogramDescriptor()
-    writer = ArtifactWriter(  # no fsync: durability is tested in tests/history
+    writer = HistoryWriter(  # no fsync: durability is tested in tests/history
         path, fixed_run_record(), commit_steps=2, commit_seconds=None, durable=False
     )
     bus = bus if bus is not None else EventBus(capacity=100_000)

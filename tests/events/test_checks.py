@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from stepscope import open_run
 from stepscope.errors import Refusal
 from stepscope.events import (
     CheckFailed,
@@ -20,7 +21,6 @@ from stepscope.events import (
     ZeroFractionCheck,
     read_jsonl,
 )
-from stepscope.history import open_history
 
 
 def test_nonfinite_check_finds_the_injected_nan_at_its_step_and_site(ev, tmp_path):
@@ -33,7 +33,7 @@ def test_nonfinite_check_finds_the_injected_nan_at_its_step_and_site(ev, tmp_pat
     first = check.first
     assert (first.optimizer_step, first.site, first.stream.value) == (5, "fc2", "activation")
     # independent of the check: the artifact says fc1 was clean and fc2 was not at step 5
-    h = open_history(tmp_path / "run")
+    h = open_run(tmp_path / "run")
     nan_fc1 = h.series("fc1", "activation", "nan").values
     nan_fc2 = h.series("fc2", "activation", "nan").values
     assert nan_fc1[:6].tolist() == [0] * 6
@@ -52,7 +52,7 @@ def test_stop_action_sets_should_stop_and_the_loop_ends(ev, tmp_path):
     assert check.should_stop and run.bus.stop_requested
     assert run.steps == [0, 1, 2, 3]
     assert (check.first.optimizer_step, check.first.site) == (3, "fc1")
-    assert open_history(tmp_path / "run").steps.tolist() == [0, 1, 2, 3]  # written before publish
+    assert open_run(tmp_path / "run").steps.tolist() == [0, 1, 2, 3]  # written before publish
 
 
 def test_raise_action_raises_check_failed_after_trackers_got_the_verdict(ev, tmp_path):
@@ -70,7 +70,7 @@ def test_raise_action_raises_check_failed_after_trackers_got_the_verdict(ev, tmp
     verdicts = [e for e in read_jsonl(log) if e.kind is EventKind.VERDICT]
     assert verdicts and {v.optimizer_step for v in verdicts} == {2}
     assert verdicts[0].verdict.check == "nonfinite" and verdicts[0].verdict.action == "raise"
-    assert open_history(tmp_path / "run").steps.tolist() == [0, 1, 2]  # the artifact is intact
+    assert open_run(tmp_path / "run").steps.tolist() == [0, 1, 2]  # the artifact is intact
 
 
 def test_zero_fraction_check_reports_dead_relu_units(ev, tmp_path):

@@ -17,7 +17,7 @@ from stepscope.events import (
     read_jsonl,
     step_events,
 )
-from stepscope.history import ArtifactWriter, StepBlockRecord
+from stepscope.history import HistoryWriter, StepBlockRecord
 
 
 def _same(a, b):
@@ -133,9 +133,9 @@ def test_export_prints_progress_per_step(ev, tmp_path, capsys):
 
 KILLED_WRITER = """
 import os, sys, torch
-from stepscope.history import ArtifactWriter, ObservationBatch, RunRecord, StepBlockRecord
+from stepscope.history import HistoryWriter, ObservationBatch, RunRecord, StepBlockRecord
 from stepscope.stats import reduce_spines
-w = ArtifactWriter(sys.argv[1], RunRecord.new(run_id="killed"), commit_steps=2, commit_seconds=None)
+w = HistoryWriter(sys.argv[1], RunRecord.new(run_id="killed"), commit_steps=2, commit_seconds=None)
 site = w.register_site("fc", "torch.nn.Linear", "f32")
 spine = reduce_spines([torch.zeros(4)]).numpy()  # a dead layer: four exact zeros
 for step in range(5):
@@ -163,7 +163,7 @@ def test_export_of_a_killed_run_sends_its_committed_steps(tmp_path):
 
 
 def test_scalar_without_a_step_block_gets_unknown_axes_not_zero(tmp_path, ev):
-    w = ArtifactWriter(tmp_path / "run", ev.fixed_run_record(), commit_steps=1)
+    w = HistoryWriter(tmp_path / "run", ev.fixed_run_record(), commit_steps=1)
     w.write_step(StepBlockRecord(0, examples_seen=10, epoch=0), scalars={"loss": 2.0})
     w.write_scalar("eval/acc", 7, 0.5)  # an eval metric logged between steps
     w.close()

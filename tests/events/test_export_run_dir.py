@@ -15,12 +15,12 @@ import pytest
 from stepscope.cli import main
 from stepscope.errors import Refusal
 from stepscope.events import export_run
-from stepscope.history import ArtifactWriter, ObservationBatch, RunRecord, StepBlockRecord
+from stepscope.history import HistoryWriter, ObservationBatch, RunRecord, StepBlockRecord
 from stepscope.stats import SPINE_WIDTH
 
 
 def _run(path, run_id="9f3c2a1b"):
-    with ArtifactWriter(path, RunRecord.new(run_id=run_id), durable=False) as w:
+    with HistoryWriter(path, RunRecord.new(run_id=run_id), durable=False) as w:
         site = w.register_site("fc", "torch.nn.Linear", "f32[4]")
         spines = np.zeros((1, SPINE_WIDTH))
         w.write_step(

@@ -154,7 +154,7 @@ def test_a_stuck_tracker_never_blocks_training_steps_are_dropped_and_counted(tmp
             tracker.release.set()  # close() then sends what is queued
     assert tracker.steps == list(range(1 + ss.events.live.LIVE_QUEUE_STEPS))
     assert len([w for w in caught if issubclass(w.category, LiveStreamWarning)]) == 1
-    assert ss.open_history(tmp_path / "run").steps.tolist() == list(range(n))  # all on disk
+    assert ss.open_run(tmp_path / "run").steps.tolist() == list(range(n))  # all on disk
 
 
 class Raising(Tracker):
@@ -173,7 +173,7 @@ def test_a_raising_tracker_never_reaches_the_training_step_and_is_warned_about_o
                 with c.step(opt, examples=len(y)) as st:
                     _step(model, opt, x, y, st)
             live = c.live
-    assert ss.open_history(tmp_path / "run").steps.tolist() == list(range(12))
+    assert ss.open_run(tmp_path / "run").steps.tolist() == list(range(12))
     assert len([w for w in caught if issubclass(w.category, SubscriberFailureWarning)]) == 1
     assert live.counts.failed_deliveries == 8  # disabled after eight consecutive failures
     assert "disk full" in live.counts.last_error

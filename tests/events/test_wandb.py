@@ -18,6 +18,7 @@ import warnings
 import numpy as np
 import pytest
 
+from stepscope import open_run
 from stepscope.events import (
     EventKind,
     WandbLogWarning,
@@ -26,7 +27,6 @@ from stepscope.events import (
     np_histogram,
     tensorboard_raw,
 )
-from stepscope.history import open_history
 from stepscope.stats import HistogramDescriptor
 
 BLOCK = 32768
@@ -169,7 +169,7 @@ def test_export_puts_the_run_record_in_the_offline_runs_config(ev, tmp_path, mon
     record = config["stepscope_run_record"]
     assert record["run_id"] == "events-test" and config["stepscope_x_axis"] == "optimizer_step"
     assert record["histogram_descriptor"] == HistogramDescriptor().to_dict()
-    assert record == json.loads(json.dumps(open_history(tmp_path / "run").run.to_dict()))
+    assert record == json.loads(json.dumps(open_run(tmp_path / "run").run.to_dict()))
 
 
 class FakeRun:

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from stepscope.history import ArtifactWriter, ObservationBatch, StepBlockRecord
+from stepscope.history import HistoryWriter, ObservationBatch, StepBlockRecord
 from stepscope.history.batch import code_of
 from stepscope.history.schema import Presence
 from stepscope.stats import SPINE_FIELDS
@@ -59,7 +59,7 @@ def write_simple_run(
     path, n_steps=10, n_sites=3, commit_steps=3, start=0, writer=None, run=None, **kw
 ):
     """Activation spines for ``n_sites`` sites at each step; returns the writer (closed)."""
-    w = writer or ArtifactWriter(path, run, commit_steps=commit_steps, **kw)
+    w = writer or HistoryWriter(path, run, commit_steps=commit_steps, **kw)
     ids = [w.register_site(f"s{i}", "torch.nn.Linear", "f32[7]") for i in range(n_sites)]
     for step in range(start, start + n_steps):
         b = ObservationBatch.observed("activation", "forward", ids, step_spines(step, n_sites))

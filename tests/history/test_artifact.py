@@ -3,14 +3,13 @@ import time
 import numpy as np
 import pytest
 
-from stepscope import Refusal
+from stepscope import Refusal, open_run
 from stepscope.history import (
-    ArtifactWriter,
+    HistoryWriter,
     ObservationBatch,
     ObservationRecord,
     StepBlockRecord,
     StepTruth,
-    open_history,
 )
 from stepscope.history.batch import code_of
 from stepscope.history.schema import Presence
@@ -27,7 +26,7 @@ def _mixed_run(hx, path, n_steps=12, hist_every=4, commit_steps=4):
     at step 5), histograms for sites 0 and 2 every ``hist_every`` steps, plus a loss scalar."""
     rng = np.random.default_rng(7)
     data = {}
-    with ArtifactWriter(path, commit_steps=commit_steps, commit_seconds=None) as w:
+    with HistoryWriter(path, commit_steps=commit_steps, commit_seconds=None) as w:
         ids = [w.register_site(f"l{i}", "torch.nn.Linear", f"f32[{i + 2}]") for i in range(3)]
         for step in range(n_steps):
             act = [rng.normal(size=5 + i) for i in ids]
@@ -64,7 +63,7 @@ def _mixed_run(hx, path, n_steps=12, hist_every=4, commit_steps=4):
 
 def test_round_trip_values_presence_and_histograms(run_dir, hx):
     data = _mixed_run(hx, run_dir)
-    h = open_history(run_dir)
+    h = open_run(run_dir)
     assert h.steps.tolist() == list(range(12))
     for i in range(3):
         s = h.series(f"l{i}", "activation", "sum_squares")
@@ -90,7 +89,7 @@ def test_round_trip_values_presence_and_histograms(run_dir, hx):
 
 def test_histogram_rows_exist_only_where_taken(run_dir, hx):
     _mixed_run(hx, run_dir, n_steps=12, hist_every=4)
-    h = open_history(run_dir)
+    h = open_run(run_dir)
     # steps 0, 4, 8: two sites each (site 2 observed there); nothing stored elsewhere
     assert len(h.table("histograms")) == 6
     with_hist = [r for r in h.commits if any(f["table"] == "histograms" for f in r["files"])]
@@ -99,7 +98,7 @@ def test_histogram_rows_exist_only_where_taken(run_dir, hx):
 
 def test_observation_records_decode_to_kernel_objects(run_dir, hx):
     data = _mixed_run(hx, run_dir, n_steps=4)
-    h = open_history(run_dir)
+    h = open_run(run_dir)
     recs = h.observations(site="l0", stream="gradient", steps=(0, 0))
     assert len(recs) == 1
     rec = recs[0]
@@ -113,30 +112,30 @@ def test_observation_records_decode_to_kernel_objects(run_dir, hx):
 
 def test_several_steps_share_a_chunk_and_commit_interval_is_a_setting(run_dir, hx):
     hx.write_simple_run(run_dir, n_steps=10, commit_steps=4)
-    h = open_history(run_dir)
+    h = open_run(run_dir)
     assert [(r["step_lo"], r["step_hi"]) for r in h.commits] == [(0, 3), (4, 7), (8, 9)]
 
 
 def test_commit_seconds_commits_without_reaching_commit_steps(tmp_path, hx):
-    w = ArtifactWriter(tmp_path / "r", commit_steps=10_000, commit_seconds=0.05)
+    w = HistoryWriter(tmp_path / "r", commit_steps=10_000, commit_seconds=0.05)
     site = w.register_site("a", "t", "s")
     b = ObservationBatch.observed("activation", "forward", [site], hx.step_spines(0, 1))
     assert w.write_step(StepBlockRecord(0), [b]) is False
     time.sleep(0.06)
     assert w.write_step(StepBlockRecord(1), [b]) is True
-    assert open_history(tmp_path / "r").steps.tolist() == [0, 1]
+    assert open_run(tmp_path / "r").steps.tolist() == [0, 1]
     w.close()
 
 
 def test_live_reader_sees_only_committed_steps_and_refreshes(run_dir, hx):
-    w = ArtifactWriter(run_dir, commit_steps=2, commit_seconds=None)
+    w = HistoryWriter(run_dir, commit_steps=2, commit_seconds=None)
     ids = [w.register_site("a", "t", "s")]
     for step in range(3):
         w.write_step(
             StepBlockRecord(step),
             [ObservationBatch.observed("activation", "forward", ids, hx.step_spines(step, 1))],
         )
-    h = open_history(run_dir)
+    h = open_run(run_dir)
     assert h.steps.tolist() == [0, 1]  # step 2 is written but not committed
     w.write_step(StepBlockRecord(3), [])
     assert h.refresh() == 1
@@ -146,7 +145,7 @@ def test_live_reader_sees_only_committed_steps_and_refreshes(run_dir, hx):
 
 def test_filtered_reads_do_not_decode_unrelated_chunks(run_dir, hx):
     _mixed_run(hx, run_dir, n_steps=12, commit_steps=4)
-    h = open_history(run_dir)
+    h = open_run(run_dir)
     grad_late = next(
         f["name"]
         for r in h.commits
@@ -158,7 +157,7 @@ def test_filtered_reads_do_not_decode_unrelated_chunks(run_dir, hx):
     raw = bytearray(path.read_bytes())
     raw[-3] ^= 0xFF
     path.write_bytes(bytes(raw))
-    h = open_history(run_dir)
+    h = open_run(run_dir)
     assert h.series("l0", "activation", "mean").valid.all()  # other stream: not read
     assert len(h.series("l0", "gradient", "mean", steps=(0, 7)).steps) == 8  # other steps
     with pytest.raises(Refusal) as err:
@@ -168,9 +167,9 @@ def test_filtered_reads_do_not_decode_unrelated_chunks(run_dir, hx):
 
 def test_resume_appends_a_segment_that_supersedes_from_its_step(run_dir, hx):
     hx.write_simple_run(run_dir, n_steps=10, commit_steps=5)
-    w = ArtifactWriter(run_dir, resume=True, resume_at_step=6, commit_steps=5)
+    w = HistoryWriter(run_dir, resume=True, resume_at_step=6, commit_steps=5)
     hx.write_simple_run(run_dir, n_steps=3, start=6, writer=w)  # re-registers: same structure
-    h = open_history(run_dir)
+    h = open_run(run_dir)
     first, second = h.segments
     assert (second.parent_segment, second.resumed_at_step) == (first.segment_id, 6)
     assert h.steps.tolist() == list(range(9))  # 9 from the parent is superseded
@@ -180,7 +179,7 @@ def test_resume_appends_a_segment_that_supersedes_from_its_step(run_dir, hx):
 
 
 def test_topology_drift_ends_the_series_and_starts_a_new_one(run_dir, hx):
-    with ArtifactWriter(run_dir, commit_steps=1) as w:
+    with HistoryWriter(run_dir, commit_steps=1) as w:
         a = w.register_site("fc", "torch.nn.Linear", "f32[4]", label="first")
         w.write_step(
             StepBlockRecord(0),
@@ -192,7 +191,7 @@ def test_topology_drift_ends_the_series_and_starts_a_new_one(run_dir, hx):
             StepBlockRecord(1),
             [ObservationBatch.observed("activation", "forward", [b], hx.step_spines(1, 1))],
         )
-    h = open_history(run_dir)
+    h = open_run(run_dir)
     old, new = h.sites
     assert (old.ended_step, old.ended_reason, new.ended_step) == (1, "topology_drift", None)
     assert (old.signature, new.signature) == ("f32[4]", "f32[8]")
@@ -203,9 +202,9 @@ def test_topology_drift_ends_the_series_and_starts_a_new_one(run_dir, hx):
 def test_writer_refusals_have_codes(run_dir, hx):
     hx.write_simple_run(run_dir, n_steps=2)
     with pytest.raises(Refusal) as err:
-        ArtifactWriter(run_dir)
+        HistoryWriter(run_dir)
     assert err.value.code == "history_run_exists"
-    w = ArtifactWriter(run_dir, resume=True)
+    w = HistoryWriter(run_dir, resume=True)
     site = w.register_site("s0", "torch.nn.Linear", "f32[7]")
     with pytest.raises(Refusal) as err:
         w.write_step(StepBlockRecord(1), [])
@@ -226,13 +225,13 @@ def test_writer_refusals_have_codes(run_dir, hx):
 
 def test_reader_refusals_for_unknown_names(run_dir, hx):
     _mixed_run(hx, run_dir, n_steps=2)
-    h = open_history(run_dir)
+    h = open_run(run_dir)
     for call, code in [
         (lambda: h.series("nope", "activation", "mean"), "history_series_unknown"),
         (lambda: h.series("l0", "activation", "median"), "history_series_unknown"),
         (lambda: h.series("l0", "weights", "mean"), "stream_unknown"),
         (lambda: h.scalars("acc"), "history_series_unknown"),
-        (lambda: open_history(run_dir / "missing"), "history_artifact_missing"),
+        (lambda: open_run(run_dir / "missing"), "history_artifact_missing"),
     ]:
         with pytest.raises(Refusal) as err:
             call()
@@ -241,7 +240,7 @@ def test_reader_refusals_for_unknown_names(run_dir, hx):
 
 def test_spine_only_observation_costs_under_200_bytes(run_dir, hx):
     hx.write_simple_run(run_dir, n_steps=40, n_sites=200, commit_steps=20)
-    h = open_history(run_dir)
+    h = open_run(run_dir)
     sizes = h.sizes()
     rows = len(h.table("observations"))
     assert rows == 8000
@@ -251,13 +250,13 @@ def test_spine_only_observation_costs_under_200_bytes(run_dir, hx):
 
 def test_resumed_writer_reports_the_last_durable_step(run_dir, hx):
     hx.write_simple_run(run_dir, n_steps=7, commit_steps=3)
-    w = ArtifactWriter(run_dir, resume=True)
+    w = HistoryWriter(run_dir, resume=True)
     assert w.committed_step == 6 and w.run.resumed_at_step == 7
     w.close()
-    w = ArtifactWriter(run_dir, resume=True, resume_at_step=4)
+    w = HistoryWriter(run_dir, resume=True, resume_at_step=4)
     assert w.committed_step == 3
     hx.write_simple_run(run_dir, n_steps=1, start=4, writer=w)
-    h = open_history(run_dir)
+    h = open_run(run_dir)
     assert h.steps.tolist() == [0, 1, 2, 3, 4]  # the grandparent's 4..6 are superseded too
     assert h.series("s0", "activation", "sum").values[4] == hx.step_spines(4, 3)[0, 10]
 
@@ -266,13 +265,13 @@ def test_resumed_writer_reports_the_last_durable_step(run_dir, hx):
 def test_histogram_counts_round_trip_exactly_at_every_width_boundary(run_dir, hx, top):
     counts = np.zeros((1, WIDTH), np.int64)
     counts[0, 3], counts[0, -1] = top, 1
-    with ArtifactWriter(run_dir, commit_steps=1) as w:
+    with HistoryWriter(run_dir, commit_steps=1) as w:
         site = w.register_site("a", "t", "s")
         b = ObservationBatch.observed(
             "activation", "forward", [site], hx.step_spines(0, 1), hist_rows=[0], histograms=counts
         )
         w.write_step(StepBlockRecord(0), [b])
-    h = open_history(run_dir)
+    h = open_run(run_dir)
     got = h.histograms("a", "activation").counts
     assert got.dtype == np.int64 and np.array_equal(got, counts)
     stored = next(f for r in h.commits for f in r["files"] if f["table"] == "histograms")
@@ -281,12 +280,12 @@ def test_histogram_counts_round_trip_exactly_at_every_width_boundary(run_dir, hx
 
 
 def test_a_second_live_writer_on_the_same_artifact_refuses(run_dir, hx):
-    w = ArtifactWriter(run_dir)
+    w = HistoryWriter(run_dir)
     with pytest.raises(Refusal) as err:
-        ArtifactWriter(run_dir, resume=True)
+        HistoryWriter(run_dir, resume=True)
     assert err.value.code == "history_writer_active"
     w.close()
-    again = ArtifactWriter(run_dir, resume=True)  # the lock goes with close()
+    again = HistoryWriter(run_dir, resume=True)  # the lock goes with close()
     again.close()
 
 
@@ -305,7 +304,7 @@ def test_row_disclosures_are_interned_as_each_row_states_them(tmp_path, batch_wi
     from stepscope.stats import SPINE_WIDTH
 
     n = len(rows)
-    with ArtifactWriter(tmp_path / "r") as w:
+    with HistoryWriter(tmp_path / "r") as w:
         ids = [w.register_site(f"s{i}", "Linear", "f32[*]") for i in range(n)]
         b = ObservationBatch.observed(
             "activation",

@@ -9,7 +9,8 @@ import time
 import numpy as np
 import pytest
 
-from stepscope.history import ArtifactWriter, ObservationBatch, StepBlockRecord, open_history
+from stepscope import open_run
+from stepscope.history import HistoryWriter, ObservationBatch, StepBlockRecord
 
 N_SITES = 4
 TRIALS = 30
@@ -22,7 +23,7 @@ def _spines(step):
 
 
 def _child(path, commit_steps, fd):
-    w = ArtifactWriter(path, commit_steps=commit_steps, commit_seconds=None)
+    w = HistoryWriter(path, commit_steps=commit_steps, commit_seconds=None)
     ids = [w.register_site(f"s{i}", "t", "sig") for i in range(N_SITES)]
     os.write(fd, struct.pack("<q", -1))  # ready
     for step in range(100_000):
@@ -64,7 +65,7 @@ def test_sigkill_at_random_moments_leaves_exactly_a_committed_prefix(tmp_path):
         committed = _reported(r)
         os.close(r)
 
-        h = open_history(path)
+        h = open_run(path)
         assert h.verify().ok  # every index row's chunks verify
         steps = h.steps.tolist()
         last_reported = committed[-1] if committed else -1
@@ -81,14 +82,14 @@ def test_sigkill_at_random_moments_leaves_exactly_a_committed_prefix(tmp_path):
             assert h.scalars("x").values.tolist() == [float(t) for t in steps]
         outcomes.append((len(committed), len(steps), h.torn_tail_bytes))
         if trial % 6 == 0:  # a resumed writer continues right after the committed prefix
-            w = ArtifactWriter(path, resume=True, commit_steps=1)
+            w = HistoryWriter(path, resume=True, commit_steps=1)
             assert w.committed_step == (steps[-1] if steps else None)
             assert not list((path / "chunks").glob(".*.tmp*"))
             ids = [w.register_site(f"s{i}", "t", "sig") for i in range(N_SITES)]
             b = ObservationBatch.observed("activation", "forward", ids, _spines(len(steps)))
             w.write_step(StepBlockRecord(len(steps)), [b])
             w.close()
-            again = open_history(path)
+            again = open_run(path)
             assert again.steps.tolist() == list(range(len(steps) + 1))
             assert again.verify().ok and len(again.segments) == 2
     # the random kills landed at different points (not all before the first commit)
@@ -117,7 +118,7 @@ def _faulty_child(path, commit_steps, fault_steps, fd):
         return real_replace(a, b)
 
     os.pwrite, os.replace = pwrite, replace  # a forked child: patching os is local to it
-    w = ArtifactWriter(path, commit_steps=commit_steps, commit_seconds=None)
+    w = HistoryWriter(path, commit_steps=commit_steps, commit_seconds=None)
     ids = [w.register_site(f"s{i}", "t", "sig") for i in range(N_SITES)]
     os.write(fd, struct.pack("<q", -1))  # ready
     for step in range(100_000):
@@ -157,7 +158,7 @@ def test_sigkill_during_recovery_after_a_disk_fault_leaves_a_committed_prefix(tm
         committed = [v for v in seen + _reported(r) if v >= 0]
         os.close(r)
 
-        h = open_history(path)
+        h = open_run(path)
         assert h.verify().ok
         steps = h.steps.tolist()
         assert steps == list(range(len(steps)))
@@ -167,8 +168,8 @@ def test_sigkill_during_recovery_after_a_disk_fault_leaves_a_committed_prefix(tm
             s = h.series(f"s{i}", "activation", "sum")
             np.testing.assert_array_equal(s.values, [_spines(t)[i, 10] for t in steps])
         lengths.add(len(steps))
-        w2 = ArtifactWriter(path, resume=True, commit_steps=1)  # recovery of the recovery
+        w2 = HistoryWriter(path, resume=True, commit_steps=1)  # recovery of the recovery
         assert w2.committed_step == (steps[-1] if steps else None)
         w2.close()
-        assert open_history(path).steps.tolist() == steps
+        assert open_run(path).steps.tolist() == steps
     assert len(lengths) > 3, lengths

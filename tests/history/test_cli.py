@@ -2,8 +2,9 @@ import os
 import subprocess
 import sys
 
+from stepscope import open_run
 from stepscope.cli import main
-from stepscope.history import RunRecord, open_history
+from stepscope.history import RunRecord
 
 
 def test_show_prints_run_sites_streams_steps_and_sizes(run_dir, hx, capsys):
@@ -21,7 +22,7 @@ def test_verify_exits_zero_only_when_every_checksum_holds(run_dir, hx, capsys):
     hx.write_simple_run(run_dir, n_steps=4)
     assert main(["verify", str(run_dir)]) == 0
     assert capsys.readouterr().out.startswith("ok:")
-    name = open_history(run_dir).commits[-1]["files"][-1]["name"]
+    name = open_run(run_dir).commits[-1]["files"][-1]["name"]
     path = run_dir / "chunks" / name
     raw = bytearray(path.read_bytes())
     raw[-1] ^= 0x10
@@ -50,9 +51,9 @@ def test_merge_command_writes_a_merged_artifact(tmp_path, hx):
         timeout=120,
     )
     assert proc.returncode == 0, proc.stderr
-    merged = open_history(out)
+    merged = open_run(out)
     totals = merged.series("s0", "activation", "total").values
-    single = open_history(paths[0]).series("s0", "activation", "total").values
+    single = open_run(paths[0]).series("s0", "activation", "total").values
     assert (totals == 2 * single).all()
 
 
@@ -62,7 +63,7 @@ def test_show_json_prints_the_same_facts_as_one_object(run_dir, hx, capsys):
     hx.write_simple_run(run_dir, n_steps=5, n_sites=2, run=RunRecord.new(run_id="demo-run"))
     assert main(["show", str(run_dir), "--json"]) == 0
     payload = json.loads(capsys.readouterr().out)
-    h = open_history(run_dir)
+    h = open_run(run_dir)
     assert payload["run"] == json.loads(json.dumps(h.run.to_dict()))
     assert payload["steps"] == {"committed": 5, "first": 0, "last": 4}
     assert [s["name"] for s in payload["sites"]] == [s.name for s in h.sites]

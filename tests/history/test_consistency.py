@@ -12,15 +12,16 @@ import json
 import numpy as np
 import pytest
 
+from stepscope import open_run
 from stepscope.cli import main
 from stepscope.errors import Refusal
-from stepscope.history import ArtifactWriter, ObservationBatch, StepBlockRecord, open_history
+from stepscope.history import HistoryWriter, ObservationBatch, StepBlockRecord
 from stepscope.history.files import encode_log_row, json_sha256, log_extent
 from stepscope.stats.layout import FIELD_INDEX
 
 
 def _run(path):
-    with ArtifactWriter(path, commit_steps=2, commit_seconds=None) as w:
+    with HistoryWriter(path, commit_steps=2, commit_seconds=None) as w:
         ids = [w.register_site("fc", "t", "x"), w.register_site("out", "t", "x")]
         for step in range(4):
             spine = np.zeros((2, 15))
@@ -37,7 +38,7 @@ def _run(path):
                     ),
                 ],
             )
-    h = open_history(path)
+    h = open_run(path)
     assert h.steps.tolist() == [0, 1, 2, 3] and h.verify().ok  # the honest run
     return path
 
@@ -114,14 +115,14 @@ def test_a_resigned_self_contradictory_artifact_is_refused_and_verify_reports_it
 ):
     run = _run(tmp_path / "run")
     _reseal(run, MUTANTS[name])
-    h = open_history(run)  # the checksums all hold: it opens
+    h = open_run(run)  # the checksums all hold: it opens
     with pytest.raises(Refusal) as err:
         h.steps.tolist()
         h.series("fc", "gradient", "mean")
         h.series("fc", "activation", "mean")
         h.table("steps", steps=(0, 1))
     assert err.value.code == "history_artifact_inconsistent", err.value
-    report = open_history(run).verify()
+    report = open_run(run).verify()
     assert not report.ok
     assert "history_artifact_inconsistent" in {code for _, code, _ in report.failures}
     assert main(["verify", str(run)]) == 1

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from stepscope.history import ArtifactWriter, RunRecord, find_runs, is_run_dir
+from stepscope.history import HistoryWriter, RunRecord, find_runs, is_run_dir
 
 
 def _write_run(path: Path) -> None:
-    with ArtifactWriter(path, RunRecord.new()) as writer:
+    with HistoryWriter(path, RunRecord.new()) as writer:
         writer.write_scalar("loss", 0, 1.0)
 
 

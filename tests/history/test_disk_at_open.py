@@ -7,8 +7,9 @@ import pytest
 import torch
 
 import stepscope as ss
+from stepscope import open_run
 from stepscope.errors import Refusal
-from stepscope.history import ArtifactWriter, StepBlockRecord, open_history
+from stepscope.history import HistoryWriter, StepBlockRecord
 
 
 def _collector(out):
@@ -19,7 +20,7 @@ def _collector(out):
 @pytest.mark.parametrize("fault", ["read_only", "full"])
 def test_creating_or_resuming_on_a_broken_disk_refuses_with_a_code(tmpfs, fault):
     mnt = tmpfs.mount("256k")
-    with ArtifactWriter(mnt / "old") as w:
+    with HistoryWriter(mnt / "old") as w:
         w.write_step(StepBlockRecord(0), [])
     if fault == "read_only":
         tmpfs.remount(mnt, "ro")
@@ -27,8 +28,8 @@ def test_creating_or_resuming_on_a_broken_disk_refuses_with_a_code(tmpfs, fault)
         tmpfs.fill(mnt)
     try:
         for make in (
-            lambda: ArtifactWriter(mnt / "new"),
-            lambda: ArtifactWriter(mnt / "old", resume=True),
+            lambda: HistoryWriter(mnt / "new"),
+            lambda: HistoryWriter(mnt / "old", resume=True),
             lambda: _collector(mnt / "new2"),
         ):
             with pytest.raises(Refusal) as err:
@@ -40,8 +41,8 @@ def test_creating_or_resuming_on_a_broken_disk_refuses_with_a_code(tmpfs, fault)
             tmpfs.remount(mnt, "rw")
         else:
             os.unlink(mnt / "ballast")
-    assert open_history(mnt / "old").steps.tolist() == [0]  # the old run is intact
-    w = ArtifactWriter(mnt / "old", resume=True)  # and resumes once the disk heals
+    assert open_run(mnt / "old").steps.tolist() == [0]  # the old run is intact
+    w = HistoryWriter(mnt / "old", resume=True)  # and resumes once the disk heals
     w.write_step(StepBlockRecord(1), [])
     w.close()
-    assert open_history(mnt / "old").steps.tolist() == [0, 1]
+    assert open_run(mnt / "old").steps.tolist() == [0, 1]

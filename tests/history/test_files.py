@@ -3,8 +3,8 @@ import os
 import numpy as np
 import pytest
 
-from stepscope import Refusal
-from stepscope.history import ArtifactWriter, ObservationBatch, StepBlockRecord, open_history
+from stepscope import Refusal, open_run
+from stepscope.history import HistoryWriter, ObservationBatch, StepBlockRecord
 from stepscope.history.files import (
     append_log_row,
     atomic_write_bytes,
@@ -56,7 +56,7 @@ def test_incremental_log_reads_resume_from_the_offset(tmp_path):
 
 def _live_run(run_dir, n_steps, commit_steps):
     """A run whose writer never closed (as after a kill): its log is not sealed."""
-    w = ArtifactWriter(run_dir, commit_steps=commit_steps, commit_seconds=None)
+    w = HistoryWriter(run_dir, commit_steps=commit_steps, commit_seconds=None)
     ids = [w.register_site("s0", "torch.nn.Linear", "f32[7]")]
     for step in range(n_steps):
         w.write_step(
@@ -73,7 +73,7 @@ def test_torn_tail_in_a_live_artifact_opens_to_the_last_commit(run_dir):
     raw = log.read_bytes()
     last_start = raw.rstrip(b"\n").rfind(b"\n") + 1
     log.write_bytes(raw[: last_start + 40])  # the last commit's line was cut mid-append
-    h = open_history(run_dir)
+    h = open_run(run_dir)
     assert h.steps.tolist() == [0, 1, 2, 3] and h.torn_tail_bytes == 40
     assert h.verify().ok
 
@@ -86,7 +86,7 @@ def test_a_cut_in_a_sealed_log_refuses_incomplete(run_dir, hx):
     for cut in (last_start + 40, last_start):  # mid-line, and after a whole line
         log.write_bytes(raw[:cut])
         with pytest.raises(Refusal) as err:
-            open_history(run_dir)
+            open_run(run_dir)
         assert err.value.code == "history_index_incomplete"
 
 

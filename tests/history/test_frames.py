@@ -2,7 +2,7 @@
 
 Runs are collected from the test suite's real models (a ResNet-like CNN and a tiny GPT,
 ``tests/collect/models.py``); every table is checked against the reader's own arrays
-(:meth:`HistoryReader.series`), never against a hand-made table.
+(:meth:`stepscope.run.Run.series`), never against a hand-made table.
 """
 
 from __future__ import annotations

@@ -15,14 +15,14 @@ import pytest
 
 from stepscope import Refusal
 from stepscope.cli import main
-from stepscope.history import ArtifactWriter, ObservationBatch, StepBlockRecord
+from stepscope.history import HistoryWriter, ObservationBatch, StepBlockRecord
 from stepscope.history.files import encode_log_row, json_sha256, log_extent
 from stepscope.run import open_run  # the reader with the run log's evals.log
 from stepscope.stats import SPINE_WIDTH
 
 
 def _run(path):
-    with ArtifactWriter(path, commit_steps=2, commit_seconds=None) as w:
+    with HistoryWriter(path, commit_steps=2, commit_seconds=None) as w:
         ids = [w.register_site(f"s{i}", "torch.nn.Linear", "f32[7]") for i in range(2)]
         for step in range(4):
             spines = np.zeros((2, SPINE_WIDTH))
@@ -118,7 +118,7 @@ def test_a_deleted_index_directory_refuses(tmp_path):
 
 def test_a_middle_row_deleted_from_a_killed_runs_log_is_located(tmp_path):
     run = tmp_path / "run"
-    w = ArtifactWriter(run, commit_steps=1, commit_seconds=None)
+    w = HistoryWriter(run, commit_steps=1, commit_seconds=None)
     ids = [w.register_site("s0", "t", "sig")]
     for step in range(5):
         b = ObservationBatch.observed("activation", "forward", ids, np.ones((1, SPINE_WIDTH)))
@@ -244,7 +244,7 @@ def test_resume_never_writes_through_links_out_of_the_run(tmp_path):
     outside = tmp_path / "outside.txt"
     outside.write_bytes(b"keep")
     os.symlink(outside, run / "evals.log")
-    w = ArtifactWriter(run, resume=True)
+    w = HistoryWriter(run, resume=True)
     rows = DiskSink(w)
     with pytest.warns(RuntimeWarning, match="history_disk_fault.*symbolic link"):
         rows.write_eval(EvalRecord("validation", {"ce": 1.0}, optimizer_step=4))
@@ -256,7 +256,7 @@ def test_resume_never_writes_through_links_out_of_the_run(tmp_path):
     (run / "writer.lock").unlink()
     os.symlink(outside_lock, run / "writer.lock")
     with pytest.raises(Refusal) as err:
-        ArtifactWriter(run, resume=True)
+        HistoryWriter(run, resume=True)
     assert err.value.code == "history_file_kind_invalid" and not outside_lock.exists()
 
 
@@ -360,11 +360,10 @@ def test_a_bad_scalar_name_id_refuses(tmp_path):
     buf = io.BytesIO()
     np.save(buf, arr)
     _replace_chunk(run, "scalars", buf.getvalue())
-    from stepscope.runlog import RunView
 
     with pytest.raises(Refusal) as err:
         _read_everything(open_run(run))
-        RunView(open_run(run)).scalar("loss")
+        open_run(run).view().scalar("loss")
     assert err.value.code == "history_artifact_corrupt"
 
 
@@ -412,7 +411,7 @@ def _reseal_evals(path):
 
 def test_show_escapes_terminal_control_sequences_in_site_names(tmp_path, capsys):
     run = tmp_path / "run"
-    with ArtifactWriter(run, commit_steps=1) as w:
+    with HistoryWriter(run, commit_steps=1) as w:
         ids = [w.register_site("evil\x1b]0;pwned\x07\x1b[2J", "t\nx", "sig")]
         b = ObservationBatch.observed("activation", "forward", ids, np.ones((1, SPINE_WIDTH)))
         w.write_step(StepBlockRecord(0), [b], scalars={"a\x1b[31m": 1.0})
@@ -427,7 +426,7 @@ def test_a_renamed_site_in_catalog_json_refuses_or_is_disclosed(tmp_path):
     (run / "catalog.json").write_text(text.replace('"s1"', '"sX"'))
     _refuses(run, "history_artifact_corrupt")
     live = tmp_path / "live"  # killed: the last commit row carries the catalog's sha256
-    w = ArtifactWriter(live, commit_steps=1, commit_seconds=None)
+    w = HistoryWriter(live, commit_steps=1, commit_seconds=None)
     ids = [w.register_site("s0", "t", "sig")]
     b = ObservationBatch.observed("activation", "forward", ids, np.ones((1, SPINE_WIDTH)))
     w.write_step(StepBlockRecord(0), [b])

@@ -24,7 +24,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from stepscope.history import ArtifactWriter, ObservationBatch, StepBlockRecord, open_history
+from stepscope import open_run
+from stepscope.history import HistoryWriter, ObservationBatch, StepBlockRecord
 from stepscope.stats.layout import FIELD_INDEX
 
 OPS = ("fsync", "replace", "write", "pwrite")
@@ -41,7 +42,7 @@ def _scenario(path, fd):
     def report(step):
         os.write(fd, struct.pack("<q", step))
 
-    w = ArtifactWriter(path, commit_steps=2, commit_seconds=None)
+    w = HistoryWriter(path, commit_steps=2, commit_seconds=None)
     ids = [w.register_site(f"s{i}", "t", "x") for i in range(2)]
     for step in range(4):
         if w.write_step(StepBlockRecord(step), [_batch(w, ids, step)]):
@@ -49,7 +50,7 @@ def _scenario(path, fd):
                 report(s)
     w.close()
     report(3)
-    w = ArtifactWriter(path, resume=True, resume_at_step=4, commit_steps=1, commit_seconds=None)
+    w = HistoryWriter(path, resume=True, resume_at_step=4, commit_steps=1, commit_seconds=None)
     for step in (4, 5):
         w.write_step(StepBlockRecord(step), [_batch(w, [0, 1], step)])
         report(step)
@@ -110,16 +111,16 @@ def test_a_kill_at_every_file_operation_loses_no_committed_step_and_recovers(tmp
         committed = sorted(set(v for v in reported if v >= 0))
         try:
             if (path / "index.json").exists():  # written before any commit can happen
-                values = _values(open_history(path))
+                values = _values(open_run(path))
                 resume = True
             else:  # killed before index.json ever existed: nothing can have been committed
                 values, resume = {}, False
             lost = [s for s in committed if values.get(s) != float(s)]
-            w = ArtifactWriter(path, resume=resume, resume_at_step=6, durable=False)
+            w = HistoryWriter(path, resume=resume, resume_at_step=6, durable=False)
             ids = w.register_site("after", "t", "x"), w.register_site("s0", "t", "x")
             w.write_step(StepBlockRecord(6), [_batch(w, list(ids), 6)])
             assert w.close().uncommitted_steps == 0
-            h = open_history(path)
+            h = open_run(path)
             after = _values(h)
             lost += [s for s in [*committed, 6] if after.get(s) != float(s)]
             assert h.verify().ok, h.verify().failures

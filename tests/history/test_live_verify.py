@@ -7,11 +7,11 @@ import time
 import numpy as np
 import pytest
 
+from stepscope import open_run
 from stepscope.cli import main
-from stepscope.history import ArtifactWriter, ObservationBatch, StepBlockRecord, open_history
+from stepscope.history import HistoryWriter, ObservationBatch, StepBlockRecord
 from stepscope.history.files import append_log_row
 from stepscope.history.pending import write_chunk
-from stepscope.run import open_run
 
 
 def _batch(ids):
@@ -24,10 +24,10 @@ def test_verify_of_a_reader_opened_before_two_more_commits_is_not_damage(tmp_pat
     """The writer commits after the reader opened and is writing the next commit's chunks (its
     index line not yet appended): verify must not call that a shortened log."""
     path = tmp_path / "run"
-    w = ArtifactWriter(path, commit_steps=1, commit_seconds=None)
+    w = HistoryWriter(path, commit_steps=1, commit_seconds=None)
     ids = [w.register_site("fc", "t", "x")]
     w.write_step(StepBlockRecord(0), [_batch(ids)])
-    reader = open_history(path)  # sees commit 0
+    reader = open_run(path)  # sees commit 0
     w.write_step(StepBlockRecord(1), [_batch(ids)])  # commit 1 appended after the open
     w.write_step(StepBlockRecord(2), [_batch(ids)], scalars=None)  # commit 2 ...
     # ... and the chunks of commit 3 written, its line not yet appended (a commit in progress)
@@ -37,7 +37,7 @@ def test_verify_of_a_reader_opened_before_two_more_commits_is_not_damage(tmp_pat
         f"{w.run.segment_id}-0000003",
         "steps",
         None,
-        np.zeros(0, dtype=open_history(path)._dtypes["steps"]),
+        np.zeros(0, dtype=open_run(path)._dtypes["steps"]),
         False,
     )
     report = reader.verify()
@@ -46,7 +46,7 @@ def test_verify_of_a_reader_opened_before_two_more_commits_is_not_damage(tmp_pat
 
 
 def _live_writer(path, ready):
-    w = ArtifactWriter(path, commit_steps=1, commit_seconds=None, durable=False)
+    w = HistoryWriter(path, commit_steps=1, commit_seconds=None, durable=False)
     ids = [w.register_site("fc", "t", "x")]
     from stepscope.runlog.evals import EvalRecord
     from stepscope.runlog.sink import DiskSink
@@ -59,7 +59,7 @@ def _live_writer(path, ready):
             rows.write_eval(EvalRecord("validation", {"ce": 1.0}, optimizer_step=step))
         if step % 40 == 39:  # a resume every 40 steps: new segments, seals, manifests
             w.close()
-            w = ArtifactWriter(
+            w = HistoryWriter(
                 path, resume=True, commit_steps=1, commit_seconds=None, durable=False
             )
             rows = DiskSink(w)
@@ -92,7 +92,7 @@ def test_verify_and_evals_while_a_writer_appends_and_resumes_never_report_damage
 
 def test_cli_verify_fails_where_open_run_verify_fails(tmp_path, capsys):
     path = tmp_path / "run"
-    w = ArtifactWriter(path)
+    w = HistoryWriter(path)
     w.write_step(StepBlockRecord(0), [])
     append_log_row(path / "evals.log", {"n": 0, "segment": w.run.segment_id, "metrics": "x"})
     w.close()

@@ -4,9 +4,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stepscope import Refusal
+from stepscope import Refusal, open_run
 from stepscope.history import (
-    ArtifactWriter,
+    HistoryWriter,
     ObservationBatch,
     RunRecord,
     StepBlockRecord,
@@ -14,7 +14,6 @@ from stepscope.history import (
     merge_batches,
     merge_ranks,
     merge_spine_rows,
-    open_history,
 )
 from stepscope.history.merge import PARTIAL
 from stepscope.stats import SPINE_FIELDS, Histogram, RunningStats
@@ -58,7 +57,7 @@ def test_row_merge_agrees_with_the_kernel_running_stats_merge(seed, hx):
 def _rank_run(path, rank, world, data, n_steps, n_sites, np_spine):
     """Each rank observes its own data; site 1 is unscheduled on rank 0 at odd steps."""
     run = RunRecord.new(run_id="ddp", rank=rank, world_size=world)
-    with ArtifactWriter(path, run, commit_steps=3, durable=False) as w:
+    with HistoryWriter(path, run, commit_steps=3, durable=False) as w:
         ids = [w.register_site(f"l{i}", "torch.nn.Linear", "f32") for i in range(n_sites)]
         for t in range(n_steps):
             pres = np.ones(n_sites, np.uint8)
@@ -96,7 +95,7 @@ def test_rank_merge_equals_statistics_of_concatenated_rank_data(tmp_path, hx, wo
         paths.append(tmp_path / f"rank{rank}")
         _rank_run(paths[-1], rank, world, data, n_steps, n_sites, hx.np_spine)
     out = merge_ranks(paths, tmp_path / "merged", durable=False)
-    h = open_history(out)
+    h = open_run(out)
     assert h.steps.tolist() == list(range(n_steps))
     assert [b.examples_seen for b in h.step_blocks()] == [4 * world] * n_steps
     assert [m["rank"] for m in h.run.extra["merged_ranks"]] == list(range(world))

@@ -15,8 +15,9 @@ import numpy as np
 import pytest
 import torch
 
+from stepscope import open_run
 from stepscope.errors import CODES, Refusal
-from stepscope.history import ArtifactWriter, ObservationBatch, StepBlockRecord, open_history
+from stepscope.history import HistoryWriter, ObservationBatch, StepBlockRecord
 from stepscope.history.schema import RunRecord
 from stepscope.runlog import RunLog
 from stepscope.stats.layout import SPINE_WIDTH
@@ -48,7 +49,7 @@ def _spine(n=1):
 
 
 def _writer(tmp_path):
-    w = ArtifactWriter(tmp_path / "run", commit_steps=1, commit_seconds=None, durable=False)
+    w = HistoryWriter(tmp_path / "run", commit_steps=1, commit_seconds=None, durable=False)
     w.register_site("fc", "t", "x")
     return w
 
@@ -149,14 +150,14 @@ for ids, what in [([1], "unregistered"), ([-1], "negative"), ([0, 0], "repeat")]
     )
 for i, v in enumerate([0, -1, 1.5, "3", None, True]):
     case("plain", f"writer_commit_steps_{i}")(
-        lambda v=v, p=None: ArtifactWriter("/nonexistent-never-created", commit_steps=v)
+        lambda v=v, p=None: HistoryWriter("/nonexistent-never-created", commit_steps=v)
     )
 for i, v in enumerate([-1.0, float("nan"), "x", True]):
     case("plain", f"writer_commit_seconds_{i}")(
-        lambda v=v: ArtifactWriter("/nonexistent-never-created", commit_seconds=v)
+        lambda v=v: HistoryWriter("/nonexistent-never-created", commit_seconds=v)
     )
 for i, v in enumerate(["a\0b", "/dev/null", "/dev/null/run", "/proc/self/x/y", "x" * 5000]):
-    case("plain", f"writer_path_{i}")(lambda v=v: ArtifactWriter(v))
+    case("plain", f"writer_path_{i}")(lambda v=v: HistoryWriter(v))
 for i, (mask, dim) in enumerate(
     [
         (torch.ones(2, 3), 5),
@@ -212,11 +213,11 @@ for i, v in enumerate([10**6, -(10**6), 1.5, "x", None]):
 @pytest.fixture(scope="module")
 def good_run(tmp_path_factory):
     path = tmp_path_factory.mktemp("misuse") / "run"
-    w = ArtifactWriter(path, commit_steps=1, durable=False)
+    w = HistoryWriter(path, commit_steps=1, durable=False)
     w.register_site("fc", "t", "x")
     w.write_step(StepBlockRecord(0), [_batch()], scalars={"loss": 1.0})
     w.close()
-    return open_history(path)
+    return open_run(path)
 
 
 def _refused(call, *args):
@@ -250,7 +251,7 @@ def test_misuse_refuses_with_a_code_and_leaves_the_run_readable(
         with r.step():
             r.log("loss", 2.0)
         r.close()
-        run = open_history(tmp_path / "run")
+        run = open_run(tmp_path / "run")
         assert run.steps.tolist() == [0] and run.verify().ok
         assert run.scalars("loss").values.tolist() == [2.0]
         return
@@ -258,7 +259,7 @@ def test_misuse_refuses_with_a_code_and_leaves_the_run_readable(
     _refused(call, w)
     w.write_step(StepBlockRecord(7), [_batch()], scalars={"loss": 3.0})
     assert w.close().uncommitted_steps == 0
-    h = open_history(tmp_path / "run")
+    h = open_run(tmp_path / "run")
     assert h.steps.tolist() == [7] and h.verify().ok
     assert h.scalars("loss").values.tolist() == [3.0]
     assert h.series("fc", "activation", "total").values.tolist() == [1.0]
@@ -279,5 +280,5 @@ def test_a_collector_log_at_an_impossible_step_refuses_at_once_and_training_goes
             model(torch.ones(3, 2)).sum().backward()
             opt.step()
     c.close()
-    run = open_history(tmp_path / "run")
+    run = open_run(tmp_path / "run")
     assert run.steps.tolist() == [0, 1] and run.verify().ok

@@ -8,13 +8,13 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from stepscope import open_run
 from stepscope.history import (
-    ArtifactWriter,
+    HistoryWriter,
     ObservationBatch,
     RunRecord,
     StepBlockRecord,
     merge_ranks,
-    open_history,
 )
 from stepscope.stats import Histogram, reduce_spines
 
@@ -34,7 +34,7 @@ def _rank_main(root, rank):
         run = RunRecord.new(
             run_id="gloo-run", rank=dist.get_rank(), world_size=dist.get_world_size()
         )
-        with ArtifactWriter(root / f"rank{rank}", run, commit_steps=2, durable=False) as w:
+        with HistoryWriter(root / f"rank{rank}", run, commit_steps=2, durable=False) as w:
             ids = [w.register_site(f"l{i}", "torch.nn.Linear", "f32") for i in range(SITES)]
             for step in range(STEPS):
                 xs = [_data(rank, step, i) for i in range(SITES)]
@@ -63,10 +63,10 @@ def test_gloo_ranks_merge_to_the_statistics_of_all_ranks_data(tmp_path, hx):
     for p in procs:
         p.join(timeout=120)
     assert [p.exitcode for p in procs] == [0] * WORLD
-    parts = [open_history(tmp_path / f"rank{r}") for r in range(WORLD)]
+    parts = [open_run(tmp_path / f"rank{r}") for r in range(WORLD)]
     assert [(h.run.rank, h.run.world_size) for h in parts] == [(0, 2), (1, 2)]
 
-    merged = open_history(merge_ranks([tmp_path / "rank0", tmp_path / "rank1"], tmp_path / "m"))
+    merged = open_run(merge_ranks([tmp_path / "rank0", tmp_path / "rank1"], tmp_path / "m"))
     recs = {(r.step, r.site_id): r for r in merged.observations()}
     for step in range(STEPS):
         for i in range(SITES):

@@ -8,14 +8,14 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from stepscope import Refusal
-from stepscope.history import ArtifactWriter, ObservationBatch, StepBlockRecord, open_history
+from stepscope import Refusal, open_run
+from stepscope.history import HistoryWriter, ObservationBatch, StepBlockRecord
 from stepscope.history.files import encode_log_row, log_extent
 from stepscope.stats import Histogram
 
 
 def _run(path, hx):
-    with ArtifactWriter(path, commit_steps=2, commit_seconds=None) as w:
+    with HistoryWriter(path, commit_steps=2, commit_seconds=None) as w:
         ids = [w.register_site(f"s{i}", "torch.nn.Linear", "f32[7]") for i in range(2)]
         for step in range(4):
             h = Histogram()
@@ -49,18 +49,18 @@ def _chunk(h, table):
 
 @pytest.mark.parametrize("table", ["steps", "observations", "histograms", "scalars"])
 def test_one_flipped_byte_in_a_committed_chunk_refuses_corrupt(run_dir, hx, table):
-    h = open_history(_run(run_dir, hx))
+    h = open_run(_run(run_dir, hx))
     name = _chunk(h, table)
     path = run_dir / "chunks" / name
     raw = bytearray(path.read_bytes())
     raw[len(raw) // 2] ^= 0x01
     path.write_bytes(bytes(raw))
-    h = open_history(run_dir)
+    h = open_run(run_dir)
     with pytest.raises(Refusal) as err:
         _read_everything(h)
     assert err.value.code == "history_artifact_corrupt"
     assert name in err.value.message and err.value.remedies
-    report = open_history(run_dir).verify()
+    report = open_run(run_dir).verify()
     assert not report.ok and [f[0] for f in report.failures] == [name]
 
 
@@ -79,14 +79,14 @@ def test_malformed_or_truncated_json_refuses_json_invalid(run_dir, hx, file, dam
         }[damage]
     )
     with pytest.raises(Refusal) as err:
-        _read_everything(open_history(run_dir))
+        _read_everything(open_run(run_dir))
     # a closed run's index.json carries the manifest's and catalog's sha256: they fail it first
     signed = file in ("manifest.json", "catalog.json")
     assert err.value.code == ("history_artifact_corrupt" if signed else "history_json_invalid")
     if signed:  # a forger who also re-signs the index meets the JSON check
         _resign_index(run_dir)
         with pytest.raises(Refusal) as err:
-            _read_everything(open_history(run_dir))
+            _read_everything(open_run(run_dir))
         assert err.value.code == "history_json_invalid"
 
 
@@ -109,7 +109,7 @@ def test_missing_json_file_refuses_missing(run_dir, hx, file):
     _run(run_dir, hx)
     (run_dir / file).unlink()
     with pytest.raises(Refusal) as err:
-        open_history(run_dir)
+        open_run(run_dir)
     assert err.value.code == "history_artifact_missing"
 
 
@@ -131,7 +131,7 @@ def test_chunk_names_with_separators_or_dotdot_refuse(run_dir, hx, bad):
 
     _rewrite_log(run_dir, mutate)
     with pytest.raises(Refusal) as err:
-        open_history(run_dir)
+        open_run(run_dir)
     assert err.value.code == "history_chunk_name_invalid"
 
 
@@ -139,18 +139,18 @@ def test_log_names_outside_index_dir_refuse(run_dir, hx):
     _run(run_dir, hx)
     _resign_index(run_dir, lambda index: index.update(logs=["index/../manifest.json"]))
     with pytest.raises(Refusal) as err:
-        open_history(run_dir)
+        open_run(run_dir)
     assert err.value.code == "history_chunk_name_invalid"
 
 
 def test_index_pointing_at_missing_chunk_refuses_missing(run_dir, hx):
-    h = open_history(_run(run_dir, hx))
+    h = open_run(_run(run_dir, hx))
     name = _chunk(h, "observations")
     (run_dir / "chunks" / name).unlink()
     with pytest.raises(Refusal) as err:
-        _read_everything(open_history(run_dir))
+        _read_everything(open_run(run_dir))
     assert err.value.code == "history_artifact_missing" and name in err.value.message
-    failures = open_history(run_dir).verify().failures
+    failures = open_run(run_dir).verify().failures
     assert [(n, code) for n, code, _ in failures] == [(name, "history_artifact_missing")]
     assert "does not exist" in failures[0][2] and "steps 0..1 unaccounted for" in failures[0][2]
 
@@ -158,7 +158,7 @@ def test_index_pointing_at_missing_chunk_refuses_missing(run_dir, hx):
 def test_chunk_that_is_not_npy_but_matches_its_hash_refuses_corrupt(run_dir, hx):
     import hashlib
 
-    h = open_history(_run(run_dir, hx))
+    h = open_run(_run(run_dir, hx))
     name = _chunk(h, "observations")
     junk = b"not an npy file"
     (run_dir / "chunks" / name).write_bytes(junk)
@@ -171,7 +171,7 @@ def test_chunk_that_is_not_npy_but_matches_its_hash_refuses_corrupt(run_dir, hx)
 
     _rewrite_log(run_dir, mutate)
     with pytest.raises(Refusal) as err:
-        _read_everything(open_history(run_dir))
+        _read_everything(open_run(run_dir))
     assert err.value.code == "history_artifact_corrupt"
 
 
@@ -179,7 +179,7 @@ def test_pickled_object_chunk_is_never_unpickled(run_dir, hx):
     import hashlib
     import io
 
-    h = open_history(_run(run_dir, hx))
+    h = open_run(_run(run_dir, hx))
     name = _chunk(h, "observations")
     buf = io.BytesIO()
     np.save(buf, np.array([{"evil": 1}], dtype=object), allow_pickle=True)
@@ -193,7 +193,7 @@ def test_pickled_object_chunk_is_never_unpickled(run_dir, hx):
 
     _rewrite_log(run_dir, mutate)
     with pytest.raises(Refusal) as err:
-        _read_everything(open_history(run_dir))
+        _read_everything(open_run(run_dir))
     assert err.value.code == "history_artifact_corrupt"
 
 
@@ -270,7 +270,7 @@ def test_fuzzed_json_files_only_ever_raise_refusal(pristine, tmp_path, file, dat
         text = original[:cut] + data.draw(st.binary(max_size=6))
     (run / file).write_bytes(text)
     try:
-        _read_everything(open_history(run))
+        _read_everything(open_run(run))
     except Refusal:
         pass
     finally:
@@ -281,7 +281,7 @@ def test_valid_npy_of_the_wrong_dtype_refuses_corrupt(run_dir, hx):
     import hashlib
     import io
 
-    h = open_history(_run(run_dir, hx))
+    h = open_run(_run(run_dir, hx))
     name = _chunk(h, "observations")
     buf = io.BytesIO()
     np.save(buf, np.zeros(4), allow_pickle=False)
@@ -295,7 +295,7 @@ def test_valid_npy_of_the_wrong_dtype_refuses_corrupt(run_dir, hx):
 
     _rewrite_log(run_dir, mutate)
     with pytest.raises(Refusal) as err:
-        _read_everything(open_history(run_dir))
+        _read_everything(open_run(run_dir))
     assert err.value.code == "history_artifact_corrupt" and "dtype" in err.value.message
 
 
@@ -304,7 +304,7 @@ def test_in_place_chunk_view_matches_numpys_own_parser(run_dir, hx):
 
     from stepscope.history.layout import histogram_dtype, npy_load
 
-    h = open_history(_run(run_dir, hx))
+    h = open_run(_run(run_dir, hx))
     for r in h.commits:
         for f in r["files"]:
             data = (run_dir / "chunks" / f["name"]).read_bytes()
@@ -339,6 +339,6 @@ def test_tables_a_newer_writer_adds_are_skipped_and_listed(run_dir, hx):
         )
 
     _rewrite_log(run_dir, mutate)
-    h = open_history(run_dir)
+    h = open_run(run_dir)
     assert h.unknown_tables == {"evals"}
     assert _read_everything(h).ok  # known tables read as before; verify covers the new chunk

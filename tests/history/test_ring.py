@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from stepscope import Refusal
 from stepscope.history import (
-    ArtifactWriter,
+    HistoryWriter,
     ObservationBatch,
     RingPolicy,
     StepBlockRecord,
@@ -128,7 +128,7 @@ def test_policies_are_explicit_and_never_switch(hx):
 
 def test_writer_keeps_recent_blocks_in_its_ring(run_dir, hx):
     ring = StepRing(capacity=4, disk_backed=True)
-    w = ArtifactWriter(run_dir, ring=ring, commit_steps=100)
+    w = HistoryWriter(run_dir, ring=ring, commit_steps=100)
     hx.write_simple_run(run_dir, n_steps=6, writer=w)
     assert [b.step_lo for b in ring.blocks()] == [2, 3, 4, 5]
     np.testing.assert_array_equal(ring.get(5).batches[0].spines, hx.step_spines(5, 3))

@@ -3,7 +3,7 @@
 import pytest
 
 from stepscope.collect.sites import SiteCatalog
-from stepscope.history import ArtifactWriter
+from stepscope.history import HistoryWriter
 
 
 @pytest.fixture(params=["ram", "writer"])
@@ -11,7 +11,7 @@ def table(request, tmp_path):
     if request.param == "ram":
         yield SiteCatalog()
         return
-    w = ArtifactWriter(tmp_path / "run")
+    w = HistoryWriter(tmp_path / "run")
     yield w
     w.close()
 

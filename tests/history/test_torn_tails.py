@@ -13,7 +13,8 @@ import os
 import numpy as np
 import pytest
 
-from stepscope.history import ArtifactWriter, ObservationBatch, StepBlockRecord, open_history
+from stepscope import open_run
+from stepscope.history import HistoryWriter, ObservationBatch, StepBlockRecord
 from stepscope.history.files import append_log_row, encode_log_row, read_log
 
 
@@ -90,7 +91,7 @@ def test_a_commit_torn_mid_index_line_then_retried_keeps_the_whole_run(
 
     for keep in (0, 1, 63, 64, 65, 200, 300):
         path = tmp_path / f"run{keep}"
-        w = ArtifactWriter(path, commit_steps=1, commit_seconds=None, durable=False)
+        w = HistoryWriter(path, commit_steps=1, commit_seconds=None, durable=False)
         ids = [w.register_site("s", "t", "x")]
         disk = _TornDisk(monkeypatch, keep, truncate_fails)
         with warnings.catch_warnings():
@@ -102,7 +103,7 @@ def test_a_commit_torn_mid_index_line_then_retried_keeps_the_whole_run(
                 w.write_step(StepBlockRecord(step), [_batch(ids, step)])
             assert w.close().uncommitted_steps == 0
         monkeypatch.undo()
-        h = open_history(path)
+        h = open_run(path)
         assert h.steps.tolist() == list(range(6)), keep
         assert h.verify().ok
 

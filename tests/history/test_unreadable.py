@@ -8,12 +8,13 @@ import pathlib
 import numpy as np
 import pytest
 
+from stepscope import open_run
 from stepscope.errors import Refusal
-from stepscope.history import ArtifactWriter, ObservationBatch, StepBlockRecord, open_history
+from stepscope.history import HistoryWriter, ObservationBatch, StepBlockRecord
 
 
 def _run(path):
-    with ArtifactWriter(path) as w:
+    with HistoryWriter(path) as w:
         ids = [w.register_site("fc", "t", "x")]
         spine = np.zeros((1, 15))
         spine[0, :2] = 1
@@ -25,7 +26,7 @@ def _run(path):
 
 def test_an_unlistable_chunk_directory_is_a_verify_failure_not_a_raw_error(tmp_path, monkeypatch):
     path = _run(tmp_path / "run")
-    h = open_history(path)
+    h = open_run(path)
     real = pathlib.Path.iterdir
 
     def iterdir(self):  # as for a non-root reader of a chunks/ without read permission
@@ -55,21 +56,19 @@ TELEMETRY = {
 
 @pytest.mark.parametrize("kind", list(TELEMETRY))
 def test_a_hostile_telemetry_json_refuses_with_a_code(tmp_path, kind):
-    from stepscope.report.model import ReportRun
     from stepscope.report.record import _telemetry_accounting
 
     path = _run(tmp_path / "run")
     TELEMETRY[kind](path / "telemetry.json")
     with pytest.raises(Refusal) as err:
-        _telemetry_accounting(ReportRun.open(path))
+        _telemetry_accounting(open_run(path))
     assert err.value.code in {"history_json_invalid", "history_file_kind_invalid"}, err.value
 
 
 def test_a_plain_telemetry_json_is_still_shown(tmp_path):
-    from stepscope.report.model import ReportRun
     from stepscope.report.record import _telemetry_accounting
 
     path = _run(tmp_path / "run")
     (path / "telemetry.json").write_text(json.dumps({"probe_seconds": 0.5}))
-    table = _telemetry_accounting(ReportRun.open(path))
+    table = _telemetry_accounting(open_run(path))
     assert ["probe_seconds", "0.5"] in [list(r) for r in table.rows]

@@ -36,7 +36,7 @@ def recorded_gradients(
     run: str, names: list[str], phase: str | None = None
 ) -> dict[int, dict[str, tuple[float, ...]]]:
     """step -> name -> the five gradient facts stepscope recorded (observed rows only)."""
-    reader = ss.open_history(run)
+    reader = ss.open_run(run)
     out: dict[int, dict[str, tuple[float, ...]]] = {}
     for name in names:
         cols = [reader.series(name, "gradient", f, phase=phase) for f in FIELDS]

@@ -133,7 +133,7 @@ def test_gradient_rows_equal_the_gradient_the_optimizer_consumed(recorded):
 
 
 def test_steps_carry_micro_batches_examples_and_epochs(recorded):
-    blocks = ss.open_history(recorded["run"]).step_blocks()
+    blocks = ss.open_run(recorded["run"]).step_blocks()
     per_epoch = [2, 2, 1]  # 5 batches, accumulate 2: Lightning steps on the epoch's last batch
     assert [b.truth.micro_batches for b in blocks] == per_epoch * EPOCHS
     examples = np.cumsum([m * BATCH for m in per_epoch * EPOCHS]).tolist()
@@ -144,7 +144,7 @@ def test_steps_carry_micro_batches_examples_and_epochs(recorded):
 
 
 def test_validation_rows_carry_their_split_and_coordinates(recorded):
-    evals = ss.open_history(recorded["run"]).evals()
+    evals = ss.open_run(recorded["run"]).evals()
     assert [e.split for e in evals] == ["validation"] * EPOCHS  # the sanity check is not one
     assert [e.optimizer_step for e in evals] == [STEPS_PER_EPOCH * (i + 1) for i in range(EPOCHS)]
     assert [e.epoch for e in evals] == list(range(EPOCHS))
@@ -155,7 +155,7 @@ def test_validation_rows_carry_their_split_and_coordinates(recorded):
 
 
 def test_loss_and_learning_rate_are_run_scalars(recorded):
-    reader = ss.open_history(recorded["run"])
+    reader = ss.open_run(recorded["run"])
     losses = recorded["oracle"].losses  # one per micro-batch, already divided by ACCUMULATE
     sizes = [2, 2, 1] * EPOCHS
     expected = [sum(losses[sum(sizes[:i]) : sum(sizes[: i + 1])]) for i in range(len(sizes))]
@@ -178,7 +178,7 @@ def test_observation_is_bitwise_pure(recorded, tmp_path):
 def test_gradient_clipping_is_declared(tmp_path):
     cb = StepscopeCallback(settings=ss.WatchSettings(durable=False))
     fit(tmp_path, [cb], epochs=1, gradient_clip_val=0.5)
-    blocks = ss.open_history(tmp_path / "stepscope" / "version_0").step_blocks()
+    blocks = ss.open_run(tmp_path / "stepscope" / "version_0").step_blocks()
     assert {b.truth.clipped.value for b in blocks} == {"yes"}
 
 
@@ -190,7 +190,7 @@ def test_fit_stop_resume_is_one_artifact_with_ancestry(tmp_path):
     second = StepscopeCallback(cadence=1, settings=ss.WatchSettings(durable=False))
     oracle = Oracle()
     fit(tmp_path, [second, oracle], epochs=2, ckpt_path=str(ckpt))
-    reader = ss.open_history(run)
+    reader = ss.open_run(run)
     assert reader.steps.tolist() == list(range(EPOCHS * STEPS_PER_EPOCH))
     parent, child = reader.segments
     assert child.parent_segment == parent.segment_id
@@ -211,7 +211,7 @@ def test_resumed_segment_continues_examples_seen(tmp_path):
     (ckpt,) = (tmp_path / "checkpoints").glob("*.ckpt")
     cb = StepscopeCallback(settings=ss.WatchSettings(durable=False))
     fit(tmp_path, [cb], epochs=2, ckpt_path=str(ckpt))
-    blocks = ss.open_history(tmp_path / "stepscope" / "version_0").step_blocks()
+    blocks = ss.open_run(tmp_path / "stepscope" / "version_0").step_blocks()
     per_epoch = [2, 2, 1]
     assert [b.examples_seen for b in blocks] == np.cumsum(
         [m * BATCH for m in per_epoch * EPOCHS]
@@ -228,7 +228,7 @@ def test_resume_from_an_earlier_checkpoint_rewinds_to_its_step(tmp_path):
     ckpt = next((tmp_path / "ck").glob("*step=3*.ckpt"))
     cb2 = StepscopeCallback(settings=ss.WatchSettings(durable=False))
     fit(tmp_path, [cb2], epochs=2, ckpt_path=str(ckpt))
-    reader = ss.open_history(tmp_path / "stepscope" / "version_0")
+    reader = ss.open_run(tmp_path / "stepscope" / "version_0")
     assert reader.steps.tolist() == list(range(EPOCHS * STEPS_PER_EPOCH))
     assert reader.segments[-1].resumed_at_step == 3
     assert main(["verify", str(tmp_path / "stepscope" / "version_0")]) == 0
@@ -255,11 +255,11 @@ def test_ddp_two_ranks_write_segments_that_merge_exactly(tmp_path):
     assert done.returncode == 0, done.stderr[-4000:]
     assert (done.stdout + done.stderr).count("stepscope: run ") == 1  # rank 0 alone says where
     ranks = [tmp_path / "stepscope" / "version_0" / f"rank{r:03d}" for r in range(2)]
-    readers = [ss.open_history(p) for p in ranks]
+    readers = [ss.open_run(p) for p in ranks]
     assert [h.run.rank for h in readers] == [0, 1]
     assert len({h.run.run_id for h in readers}) == 1
     assert main(["merge", *map(str, ranks), "--out", str(tmp_path / "merged")]) == 0
-    merged = ss.open_history(tmp_path / "merged")
+    merged = ss.open_run(tmp_path / "merged")
     assert merged.steps.tolist() == readers[0].steps.tolist() == readers[1].steps.tolist()
     for site in ("conv.weight", "fc.weight", "bn"):
         stream = "activation" if site == "bn" else "gradient"
@@ -291,7 +291,7 @@ def test_dense_probe_runs_at_step_zero_then_on_its_cadence_and_stays_pure(tmp_pa
     _, control_model = fit(tmp_path / "b", [control])
     assert observed.losses == control.losses
     assert state_equal(model.state_dict(), control_model.state_dict())
-    reader = ss.open_history(tmp_path / "a" / "stepscope" / "version_0")
+    reader = ss.open_run(tmp_path / "a" / "stepscope" / "version_0")
     axes = ss.probe.read_probe_axes(reader)
     assert axes["optimizer_step"].tolist() == [0, 2, 4, 6]
     assert axes["examples_seen"].tolist() == [0, 32, 56, 80]
@@ -315,7 +315,7 @@ def test_dense_probe_cadence_is_chosen_from_measured_times(tmp_path):
     assert plan.decision is not None and plan.decision["target_overhead"] == 0.05
     assert plan.every == plan.decision["cadence_steps"] >= 1
     assert plan.decision["expected_overhead"] <= 0.05
-    reader = ss.open_history(tmp_path / "stepscope" / "version_0")
+    reader = ss.open_run(tmp_path / "stepscope" / "version_0")
     assert reader.scalars("probe/cadence_steps").values.tolist() == [float(plan.every)]
     overhead = reader.scalars("probe/expected_overhead").values.tolist()
     assert overhead == [pytest.approx(plan.decision["expected_overhead"], rel=1e-12)]
@@ -351,7 +351,7 @@ def amp_run(tmp_path_factory) -> tuple[ScalerOracle, list, Path]:
     fit(root, [cb, oracle], plugins=[plugin])
     return (
         oracle,
-        ss.open_history(root / "stepscope" / "version_0").step_blocks(),
+        ss.open_run(root / "stepscope" / "version_0").step_blocks(),
         root / "stepscope" / "version_0",
     )
 
@@ -405,7 +405,7 @@ def test_manual_optimization_stepping_twice_per_batch_records_each_optimizer_ste
     train, _ = loaders()
     trainer.fit(TwoStepsPerBatch(), train)
     assert trainer.global_step == 2 * BATCHES  # training ran to the end
-    reader = ss.open_history(tmp_path / "stepscope" / "version_0")
+    reader = ss.open_run(tmp_path / "stepscope" / "version_0")
     assert reader.steps.tolist() == list(range(2 * BATCHES))
     blocks = reader.step_blocks()
     assert [b.truth.applied.value for b in blocks] == ["yes"] * (2 * BATCHES)

@@ -156,7 +156,7 @@ def test_gradient_clip_val_rows_are_the_clipped_gradients(tmp_path, precision):
         assert sum(v[2] for v in consumed.values()) ** 0.5 == pytest.approx(0.05, rel=1e-4)
         assert "branch.weight" in consumed
     assert_rows_are_consumed(run, model.consumed, _names(model))
-    blocks = ss.open_history(run).step_blocks()
+    blocks = ss.open_run(run).step_blocks()
     assert [b.truth.clipped.value for b in blocks] == ["yes"] * 3
 
 
@@ -165,7 +165,7 @@ def test_manual_optimization_records_the_consumed_gradients(tmp_path):
     model, trainer, run = _twin(tmp_path, lambda: Net(manual=True), 3)
     assert trainer.global_step == 3
     assert_rows_are_consumed(run, model.consumed, _names(model))
-    reader = ss.open_history(run)
+    reader = ss.open_run(run)
     assert [b.truth.applied.value for b in reader.step_blocks()] == ["yes"] * 3
 
 
@@ -178,7 +178,7 @@ def test_a_gan_records_every_optimizer_step_of_both_optimizers(tmp_path, alterna
     model, trainer, run = _twin(tmp_path, lambda: GAN(alternate), batches)
     steps = len(model.order)
     assert trainer.global_step == steps == 4
-    reader = ss.open_history(run)
+    reader = ss.open_run(run)
     assert reader.steps.tolist() == list(range(steps))
     assert [b.truth.applied.value for b in reader.step_blocks()] == ["yes"] * steps
     names = _names(model)

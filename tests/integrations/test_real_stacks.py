@@ -85,7 +85,7 @@ def _check(tmp_path, case: dict) -> tuple[nn.Module, list[dict]]:
     assert state_equal(seen.state_dict(), twin.state_dict())
     assert optimizer_state_equal(opt.state_dict(), twin_opt.state_dict())
     run = tmp_path / "seen" / "run"
-    recorded = {s.name for s in ss.open_history(run).sites}
+    recorded = {s.name for s in ss.open_run(run).sites}
     names = [n for n, _ in seen.named_parameters() if n in recorded]
     assert len(oracle.steps) == STEPS and names
     assert_rows_are_consumed(run, oracle.steps, names)

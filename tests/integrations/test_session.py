@@ -51,7 +51,7 @@ def test_values_logged_for_a_written_step_survive_close(tmp_path):
     for step in range(3):
         watch.log("train/loss", float(step) + 0.5, step=step)
     watch.close()
-    loss = ss.open_history(tmp_path).scalars("train/loss")
+    loss = ss.open_run(tmp_path).scalars("train/loss")
     assert loss.steps.tolist() == [0, 1, 2]
     assert loss.values.tolist() == [0.5, 1.5, 2.5]
 
@@ -71,13 +71,13 @@ def test_resume_continues_at_the_checkpoint_step_earlier_or_later(tmp_path):
     rewound = _watch(tmp_path, 3, model)
     _train(rewound, model, opt, 1, start=3)
     rewound.close()
-    reader = ss.open_history(tmp_path)
+    reader = ss.open_run(tmp_path)
     assert reader.steps.tolist() == [0, 1, 2, 3]  # 3 and 4 of the first segment superseded
     assert [b.examples_seen for b in reader.step_blocks()] == [4, 8, 12, 16]
     later = _watch(tmp_path, 6, model)  # a checkpoint beyond the record: steps 4, 5 lost
     _train(later, model, opt, 1, start=6)
     later.close()
-    reader = ss.open_history(tmp_path)
+    reader = ss.open_run(tmp_path)
     assert reader.steps.tolist() == [0, 1, 2, 3, 6]
     assert [s.resumed_at_step for s in reader.segments] == [None, 3, 6]
     assert reader.step_blocks()[-1].examples_seen is None  # unknown across the gap, never guessed

@@ -113,7 +113,7 @@ def test_gradient_rows_equal_the_gradient_the_optimizer_consumed(recorded):
 
 
 def test_steps_carry_micro_batches_examples_epochs_and_clipping(recorded):
-    blocks = ss.open_history(recorded["run"]).step_blocks()
+    blocks = ss.open_run(recorded["run"]).step_blocks()
     assert [b.truth.micro_batches for b in blocks] == MICRO * EPOCHS
     assert [b.examples_seen for b in blocks] == np.cumsum(
         [m * BATCH for m in MICRO * EPOCHS]
@@ -124,7 +124,7 @@ def test_steps_carry_micro_batches_examples_epochs_and_clipping(recorded):
 
 
 def test_evaluation_rows_carry_their_split(recorded):
-    evals = ss.open_history(recorded["run"]).evals()
+    evals = ss.open_run(recorded["run"]).evals()
     assert [e.split for e in evals] == ["validation"] * EPOCHS
     assert [e.optimizer_step for e in evals] == [3, 6]
     assert [e.epoch for e in evals] == [0, 1]
@@ -135,7 +135,7 @@ def test_evaluation_rows_carry_their_split(recorded):
 
 
 def test_the_trainers_logged_values_are_run_scalars(recorded):
-    reader = ss.open_history(recorded["run"])
+    reader = ss.open_run(recorded["run"])
     train_logs = [log for log in recorded["oracle"].logs if "loss" in log]
     for key in ("loss", "grad_norm", "learning_rate"):
         series = reader.scalars(f"train/{key}")
@@ -164,7 +164,7 @@ def test_train_stop_resume_is_one_artifact_with_ancestry(tmp_path):
     cb2 = StepscopeCallback(cadence=1, settings=ss.WatchSettings(durable=False))
     oracle = Oracle()
     train(tmp_path, [cb2, oracle], epochs=2, resume=str(ckpt))
-    reader = ss.open_history(run)
+    reader = ss.open_run(run)
     assert reader.steps.tolist() == list(range(EPOCHS * STEPS_PER_EPOCH))
     parent, child = reader.segments
     assert (child.parent_segment, child.resumed_at_step) == (parent.segment_id, STEPS_PER_EPOCH)
@@ -193,7 +193,7 @@ def test_torchrun_two_ranks_write_segments_of_one_run_that_merge(tmp_path):
     assert done.returncode == 0, done.stderr[-4000:]
     assert (done.stdout + done.stderr).count("stepscope: run ") == 1  # rank 0 alone says where
     ranks = [tmp_path / "stepscope" / "version_0" / f"rank{r:03d}" for r in range(2)]
-    readers = [ss.open_history(p) for p in ranks]
+    readers = [ss.open_run(p) for p in ranks]
     assert [(h.run.rank, h.run.world_size) for h in readers] == [(0, 2), (1, 2)]
     assert len({h.run.run_id for h in readers}) == 1
     per_rank = N_TRAIN // 2 // BATCH  # 5 batches per rank: steps of 4 and 1 micro-batches
@@ -203,7 +203,7 @@ def test_torchrun_two_ranks_write_segments_of_one_run_that_merge(tmp_path):
             per_rank - ACCUMULATE,
         ]
     assert main(["merge", *map(str, ranks), "--out", str(tmp_path / "merged")]) == 0
-    merged = ss.open_history(tmp_path / "merged")
+    merged = ss.open_run(tmp_path / "merged")
     assert [b.examples_seen for b in merged.step_blocks()] == [2 * 16, 2 * 20]
     for field in ("total", "finite", "zero"):
         want = sum(h.series("lm_head", "activation", field).values for h in readers)

@@ -8,7 +8,8 @@ import time
 import pytest
 import torch
 
-from stepscope.history import ArtifactWriter, open_history
+from stepscope import open_run
+from stepscope.history import HistoryWriter
 from stepscope.probe import DenseProbe, plan_cadence, time_probe_parts, write_probe_record
 from tests.probe.probe_testkit import make_data, make_model
 
@@ -41,9 +42,9 @@ def test_serialisation_is_timed_and_charged_to_the_probe(tmp_path):
     assert min(parts["serialization_seconds"]) >= 0.03
     assert decision.probe_seconds_median >= 0.03 + min(parts["measure_seconds"])
     # a real serialiser: the run's own writer format, into a scratch artifact
-    with ArtifactWriter(tmp_path / "scratch", durable=False) as w:
+    with HistoryWriter(tmp_path / "scratch", durable=False) as w:
         t = time_probe_parts(
             probe, model, step, repeats=1, serialize=lambda r: write_probe_record(w, r)
         )
     assert min(t.serialization_seconds) > 0
-    assert "probe/model/loss" in open_history(tmp_path / "scratch").scalar_names
+    assert "probe/model/loss" in open_run(tmp_path / "scratch").scalar_names

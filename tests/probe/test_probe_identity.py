@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from stepscope import Refusal
-from stepscope.history import ArtifactWriter
+from stepscope.history import HistoryWriter
 from stepscope.probe import DenseProbe, probe_hash, read_probe_identity, write_probe_record
 from tests.probe.probe_testkit import make_data, make_model
 
@@ -15,7 +15,7 @@ def test_identity_is_persisted_and_a_different_probe_is_refused(tmp_path):
     model = make_model("mlp")
     x, y = make_data("mlp")
     probe = DenseProbe(x, y, size=12, seed=3, input_normalization="x / 255")
-    with ArtifactWriter(tmp_path / "run", durable=False) as w:
+    with HistoryWriter(tmp_path / "run", durable=False) as w:
         write_probe_record(w, probe.measure(model, step=0, examples_seen=0, epoch=0))
         identity = read_probe_identity(tmp_path / "run")
         idx = torch.tensor(identity["indices"])

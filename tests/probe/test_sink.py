@@ -8,7 +8,8 @@ import math
 import numpy as np
 import torch
 
-from stepscope.history import ArtifactWriter, open_history
+from stepscope import open_run
+from stepscope.history import HistoryWriter
 from stepscope.probe import DenseProbe
 from stepscope.probe.sink import (
     probe_scalar_rows,
@@ -25,7 +26,7 @@ def test_probe_rows_round_trip_with_all_three_axes(tmp_path):
     probe = DenseProbe(x, y, size=12)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     records = []
-    with ArtifactWriter(tmp_path / "run", durable=False, commit_steps=1) as writer:
+    with HistoryWriter(tmp_path / "run", durable=False, commit_steps=1) as writer:
         for step in range(3):
             active = {"3": step != 1}  # layer 3 skipped at step 1: None, no row
             rec = probe.measure(
@@ -36,7 +37,7 @@ def test_probe_rows_round_trip_with_all_three_axes(tmp_path):
             opt.zero_grad()
             torch.nn.functional.cross_entropy(model(x), y).backward()
             opt.step()
-    reader = open_history(tmp_path / "run")
+    reader = open_run(tmp_path / "run")
     axes = read_probe_axes(reader)
     assert axes["optimizer_step"].tolist() == [0, 1, 2]
     assert axes["examples_seen"].tolist() == [0, 24, 48] and axes["epoch"].tolist() == [0, 0, 1]

@@ -27,9 +27,10 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
 @pytest.fixture(scope="session")
 def report(runs: dict[str, object]) -> dict[str, object]:
     """The report over both seeds, built once: sections (with plot data) and the HTML file."""
-    from stepscope.report import ReportRun, build_sections, write_report
+    from stepscope import open_run
+    from stepscope.report import build_sections, write_report
 
-    views = [ReportRun.open(runs["seed0"]), ReportRun.open(runs["seed1"])]
+    views = [open_run(runs["seed0"]), open_run(runs["seed1"])]
     sections = build_sections(views, histogram_limit=3)
     path = write_report(sections, views, Path(runs["root"]) / "report.html")
     return {"views": views, "sections": {s.key: s for s in sections}, "path": path}

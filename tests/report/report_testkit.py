@@ -8,9 +8,10 @@ artifact: the tests compare the arrays the plots were given with these.
 from __future__ import annotations
 
 import json
+import shutil
 import struct
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -193,6 +194,18 @@ def bare_run(path: Path) -> None:
                 loss.backward()
                 opt.step()
     (path / "runlog.json").unlink()  # as an older run without the clocks' summary
+
+
+def bare_copy(runs: dict[str, object], tmp_path: Path) -> Path:
+    """A private copy of the session's bare run (a test may add curvature files to it)."""
+    return Path(shutil.copytree(str(runs["bare"]), tmp_path / "bare"))
+
+
+def with_recipe(run: ss.run.Run, recipe: str) -> ss.run.Run:
+    """``run`` opened again as if its run record named ``recipe`` (the report's seed group)."""
+    other = ss.open_run(run.path)
+    other.run = replace(other.run, extra={**other.run.extra, "recipe": recipe})
+    return other
 
 
 def as_array(d: dict[int, float], steps: np.ndarray) -> np.ndarray:

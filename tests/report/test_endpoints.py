@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from stepscope.history import ArtifactWriter, RunRecord, StepBlockRecord
-from stepscope.report import ReportRun
+from stepscope import open_run
+from stepscope.history import HistoryWriter, RunRecord, StepBlockRecord
 from stepscope.report.endpoints import default_endpoints, endpoints_section
 from stepscope.report.model import Table
 
 
 def _run(path, probe_steps, eval_steps):
-    w = ArtifactWriter(path, RunRecord.new(run_id="ends"), commit_steps=1, durable=False)
+    w = HistoryWriter(path, RunRecord.new(run_id="ends"), commit_steps=1, durable=False)
     for step in range(7):
         w.write_step(StepBlockRecord(step, examples_seen=8 * (step + 1)), scalars={"loss": 1.0})
     for step in probe_steps:
@@ -20,7 +20,7 @@ def _run(path, probe_steps, eval_steps):
     for step in eval_steps:
         w.write_scalar("eval/validation/accuracy_fraction", step, 0.25)
     w.close()
-    return ReportRun.open(path)
+    return open_run(path)
 
 
 @pytest.mark.parametrize(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 import time
 
-from stepscope.report import ReportRun
+from stepscope import open_run
 from stepscope.report.html import to_html
 from stepscope.report.model import Section
 from stepscope.report.plots import Plot
@@ -13,12 +13,12 @@ from stepscope.report.record import record_section
 
 
 def test_record_shows_the_creation_date_and_rounded_numbers(runs):
-    view = ReportRun.open(runs["seed0"])
+    view = open_run(runs["seed0"])
     sec = record_section([view])
     table = sec.all_items[0]
     rows = dict((r[0], r[1]) for r in table.rows)
     assert "created_unix" not in rows
-    want = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(view.reader.run.created_unix))
+    want = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(view.run.created_unix))
     assert rows["created"] == want
     for item in sec.all_items:  # no float anywhere with more than 4 significant digits
         for row in getattr(item, "rows", []):
@@ -37,7 +37,7 @@ def test_a_caption_shared_by_several_plots_is_printed_once(runs):
     shared = "Thin traces: seeds; thick: their mean."
     sec = Section("curves", "Curves")
     sec.items.extend([_plot(f"p{i}", shared) for i in range(4)] + [_plot("own", "Only mine.")])
-    html = to_html([sec], [ReportRun.open(runs["seed0"])])
+    html = to_html([sec], [open_run(runs["seed0"])])
     assert html.count(shared) == 1 and html.count("Only mine.") == 1
     assert html.count("<figcaption>x-axis: optimizer step.") == 5  # each still names its axis
     assert 'width="256" height="128"' in html  # shown at half its pixels: sharp on HiDPI

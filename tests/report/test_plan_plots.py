@@ -12,12 +12,13 @@ import pytest
 import torch
 
 import stepscope as ss
-from stepscope import Refusal
+from stepscope import Refusal, open_run
 from stepscope.cli import main
 from stepscope.probe import read_probe_identity
-from stepscope.report import Note, ReportRun, Table, build_sections
+from stepscope.report import Note, Table, build_sections
 from stepscope.report.data import PROBE_LAYER_QUANTITIES
 from stepscope.report.endpoints import endpoints_section
+from stepscope.report.model import run_label
 from stepscope.report.overlay import load_overlay
 from stepscope.report.sections import (
     curves_section,
@@ -42,7 +43,7 @@ def test_plot3_heatmaps_are_the_dense_probe_quantities(report, runs):
     sec = layers_section(report["views"], every_seed=True)
     assert set(PLOT3) == set(PROBE_LAYER_QUANTITIES)
     for run in (0, 1):
-        label = report["views"][run].label
+        label = run_label(report["views"][run])
         truth = runs[f"truth{run}"].probe
         for key, prefix in PLOT3.items():
             found = [p for p in plots_titled(sec, prefix) if p.title.endswith(label)]
@@ -71,7 +72,7 @@ def six_runs(runs, tmp_path_factory):
     for seed in (2, 3, 4):
         train_run(root / f"seed{seed}", seed, curvature=False)
         paths.append(root / f"seed{seed}")
-    views = [ReportRun.open(p) for p in paths]
+    views = [open_run(p) for p in paths]
     sections = [  # every_seed: per-run panels for each seed (the report's --every-seed)
         layers_section(views, every_seed=True),
         moments_section(views, every_seed=True),
@@ -83,7 +84,7 @@ def six_runs(runs, tmp_path_factory):
 
 def test_every_run_is_drawn_in_layers_moments_and_endpoints(six_runs):
     views, sections = six_runs
-    labels = [v.label for v in views]
+    labels = [run_label(v) for v in views]
     assert len(set(labels)) == 5
     for key, prefix in (
         ("layers", "dense-probe gradient L2"),
@@ -119,7 +120,7 @@ OVERLAY = {
 def test_overlay_is_drawn_in_its_own_style_with_its_regime(runs, tmp_path):
     path = tmp_path / "overlay.json"
     path.write_text(json.dumps(OVERLAY))
-    views = [ReportRun.open(runs["seed0"])]
+    views = [open_run(runs["seed0"])]
     sections = {"curves": curves_section(views, [0, 5], [load_overlay(path)])}
     (acc,) = plots_titled(sections["curves"], "accuracy vs optimizer step")
     label = (
@@ -173,7 +174,7 @@ def test_recorder_fp32_and_offline_fp64_probe_numbers_side_by_side(runs, tmp_pat
         },
     }
     (run / "curvature" / "curvature-001.json").write_text(json.dumps(doc))
-    sections = {s.key: s for s in build_sections([ReportRun.open(run)])}
+    sections = {s.key: s for s in build_sections([open_run(run)])}
     (table,) = [
         i
         for i in sections["curvature"].all_items
@@ -202,7 +203,7 @@ def test_evaluation_split_confusion_is_drawn_at_the_endpoints(tmp_path):
         for t, p in zip(y.tolist(), pred.tolist()):  # by hand
             conf[t, p] += 1
         c.log_eval("validation", {"accuracy": 0.3, "confusion": conf})
-    sec = endpoints_section([ReportRun.open(tmp_path / "run")], [0])
+    sec = endpoints_section([open_run(tmp_path / "run")], [0])
     (plot,) = plots_titled(sec, "validation confusion at step 0")
     assert [v for v in plot.data.values() if isinstance(v, np.ndarray) and v.shape == (3, 3)]
     matrix = next(v for v in plot.data.values() if isinstance(v, np.ndarray) and v.shape == (3, 3))
@@ -218,7 +219,7 @@ def test_the_run_records_telemetry_accounting_is_shown(runs, tmp_path):
     (run / "telemetry.json").write_text(
         json.dumps(accounting | {"overall_telemetry_fraction": 0.5})
     )
-    sec = record_section([ReportRun.open(run)])
+    sec = record_section([open_run(run)])
     (table,) = [i for i in sec.all_items if isinstance(i, Table) and "telemetry.json" in i.title]
     assert dict(map(tuple, table.rows)) == {
         "probe_seconds": "0.25",
@@ -251,7 +252,7 @@ def test_probe_mean_is_drawn_only_over_runs_of_the_same_probe(tmp_path):
                 per_step.append(rec.model.loss)
         paths.append(path)
         losses.append(per_step)
-    views = [ReportRun.open(p) for p in paths]
+    views = [open_run(p) for p in paths]
     sec = curves_section(views, [1, 3])
     (ce,) = plots_titled(sec, "cross-entropy vs optimizer step")
     (key,) = [k for k in ce.data if k.endswith(":probe · mean of 2 runs")]

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 import stepscope as ss
-from stepscope.history import ArtifactWriter, ObservationBatch, StepBlockRecord, open_history
+from stepscope import open_run
+from stepscope.history import HistoryWriter, ObservationBatch, StepBlockRecord
 from stepscope.report import histogram_plot
 from stepscope.report.data import histogram_grid
 from stepscope.report.sections import seed_traces
@@ -32,7 +33,7 @@ HIST_STEPS = (0, 2, 6)  # no histogram at step 4: a gap, not an empty column
 
 def hand_run_at(path):
     """A hand-written artifact: every special value at steps 0, 2 and 6, a dead ReLU site."""
-    with ArtifactWriter(path, durable=False) as w:
+    with HistoryWriter(path, durable=False) as w:
         site = w.register_site("fc", "torch.nn.Linear", "f32[*,14]")
         dead = w.register_site("relu", "torch.nn.ReLU", "f32[*,14]")
         for step in range(7):
@@ -44,7 +45,7 @@ def hand_run_at(path):
             ids = [site, dead]
             batch = ObservationBatch.observed("activation", "forward", ids, spines, **kw)
             w.write_step(StepBlockRecord(step, examples_seen=1), [batch])
-    return open_history(path)
+    return open_run(path)
 
 
 @pytest.fixture(scope="module")

@@ -11,12 +11,13 @@ from __future__ import annotations
 import io
 import math
 import re
-from dataclasses import replace
 
 import numpy as np
 import pytest
 
 from stepscope.report import Trace, heatmap_plot, line_plot
+from stepscope.report.model import run_label
+from tests.report.report_testkit import with_recipe
 
 SUPERSCRIPTS = str.maketrans("⁰¹²³⁴⁵⁶⁷⁸⁹⁻", "0123456789-")
 
@@ -111,13 +112,13 @@ def test_seeds_of_two_recipes_make_a_short_legend(saved, report):
     from stepscope.report.sections import curves_section
 
     a, b = report["views"]
-    views = [replace(a, group="plain"), replace(b, group="plain")]
-    views += [replace(a, group="residual"), replace(b, group="residual")]
+    views = [with_recipe(a, "plain"), with_recipe(b, "plain")]
+    views += [with_recipe(a, "residual"), with_recipe(b, "residual")]
     curves_section(views, [0, 5])
     fig = next(f for f in saved if "cross-entropy vs optimizer step" in f.axes[0].get_title())
     labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
     assert len(labels) <= 8, labels  # not one entry per seed, recipe and source
-    assert not any(a.label in lab or b.label in lab for lab in labels), labels
+    assert not any(run_label(a) in lab or run_label(b) in lab for lab in labels), labels
     flat = " ".join(labels)
     for want in ("plain", "residual", "eval/validation", "min–max"):
         assert want in flat, (want, labels)

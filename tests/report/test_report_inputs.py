@@ -9,10 +9,10 @@ import pytest
 import torch
 
 import stepscope as ss
-from stepscope.history import open_history
-from stepscope.report import ReportRun, render_report
+from stepscope import open_run
+from stepscope.report import render_report
 from stepscope.report.curvature import curvature_section
-from tests.report.report_testkit import curvature_doc
+from tests.report.report_testkit import bare_copy, curvature_doc
 
 
 def _set(doc, path, value):
@@ -51,18 +51,20 @@ MUTANTS = {
 def test_loosely_typed_curvature_json_refuses_with_a_code(runs, tmp_path, mutant):
     doc = copy.deepcopy(curvature_doc(0, 1.0))
     _set(doc, *MUTANTS[mutant])
-    (tmp_path / "curvature").mkdir()
-    (tmp_path / "curvature" / "curvature-000.json").write_text(json.dumps(doc))
+    run_dir = bare_copy(runs, tmp_path)
+    (run_dir / "curvature").mkdir()
+    (run_dir / "curvature" / "curvature-000.json").write_text(json.dumps(doc))
     with pytest.raises(ss.Refusal) as err:
-        curvature_section([ReportRun(tmp_path, open_history(runs["bare"]), "bad")])
+        curvature_section([open_run(run_dir)])
     assert err.value.code == "report_input_invalid"
 
 
 def test_the_unmutated_document_still_draws(runs, tmp_path):
-    (tmp_path / "curvature").mkdir()
+    run_dir = bare_copy(runs, tmp_path)
+    (run_dir / "curvature").mkdir()
     doc = curvature_doc(0, 1.0)
-    (tmp_path / "curvature" / "curvature-000.json").write_text(json.dumps(doc))
-    assert curvature_section([ReportRun(tmp_path, open_history(runs["bare"]), "ok")]).items
+    (run_dir / "curvature" / "curvature-000.json").write_text(json.dumps(doc))
+    assert curvature_section([open_run(run_dir)]).items
 
 
 class _Dollar(torch.nn.Module):

@@ -8,9 +8,17 @@ import json
 import numpy as np
 import torch
 
-from stepscope.history import open_history
+from stepscope import open_run
 from stepscope.report import Note, Table
-from tests.report.report_testkit import EVAL_ACC_STEPS, PROBE_STEPS, STEPS, as_array, plots_titled
+from stepscope.report.model import run_label
+from tests.report.report_testkit import (
+    EVAL_ACC_STEPS,
+    PROBE_STEPS,
+    STEPS,
+    as_array,
+    plots_titled,
+    with_recipe,
+)
 
 STEP_AXIS = np.arange(STEPS)
 
@@ -31,7 +39,7 @@ def heatmap(report, title: str, run: int):
     """
     from stepscope.report.sections import layers_section
 
-    label = report["views"][run].label
+    label = run_label(report["views"][run])
     sec = report["sections"]["layers"]
     if run:
         sec = layers_section(report["views"], every_seed=True)
@@ -88,11 +96,11 @@ def test_curves_show_seed_traces_and_their_mean_with_a_min_max_interval(report, 
     for run, view in enumerate(report["views"]):
         truth = runs[f"truth{run}"]
         want = np.array([truth.probe[s]["probe/model/loss"] for s in PROBE_STEPS])
-        x, y = trace(ce, f"probe · {view.label}")
+        x, y = trace(ce, f"probe · {run_label(view)}")
         np.testing.assert_array_equal(x, probe)
         np.testing.assert_allclose(y, want, rtol=1e-12)
         per_run.append(want)
-        x, y = trace(acc, f"eval/validation · {view.label}")
+        x, y = trace(acc, f"eval/validation · {run_label(view)}")
         want_acc = as_array(truth.eval_acc, x)
         np.testing.assert_array_equal(x, [0.0, 2.0, 5.0])
         assert np.isnan(y[1]) and np.isnan(want_acc[1])  # accuracy not evaluated at step 2: a gap
@@ -107,7 +115,7 @@ def test_curves_show_seed_traces_and_their_mean_with_a_min_max_interval(report, 
 
 def test_official_test_split_is_plotted_only_at_its_declared_endpoint(report):
     (ce,) = plots_titled(report["sections"]["curves"], "cross-entropy vs optimizer step")
-    x, y = trace(ce, f"eval/test · {report['views'][0].label}")
+    x, y = trace(ce, f"eval/test · {run_label(report['views'][0])}")
     np.testing.assert_array_equal(x, [5.0])  # the step-2 test evaluation was not an endpoint
     np.testing.assert_array_equal(y, [14.0])
 
@@ -118,23 +126,23 @@ def test_training_seconds_axis_uses_the_isolated_clock_and_throughput_is_example
     sec = report["sections"]["curves"]
     (ce_s,) = plots_titled(sec, "cross-entropy vs isolated training seconds")
     assert ce_s.xlabel == "isolated training seconds"
-    clock = open_history(runs["seed0"]).scalars("clock/training_seconds")
+    clock = open_run(runs["seed0"]).scalars("clock/training_seconds")
     np.testing.assert_array_equal(clock.steps, STEP_AXIS)
-    x, _ = trace(ce_s, f"probe · {report['views'][0].label}")
+    x, _ = trace(ce_s, f"probe · {run_label(report['views'][0])}")
     np.testing.assert_array_equal(x, clock.values[list(PROBE_STEPS)])
     (tp,) = plots_titled(report["sections"]["branch"], "measured training throughput")
-    _, rate = trace(tp, f"throughput · {report['views'][0].label}")
+    _, rate = trace(tp, f"throughput · {run_label(report['views'][0])}")
     want = np.concatenate([[np.nan], 48.0 / np.diff(clock.values)])
     np.testing.assert_allclose(rate, want, rtol=1e-12)
     assert "isolated training second" in tp.caption
     (elapsed,) = plots_titled(sec, "total elapsed time")
-    _, total = trace(elapsed, f"total elapsed · {report['views'][0].label}")
+    _, total = trace(elapsed, f"total elapsed · {run_label(report['views'][0])}")
     assert (total >= clock.values).all()  # total elapsed is shown apart, never as training
 
 
 def test_branch_activity_is_plotted_as_logged(report, runs):
     sec = report["sections"]["branch"]
-    label = report["views"][1].label
+    label = run_label(report["views"][1])
     (p,) = plots_titled(sec, "branch survival_probability")
     x, y = trace(p, f"block1 · {label}")
     np.testing.assert_array_equal(x, STEP_AXIS)
@@ -153,7 +161,7 @@ def test_endpoints_show_the_probe_confusion_class_counts_and_gap(report, runs):
     from stepscope.report.endpoints import endpoints_section
 
     sec = report["sections"]["endpoints"]
-    assert not plots_titled(sec, f"probe confusion at step 0 · {report['views'][1].label}")
+    assert not plots_titled(sec, f"probe confusion at step 0 · {run_label(report['views'][1])}")
     assert "first run of each recipe" in " ".join(
         n.text for n in sec.all_items if isinstance(n, Note)
     )
@@ -163,19 +171,19 @@ def test_endpoints_show_the_probe_confusion_class_counts_and_gap(report, runs):
     for run, view in enumerate(report["views"]):
         truth = runs[f"truth{run}"]
         for step in (0, 5):
-            (m,) = plots_titled(sec, f"probe confusion at step {step} · {view.label}")
+            (m,) = plots_titled(sec, f"probe confusion at step {step} · {run_label(view)}")
             np.testing.assert_array_equal(m.data["matrix"], truth.confusion[step])
-        (bars,) = plots_titled(sec, f"probe predicted-class counts · {view.label}")
+        (bars,) = plots_titled(sec, f"probe predicted-class counts · {run_label(view)}")
         for step in (0, 5):
             np.testing.assert_array_equal(
                 bars.data["groups"][f"step {step}"], truth.predicted[step]
             )
     (table,) = [i for i in sec.details if isinstance(i, Table)]
     rows = {(r[0], r[1], r[2]): r for r in table.rows}
-    row = rows[(report["views"][0].label, "5", "validation")]
-    test0 = rows[(report["views"][0].label, "0", "test")]
+    row = rows[(run_label(report["views"][0]), "5", "validation")]
+    test0 = rows[(run_label(report["views"][0]), "0", "test")]
     assert test0[7] == "not recorded"  # no test evaluation at step 0
-    assert rows[(report["views"][0].label, "5", "test")][7] == "14"
+    assert rows[(run_label(report["views"][0]), "5", "test")][7] == "14"
     truth = runs["truth0"]
     probe_acc = truth.probe[5]["probe/model/accuracy_fraction"]
     assert float(row[3]) == np.float64(f"{probe_acc:.4g}")  # rounded to 4 significant digits
@@ -211,7 +219,7 @@ def test_histograms_over_time_count_every_element_and_show_relu_zeros(report, ru
 
 def test_curvature_panel_draws_each_checkpoint_json(report, runs):
     sec = report["sections"]["curvature"]
-    label = report["views"][0].label
+    label = run_label(report["views"][0])
     docs = runs["truth0"].curvature
     for doc in docs:
         (spectra,) = plots_titled(sec, f"factor spectra at epoch {doc['epoch']} · {label}")
@@ -240,7 +248,7 @@ def test_curvature_panel_draws_each_checkpoint_json(report, runs):
 def test_run_record_lists_versions_hashes_and_cadences(report):
     (table, *_rest) = report["sections"]["record"].all_items
     fields = dict(table.rows)
-    run = report["views"][0].reader.run
+    run = report["views"][0].run
     assert fields["packages.torch"] == torch.__version__
     assert fields["model_fingerprint"] == run.model_fingerprint
     assert fields["extra.cadences.parameter.spine"] == "2"
@@ -257,17 +265,19 @@ def test_measured_overhead_comes_from_the_runlog_summary(report, runs):
 
 
 def test_runs_of_different_recipes_are_never_averaged_together(report):
-    from dataclasses import replace
 
     from stepscope.report.sections import curves_section
 
     a, b = report["views"]
-    sec = curves_section([replace(a, group="plain"), replace(b, group="residual")], [0, 5])
+    sec = curves_section([with_recipe(a, "plain"), with_recipe(b, "residual")], [0, 5])
     (ce,) = plots_titled(sec, "cross-entropy vs optimizer step")
     labels = [k.split(":", 1)[1] for k in ce.data if ":" in k]
     assert not any("mean of" in lab for lab in labels)
-    assert f"probe · plain · {a.label}" in labels and f"probe · residual · {b.label}" in labels
-    same = curves_section([replace(a, group="plain"), replace(b, group="plain")], [0, 5])
+    assert (
+        f"probe · plain · {run_label(a)}" in labels
+        and f"probe · residual · {run_label(b)}" in labels
+    )
+    same = curves_section([with_recipe(a, "plain"), with_recipe(b, "plain")], [0, 5])
     (ce,) = plots_titled(same, "cross-entropy vs optimizer step")
     labels = [k.split(":", 1)[1] for k in ce.data if ":" in k]
     assert "eval/validation · mean of 2 runs" in labels  # one recipe: averaged

@@ -8,8 +8,9 @@ import torch
 import torch.nn.functional as F
 
 import stepscope as ss
+from stepscope import open_run
 from stepscope.collect import Cadence
-from stepscope.report import Plot, ReportRun
+from stepscope.report import Plot
 from stepscope.report.sections import branch_section, layers_section
 
 ACTIVE = [True, False, True, True, False]  # ends skipped: .grad then holds stale zeros
@@ -47,7 +48,7 @@ def test_gradients_of_a_skipped_branch_are_gaps_and_its_activity_is_plotted(tmp_
                 c.log_mask("branch", torch.tensor([active]), nominal_macs_per_unit=36.0)
                 opt.step()
     assert not model.branch.weight.grad.any()  # the storage a naive reader would plot as 0
-    view = ReportRun.open(tmp_path / "run")
+    view = open_run(tmp_path / "run")
     (grad,) = [i for i in layers_section([view]).all_items if isinstance(i, Plot)]
     rows = grad.data["rows"]
     values = grad.data["values"]

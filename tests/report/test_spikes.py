@@ -5,8 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import stepscope as ss
+from stepscope import open_run
 from stepscope.report.html import SECTION_KEYS
-from stepscope.report.model import Note, ReportRun, Table
+from stepscope.report.model import Note, Table
 from stepscope.report.plots import Plot
 from stepscope.report.spikes import spikes_section
 from tests.forensics.spikekit import INJECTED, train
@@ -16,7 +17,7 @@ def test_section_tabulates_and_plots_the_layers_that_moved_first(tmp_path: Path)
     path = tmp_path / "run"
     rec = ss.FlightRecorder(window=32, dense_steps=4)
     train(50, ss.WatchSettings(output_dir=str(path), flight_recorder=rec, durable=False), 45)
-    sec = spikes_section([ReportRun.open(path)])
+    sec = spikes_section([open_run(path)])
     tables = [i for i in sec.items if isinstance(i, Table)]
     plots = [i for i in sec.items if isinstance(i, Plot)]
     assert len(tables) == 1 and len(plots) == 1
@@ -29,6 +30,6 @@ def test_section_tabulates_and_plots_the_layers_that_moved_first(tmp_path: Path)
 def test_a_run_without_triggers_gets_a_note_not_an_empty_plot(tmp_path: Path) -> None:
     path = tmp_path / "run"
     train(4, ss.WatchSettings(output_dir=str(path), durable=False))
-    sec = spikes_section([ReportRun.open(path)])
+    sec = spikes_section([open_run(path)])
     assert len(sec.items) == 1 and isinstance(sec.items[0], Note)
     assert "no data recorded: flight-recorder triggers" in sec.items[0].text

@@ -7,7 +7,6 @@ import torch
 
 import stepscope as ss
 from stepscope.history import Presence
-from stepscope.runlog import RunView
 from tests.runlog.runlog_testkit import BATCH, STEPS, STEPS_PER_EPOCH
 
 W2 = "blocks.2.fc.weight"
@@ -34,8 +33,8 @@ def _collect(sdnet_train, path, *, streams=("gradient", "parameter"), **kw):
 
 def test_collector_rows_match_the_logged_values_and_axes(tmp_path, sdnet_train):
     truth, _c = _collect(sdnet_train, tmp_path / "run")
-    h = ss.open_history(tmp_path / "run")
-    v = RunView(h)
+    h = ss.open_run(tmp_path / "run")
+    v = h.view()
     assert h.scalars("loss").values.tolist() == [truth.loss[s] for s in range(STEPS)]
     lr = v.scalar("lr")
     assert lr.values.tolist() == [truth.lr[s] for s in range(STEPS)]
@@ -54,7 +53,7 @@ def test_collector_rows_match_the_logged_values_and_axes(tmp_path, sdnet_train):
 
 
 def _w2_gradient(path):
-    s = ss.open_history(path).series(W2, "gradient", "sum_squares")
+    s = ss.open_run(path).series(W2, "gradient", "sum_squares")
     return s, s.presence_names()
 
 
@@ -71,7 +70,7 @@ def test_a_skipped_branch_with_stale_zero_grads_is_not_scheduled_not_zero(tmp_pa
     np.testing.assert_allclose(s.values[ran], [truth.grad_sq[st] for st in ran], rtol=1e-12)
     assert all(truth.grad_sq[st] > 0 for st in ran)
     # the same site's parameter stream is still measured at skipped steps (momentum moves it)
-    p = ss.open_history(tmp_path / "run").series(W2, "parameter", "sum_squares")
+    p = ss.open_run(tmp_path / "run").series(W2, "parameter", "sum_squares")
     assert p.valid.all()
 
 
@@ -96,7 +95,7 @@ def test_grads_set_to_none_are_absent_and_the_mask_marks_them_not_scheduled(tmp_
 
 def test_collector_clocks_add_up_and_match_its_telemetry(tmp_path, sdnet_train):
     _, c = _collect(sdnet_train, tmp_path / "run", streams=("activation", "gradient"))
-    v = RunView(ss.open_history(tmp_path / "run"))
+    v = ss.open_run(tmp_path / "run").view()
     clk = v.clocks()
     assert clk.steps.tolist() == list(range(STEPS))
     assert (clk.training_seconds + clk.telemetry_seconds <= clk.elapsed_seconds).all()
@@ -130,7 +129,7 @@ def test_telemetry_after_the_last_step_is_counted_in_the_run_total(tmp_path):
     with c.telemetry():  # the final probe of a run
         time.sleep(0.05)
     c.close()
-    v = RunView(ss.open_history(tmp_path / "run"))
+    v = ss.open_run(tmp_path / "run").view()
     rows = v.clocks().telemetry_seconds[-1]
     assert v.summary["trailing_telemetry_seconds"] >= 0.05
     assert v.summary["telemetry_seconds"] == rows + v.summary["trailing_telemetry_seconds"]

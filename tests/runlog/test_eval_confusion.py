@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from stepscope import HistoryCollector, Refusal, WatchSettings, open_history
+from stepscope import HistoryCollector, Refusal, WatchSettings, open_run
 from stepscope.runlog.sink import read_eval_log
 
 
@@ -30,7 +30,7 @@ def test_log_eval_confusion_is_stored_cell_by_cell(tmp_path):
     expected = np.zeros((3, 3), dtype=np.int64)
     for t, p in zip(y.tolist(), pred):
         expected[t, p] += 1
-    reader = open_history(tmp_path / "run")
+    reader = open_run(tmp_path / "run")
     got = np.array(
         [
             [reader.scalars(f"eval/validation/confusion/{t}/{p}").values[0] for p in range(3)]

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import stepscope as ss
-from stepscope.history import ArtifactWriter
+from stepscope.history import HistoryWriter
 
 
 @pytest.mark.parametrize("kind", ["directory", "link"])
@@ -36,6 +36,6 @@ def test_close_commits_every_pending_step_when_evals_log_is_not_a_file(tmp_path,
     assert any("history_disk_fault" in str(w.message) for w in caught)
     run = ss.open_run(out)
     assert run.steps.tolist() == list(range(6))  # every pending step committed
-    w = ArtifactWriter(out, resume=True)  # the lock was released
+    w = HistoryWriter(out, resume=True)  # the lock was released
     w.close()
     assert not (tmp_path / "elsewhere").exists()  # the link was never followed

@@ -35,7 +35,6 @@ def test_jsonl_export_carries_scalars_clocks_branches_and_evals(tmp_path, sdnet_
 
 
 def _view_of(path):
-    from stepscope import open_history
-    from stepscope.runlog import RunView
+    from stepscope import open_run
 
-    return RunView(open_history(path))
+    return open_run(path).view()

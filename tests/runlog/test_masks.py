@@ -6,7 +6,7 @@ import torch
 import stepscope as ss
 from stepscope.history import ObservationBatch, Presence, SiteRecord
 from stepscope.history.batch import code_of
-from stepscope.runlog import RunView, withhold_inactive
+from stepscope.runlog import withhold_inactive
 from stepscope.stats import SPINE_WIDTH
 
 NAMES = ["blocks.1.fc.weight", "blocks.10.fc.weight", "blocks.1", "head.weight"]
@@ -72,7 +72,7 @@ def _one_run(path, steps, evals, resume=False, value=1.0):
 def test_a_resume_supersedes_the_ancestors_evaluations_from_its_step_on(tmp_path):
     _one_run(tmp_path / "r", 4, {2, 4})  # evaluations at steps 2 and 4 (after the last step)
     _one_run(tmp_path / "r", 2, {4, 6}, resume=True, value=10.0)  # resumes at step 4
-    v = RunView(ss.open_history(tmp_path / "r"))
+    v = ss.open_run(tmp_path / "r").view()
     got = [(r.optimizer_step, r.metrics["ce"]) for r in v.evals("validation")]
     assert got == [(2, 3.0), (4, 14.0), (6, 16.0)]
     s = v.scalar("eval/validation/ce")  # the scalar rows agree (same supersede rule)

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from stepscope import Refusal, open_history
-from stepscope.runlog import EvalRecord, RunLog, RunView, read_summary
+from stepscope import Refusal, open_run
+from stepscope.runlog import EvalRecord, RunLog, read_summary
 from tests.runlog.runlog_testkit import BATCH, STEPS, STEPS_PER_EPOCH, survival
 
 
@@ -13,12 +13,12 @@ def _run(sdnet_train, path=None, **kw):
     truth = sdnet_train(lambda m, o: (rl, lambda n, e: rl.step(examples=n, epoch=e)), **kw)
     view = rl.view() if path is None else None
     rl.close()
-    return truth, (view or RunView(open_history(path)))
+    return truth, (view or open_run(path).view())
 
 
 def test_reader_returns_exactly_the_logged_values_at_their_steps(tmp_path, sdnet_train):
     truth, v = _run(sdnet_train, tmp_path / "run")
-    h = open_history(tmp_path / "run")
+    h = open_run(tmp_path / "run")
     loss = h.scalars("loss")  # the reader's own access path
     assert loss.steps.tolist() == list(range(STEPS))
     assert loss.values.tolist() == [truth.loss[s] for s in range(STEPS)]
@@ -127,7 +127,7 @@ def test_rows_logged_after_the_last_step_are_kept_at_the_next_step(tmp_path):
         rl.log("loss", 1.0)
     rl.log("final_accuracy_fraction", 0.75)
     rl.close()
-    s = open_history(tmp_path / "r").scalars("final_accuracy_fraction")
+    s = open_run(tmp_path / "r").scalars("final_accuracy_fraction")
     assert (s.steps.tolist(), s.values.tolist()) == ([1], [0.75])
 
 
@@ -141,7 +141,7 @@ def test_an_exception_in_a_step_closes_the_log_and_keeps_committed_rows(tmp_path
     with pytest.raises(Refusal) as err:
         rl.log("loss", 3.0)
     assert err.value.code == "runlog_closed"
-    assert open_history(tmp_path / "r").scalars("loss").values.tolist() == [1.0]
+    assert open_run(tmp_path / "r").scalars("loss").values.tolist() == [1.0]
 
 
 def test_eval_records_validate_their_fields():
@@ -173,7 +173,7 @@ def test_a_hand_logged_fraction_has_masked_counts_not_garbage():
 
 def test_the_history_reader_exposes_evals_and_clocks(tmp_path, sdnet_train):
     truth, v = _run(sdnet_train, tmp_path / "run")
-    h = open_history(tmp_path / "run")
+    h = open_run(tmp_path / "run")
     assert [r.metrics["ce"] for r in h.evals("validation")] == [
         truth.val_ce[s] for s in (0, 4, 8, 12)
     ]

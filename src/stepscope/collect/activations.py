@@ -59,7 +59,7 @@ from stepscope.collect.sites import (
     NO_TENSOR,
     NOT_RUN,
     ROOT_SITE,
-    Row,
+    SiteRow,
     output_signature,
     unwrap_compiled,
 )
@@ -99,12 +99,12 @@ class ActivationSites:
         check_structure: Callable[[], None],
         model: torch.nn.Module,
         modules: Sequence[tuple[str, torch.nn.Module]],
-        rows: Sequence[Row],
+        rows: Sequence[SiteRow],
         output_keys: Mapping[str, str],
     ) -> None:
         self.step, self.reducer, self.catalog = step, reducer, catalog
         self.check_structure, self.model = check_structure, model
-        self.rows: dict[int, dict[str, Row]] = {}  # id(module) -> {stream: row}
+        self.rows: dict[int, dict[str, SiteRow]] = {}  # id(module) -> {stream: row}
         for r in rows:
             if r.stream in ACTIVATION_STREAMS:
                 self.rows.setdefault(id(r.module), {})[r.stream] = r
@@ -235,7 +235,7 @@ class ActivationSites:
             state.hook_calls += 1
             state.hook_s += time.perf_counter() - t0 - (state.telemetry_s - charged)
 
-    def _observe(self, rows: dict[str, Row], state: StepState, output: Any) -> None:
+    def _observe(self, rows: dict[str, SiteRow], state: StepState, output: Any) -> None:
         due = state.spine_due
         row, grow = rows.get("activation"), rows.get("activation_grad")
         if not (row is not None and due["activation"]) and not (
@@ -286,7 +286,7 @@ class ActivationSites:
             )
         return self._discovered
 
-    def bind(self, rows: Iterable[Row], sig: str, step: int) -> None:
+    def bind(self, rows: Iterable[SiteRow], sig: str, step: int) -> None:
         """Register rows under ``sig``: discovery, or a structural change (a new series)."""
         catalog = self.catalog
         self._discovered = self._registered = None
@@ -318,7 +318,7 @@ class ActivationSites:
             if todo:
                 self.bind(todo, NOT_RUN, state.step)
 
-    def rebind(self, name: str, new: torch.nn.Module | None) -> list[Row]:
+    def rebind(self, name: str, new: torch.nn.Module | None) -> list[SiteRow]:
         """Move the hooks of module ``name`` to its replacement; returns its activation rows."""
         self._discovered = self._registered = None  # surgery: the rows are rediscovered
         old = self.bound.pop(name)

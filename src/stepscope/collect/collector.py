@@ -38,7 +38,7 @@ RAM ring of 256 steps instead:
 ...         with c.step(opt, examples=16):
 ...             loss = model(torch.randn(16, 4)).pow(2).mean()
 ...             opt.zero_grad(); loss.backward(); opt.step()
->>> ss.open_history(run_dir).steps.tolist()
+>>> ss.open_run(run_dir).steps.tolist()
 [0, 1, 2]
 """
 
@@ -62,7 +62,7 @@ from stepscope.collect.optimizer import OptimizerSteps, OptimizerWatch
 from stepscope.collect.plan import Plan, build_plan
 from stepscope.collect.settings import WatchSettings, check_streams
 from stepscope.collect.sites import (
-    Row,
+    SiteRow,
     build_rows,
     leaf_modules,
     parameter_holders,
@@ -168,7 +168,7 @@ class HistoryCollector(UserLog):
         watched = unwrap_compiled(model)  # torch.compile(model): sites keep their own names
         self.modules = select_modules(watched, sites if sites is not None else leaf_modules)
         owners = parameter_holders(watched) if sites is None else None
-        self.rows: list[Row] = build_rows(self.modules, streams, owners)
+        self.rows: list[SiteRow] = build_rows(self.modules, streams, owners)
         if not self.rows:
             raise Refusal(
                 "selection_empty",
@@ -176,7 +176,7 @@ class HistoryCollector(UserLog):
                 ["add 'activation' to streams", "select modules that own parameters"],
             )
         self.descriptor = self.settings.descriptor
-        self._by_stream: dict[str, list[Row]] = {
+        self._by_stream: dict[str, list[SiteRow]] = {
             s: [r for r in self.rows if r.stream == s] for s in streams
         }
         self._open = OpenStep()  # the step the hooks record into; only this class ends one
@@ -507,7 +507,7 @@ class HistoryCollector(UserLog):
         return self._store.sink
 
     def run_view(self) -> Any:
-        """Run-log rows written so far (:class:`~stepscope.runlog.RunView`; commits first)."""
+        """Run-log rows written so far (:class:`~stepscope.runlog.view.RunView`; commits first)."""
         return view_of(self._store.sink, self.clock, self._closed)
 
     # ------------------------------------------------------------------ lifecycle

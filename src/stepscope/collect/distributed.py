@@ -73,7 +73,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from stepscope.collect.sites import Row
+from stepscope.collect.sites import SiteRow
 from stepscope.history import ObservationBatch, StepBlockRecord
 from stepscope.history.batch import code_of
 from stepscope.history.merge import merge_step_batches
@@ -232,7 +232,7 @@ class LiveMerge:
     _created = 0  # live merges made in this process: the n-th of every rank agree
 
     def __init__(
-        self, rows: Sequence[Row], histogram_width: int, run_id: str = "", group: Any = None
+        self, rows: Sequence[SiteRow], histogram_width: int, run_id: str = "", group: Any = None
     ) -> None:
         self.rows, self.width, self.group = list(rows), histogram_width, group
         LiveMerge._created += 1
@@ -252,7 +252,7 @@ class LiveMerge:
 
     @classmethod
     def create(
-        cls, rows: Sequence[Row], histogram_width: int, enabled: bool, run_id: str = ""
+        cls, rows: Sequence[SiteRow], histogram_width: int, enabled: bool, run_id: str = ""
     ) -> LiveMerge | None:
         """A live merge when ``enabled`` and a process group of more than one rank is up."""
         dist = torch.distributed

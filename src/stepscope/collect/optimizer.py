@@ -80,7 +80,7 @@ from typing import Any
 import torch
 
 from stepscope.collect.activations import ActivationSites
-from stepscope.collect.sites import PARAM_STREAMS, Row
+from stepscope.collect.sites import PARAM_STREAMS, SiteRow
 from stepscope.collect.staging import Reducer
 from stepscope.collect.step import (
     OpenStep,
@@ -220,14 +220,14 @@ class OptimizerWatch:
     def __init__(
         self,
         optimizer: torch.optim.Optimizer,
-        rows: Sequence[Row],
+        rows: Sequence[SiteRow],
         on_pre: Callable[[OptimizerWatch, Callable[[], Any] | None], Callable[[], Any] | None],
         on_post: Callable[[OptimizerWatch], None],
     ) -> None:
         self.optimizer = optimizer
         self._all_rows = list(rows)
         self._owned_count = -1
-        self.rows: dict[str, list[Row]] = {}
+        self.rows: dict[str, list[SiteRow]] = {}
         self.param_ids: frozenset[int] = frozenset()  # ids of the parameters it steps
         self.refresh()
         self._on_pre = on_pre
@@ -261,7 +261,7 @@ class OptimizerWatch:
         """Recompute ownership at the next :meth:`owned` (rows were rebound: model surgery)."""
         self._owned_count = -1
 
-    def owned(self, stream: str) -> list[Row]:
+    def owned(self, stream: str) -> list[SiteRow]:
         """This optimizer's rows of ``stream`` (``gradient``, ``parameter`` or ``update``)."""
         self.refresh()
         return self.rows[stream]
@@ -302,8 +302,8 @@ class OptimizerSteps:
         step: OpenStep,
         end_step: Callable[[StepProvenance], None],
         restart_step: Callable[[], None],
-        rows: Sequence[Row],
-        by_stream: Mapping[str, list[Row]],
+        rows: Sequence[SiteRow],
+        by_stream: Mapping[str, list[SiteRow]],
         streams: Sequence[str],
         reducer: Reducer,
         explicit_only: bool,
@@ -485,7 +485,7 @@ class OptimizerSteps:
         if "update" in self.streams and state.spine_due["update"] and first:
             t0 = time.perf_counter()
             rows = watch.owned("update")
-            deltas: list[tuple[Row, torch.Tensor]] = []
+            deltas: list[tuple[SiteRow, torch.Tensor]] = []
             try:
                 with internal_scope("collector.post_step"):
                     deltas = stepped_only(self.updates.deltas(rows), state.row_notes, NOT_STEPPED)
@@ -560,7 +560,7 @@ class OptimizerSteps:
                 else:
                     state.unsupported[row.index] = AGAIN
 
-    def take_gradients(self, rows: Sequence[Row], phase_scale: str) -> None:
+    def take_gradients(self, rows: Sequence[SiteRow], phase_scale: str) -> None:
         """Read the gradients of ``rows`` not read yet this step."""
         state = self.step.state
         if state is None or "gradient" not in self.streams:
@@ -581,12 +581,12 @@ class OptimizerSteps:
                 pairs.append((row, grad))
         self.reducer.reduce_many("gradient", pairs)
 
-    def take_parameters(self, rows: Sequence[Row]) -> None:
+    def take_parameters(self, rows: Sequence[SiteRow]) -> None:
         """Read the values of ``rows`` not read yet this step."""
         state = self.step.state
         if state is None or not state.spine_due.get("parameter", False):
             return
-        pairs: list[tuple[Row, torch.Tensor]] = []
+        pairs: list[tuple[SiteRow, torch.Tensor]] = []
         for row in rows:
             if row.index not in state.param_rows and row.param is not None:
                 state.param_rows.add(row.index)
@@ -608,7 +608,7 @@ class OptimizerSteps:
         self.restart_step()
 
 
-def _update_failed(state: StepState, rows: Sequence[Row], error: Exception) -> None:
+def _update_failed(state: StepState, rows: Sequence[SiteRow], error: Exception) -> None:
     """The update sample of ``rows`` raised: each is recorded ``capture_failed`` this step."""
     for row in rows:
         state.failed[row.index] = type(error).__name__

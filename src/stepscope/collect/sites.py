@@ -21,7 +21,7 @@ PARAM_STREAMS = ("gradient", "parameter", "update")
 
 
 @dataclass
-class Row:
+class SiteRow:
     """One (stream, site) row of the staging buffer."""
 
     index: int
@@ -59,7 +59,7 @@ def build_rows(
     modules: list[tuple[str, torch.nn.Module]],
     streams: list[str],
     param_owners: list[tuple[str, torch.nn.Module]] | None = None,
-) -> list[Row]:
+) -> list[SiteRow]:
     """All row keys, activation streams first, in module order.
 
     Parameter rows come from the parameters each of ``param_owners`` (default: ``modules``)
@@ -67,7 +67,7 @@ def build_rows(
     of a module with children (``nn.MultiheadAttention.in_proj_weight``, a ViT's ``cls_token``
     on the root model) is observed although only leaves are activation sites.
     """
-    rows: list[Row] = []
+    rows: list[SiteRow] = []
     seen_params: set[int] = set()
     owned: list[tuple[str, torch.nn.Module, torch.nn.Parameter, str]] = []
     modules = [(name or ROOT_SITE, module) for name, module in modules]
@@ -80,11 +80,11 @@ def build_rows(
     for stream in streams:
         if stream in ACTIVATION_STREAMS:
             for name, module in modules:
-                rows.append(Row(len(rows), stream, name, type(module).__name__, module))
+                rows.append(SiteRow(len(rows), stream, name, type(module).__name__, module))
         else:
             for site, module, p, pname in owned:
                 rows.append(
-                    Row(
+                    SiteRow(
                         len(rows),
                         stream,
                         site,
@@ -98,7 +98,7 @@ def build_rows(
     return rows
 
 
-def register_param_sites(rows: list[Row], catalog: Any, step: int) -> None:
+def register_param_sites(rows: list[SiteRow], catalog: Any, step: int) -> None:
     """Register every parameter row's series in ``catalog`` (signature: dtype and shape)."""
     for r in rows:
         if r.param is not None:

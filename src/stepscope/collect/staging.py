@@ -70,7 +70,7 @@ import torch
 
 from stepscope import transfer
 from stepscope.collect.distributed import local_part
-from stepscope.collect.sites import Row
+from stepscope.collect.sites import SiteRow
 from stepscope.collect.step import StepState
 from stepscope.errors import Refusal
 from stepscope.profile.scope import internal_scope
@@ -325,7 +325,7 @@ class Reducer:
         """Every buffer's rows on the host: one copy per buffer (and per histogram buffer)."""
         return {dev: st.to_host(with_histograms) for dev, st in self.stagings.items()}
 
-    def reduce(self, row: Row, tensor: torch.Tensor) -> None:
+    def reduce(self, row: SiteRow, tensor: torch.Tensor) -> None:
         """Reduce ``tensor`` into ``row`` when the row's stream is due this step."""
         state = self.recording()
         if state is None or not state.spine_due[row.stream]:
@@ -350,7 +350,7 @@ class Reducer:
                 state.failed[row.index] = type(e).__name__
         state.charge(row.stream, time.perf_counter() - t0)
 
-    def _write_plain(self, state: StepState, row: Row, tensor: torch.Tensor) -> bool:
+    def _write_plain(self, state: StepState, row: SiteRow, tensor: torch.Tensor) -> bool:
         """A plain contiguous float CPU tensor on a fresh row, no histogram due and no profiler
         recording: straight to the C kernel (what the general path runs for it, without its
         checks and indirections); ``False`` (nothing written) otherwise."""
@@ -366,7 +366,7 @@ class Reducer:
             and cpu.write_plain(row.index, tensor)
         )
 
-    def reduce_many(self, stream: str, pairs: Sequence[tuple[Row, torch.Tensor]]) -> None:
+    def reduce_many(self, stream: str, pairs: Sequence[tuple[SiteRow, torch.Tensor]]) -> None:
         """Parameter-sized streams: every due tensor of a device in one multi-tensor reduction.
 
         Tensors that cannot be reduced are recorded as :meth:`reduce` records them; a batch the
@@ -380,7 +380,7 @@ class Reducer:
             self._write_many(state, stream, pairs)
         state.charge(stream, time.perf_counter() - t0)
 
-    def _write_many_native(self, pairs: Sequence[tuple[Row, torch.Tensor]]) -> bool:
+    def _write_many_native(self, pairs: Sequence[tuple[SiteRow, torch.Tensor]]) -> bool:
         """Every pair in one C call when all are plain CPU float tensors on fresh rows
         (:meth:`Staging.write_many_native`); ``False`` (nothing written) otherwise."""
         if not pairs or not pairs[0][1].is_cpu or capture_probe():
@@ -389,7 +389,7 @@ class Reducer:
         return self.staging(_CPU).write_many_native(rows, tensors)
 
     def _write_many(
-        self, state: StepState, stream: str, pairs: Sequence[tuple[Row, torch.Tensor]]
+        self, state: StepState, stream: str, pairs: Sequence[tuple[SiteRow, torch.Tensor]]
     ) -> None:
         if not state.hist_due[stream]:  # the common case: one native call, no per-row Python
             try:
@@ -397,7 +397,7 @@ class Reducer:
                     return
             except Exception:  # nothing counts as written: the general path records every row
                 pass
-        by_index: dict[int, Row] = {}
+        by_index: dict[int, SiteRow] = {}
         ready: list[tuple[int, torch.Tensor]] = []
         for row, tensor in pairs:
             try:

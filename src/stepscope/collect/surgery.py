@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from stepscope.collect.sites import ROOT_SITE, Row, param_signature, update_indices
+from stepscope.collect.sites import ROOT_SITE, SiteRow, param_signature, update_indices
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,7 @@ def _lookup(model: torch.nn.Module, name: str) -> torch.nn.Module | None:
 
 
 def find_changes(
-    model: torch.nn.Module, modules: Mapping[str, torch.nn.Module], param_rows: Sequence[Row]
+    model: torch.nn.Module, modules: Mapping[str, torch.nn.Module], param_rows: Sequence[SiteRow]
 ) -> list[Change]:
     """Modules (by qualified name) and parameter rows no longer bound to the same object."""
     out = []
@@ -70,7 +70,7 @@ def find_changes(
 
 
 def identity_edges(
-    model: torch.nn.Module, modules: Mapping[str, torch.nn.Module], param_rows: Sequence[Row]
+    model: torch.nn.Module, modules: Mapping[str, torch.nn.Module], param_rows: Sequence[SiteRow]
 ) -> list[tuple[dict[str, Any], str, Any]]:
     """``(holder, key, object)`` triples that hold exactly when :func:`find_changes` finds none.
 
@@ -123,16 +123,16 @@ class StructureWatch:
     def __init__(
         self,
         model: torch.nn.Module,
-        rows: Sequence[Row],
+        rows: Sequence[SiteRow],
         sites: Any,
         catalog: Any,
-        by_stream: dict[str, list[Row]],
+        by_stream: dict[str, list[SiteRow]],
         sample_size: int,
         seed: int,
     ) -> None:
         self.model, self.rows, self.sites, self.catalog = model, rows, sites, catalog
         self.by_stream, self.sample_size, self.seed = by_stream, sample_size, seed
-        self._params: list[Row] | None = None
+        self._params: list[SiteRow] | None = None
         self._edges: list[tuple[dict[str, Any], str, Any]] | None = None
 
     def check(self, step: int) -> list[Change]:
@@ -173,12 +173,12 @@ class StructureWatch:
                 self._end(r, step, change.reason)
                 self._rebind_param(r, new, step)
 
-    def _end(self, row: Row, step: int, reason: str) -> None:
+    def _end(self, row: SiteRow, step: int, reason: str) -> None:
         if row.site_id is not None and self.catalog.sites[row.site_id].ended_step is None:
             self.catalog.end_site(row.site_id, step, reason)
         row.site_id = None
 
-    def _rebind_param(self, row: Row, param: Any, step: int) -> None:
+    def _rebind_param(self, row: SiteRow, param: Any, step: int) -> None:
         row.param = param
         if param is None:  # gone: the row retires (no new series)
             self.by_stream[row.stream] = [r for r in self.by_stream[row.stream] if r is not row]

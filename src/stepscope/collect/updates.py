@@ -24,7 +24,7 @@ from collections.abc import Iterable, Iterator, MutableMapping, Sequence
 import torch
 
 from stepscope.collect.distributed import is_sharded, local_part, local_sample_index
-from stepscope.collect.sites import Row, update_indices
+from stepscope.collect.sites import SiteRow, update_indices
 from stepscope.stats import _native
 from stepscope.stats.gather import SampleGather, gatherable
 
@@ -32,7 +32,7 @@ from stepscope.stats.gather import SampleGather, gatherable
 MAX_PLANS = 4
 
 
-def assign_update_indices(rows: Sequence[Row], sample_size: int, seed: int) -> None:
+def assign_update_indices(rows: Sequence[SiteRow], sample_size: int, seed: int) -> None:
     """Fix every ``update`` row's sampled indices (``None``: the whole parameter)."""
     for r in rows:
         if r.stream == "update" and r.param is not None:
@@ -41,7 +41,7 @@ def assign_update_indices(rows: Sequence[Row], sample_size: int, seed: int) -> N
             )
 
 
-def sample(row: Row, index: torch.Tensor | None) -> torch.Tensor:
+def sample(row: SiteRow, index: torch.Tensor | None) -> torch.Tensor:
     """A copy of the row's parameter (its local shard, for a DTensor) at flat ``index``.
 
     float64 parameters stay float64 (a float32 copy would round ``after - before`` away);
@@ -60,8 +60,8 @@ def sample(row: Row, index: torch.Tensor | None) -> torch.Tensor:
 
 
 def stepped_only(
-    deltas: Iterable[tuple[Row, torch.Tensor]], notes: MutableMapping[int, str], note: str
-) -> list[tuple[Row, torch.Tensor]]:
+    deltas: Iterable[tuple[SiteRow, torch.Tensor]], notes: MutableMapping[int, str], note: str
+) -> list[tuple[SiteRow, torch.Tensor]]:
     """The deltas of parameters the optimizer stepped. Torch optimizers skip a parameter whose
     ``.grad`` is ``None`` (it stays so after the step): its row is left out, ``notes[row]`` set
     to ``note`` (recorded ``site_absent`` with that disclosure, never an observed zero)."""
@@ -77,7 +77,7 @@ def stepped_only(
 class _Plan:
     """The native half of one row list: which rows it gathers, for which parameters."""
 
-    def __init__(self, rows: Sequence[Row], lib: ctypes.CDLL) -> None:
+    def __init__(self, rows: Sequence[SiteRow], lib: ctypes.CDLL) -> None:
         self.rows = rows  # held: the plan is keyed on id(rows)
         self.native = [
             r for r in rows if r.param is not None and gatherable(r.param) and _flat(r.update_index)
@@ -121,7 +121,7 @@ class UpdateSampler:
         # row -> (the parameter and logical sample it was computed for, its local indices)
         self._local: dict[int, tuple[int, int, torch.Tensor | None]] = {}
 
-    def _index(self, row: Row) -> torch.Tensor | None:
+    def _index(self, row: SiteRow) -> torch.Tensor | None:
         """The row's sample in its parameter's local storage (logical indices it owns)."""
         if row.param is None or not is_sharded(row.param):
             return row.update_index
@@ -132,7 +132,7 @@ class UpdateSampler:
             self._local[row.index] = cached
         return cached[2]
 
-    def _plan(self, rows: Sequence[Row]) -> _Plan | None:
+    def _plan(self, rows: Sequence[SiteRow]) -> _Plan | None:
         """The bound gather plan of ``rows`` (``None``: sample every row one by one)."""
         if not self.native or not rows:
             return None
@@ -146,7 +146,7 @@ class UpdateSampler:
             self._plans[id(rows)] = plan
         return plan if plan.native else None  # e.g. a CUDA or bf16 model: nothing to gather
 
-    def _forget_superseded(self, rows: Sequence[Row]) -> None:
+    def _forget_superseded(self, rows: Sequence[SiteRow]) -> None:
         """Drop the plans a new one for ``rows`` replaces (they hold parameters and storage).
 
         A plan of this list, or of a list sharing a row with it (the same optimizer's rows
@@ -168,7 +168,7 @@ class UpdateSampler:
             for row, pre_step in plan.pairs:
                 self._before[row.index] = pre_step.clone()
 
-    def snapshot(self, rows: Sequence[Row]) -> None:
+    def snapshot(self, rows: Sequence[SiteRow]) -> None:
         """Sample every row before the optimizer changes it."""
         with torch.no_grad():
             plan = self._plan(rows)
@@ -181,7 +181,7 @@ class UpdateSampler:
             for row in rows if plan is None else plan.fallback:
                 self._before[row.index] = sample(row, self._index(row))
 
-    def deltas(self, rows: Sequence[Row]) -> Iterator[tuple[Row, torch.Tensor]]:
+    def deltas(self, rows: Sequence[SiteRow]) -> Iterator[tuple[SiteRow, torch.Tensor]]:
         """``(row, after - before)`` for every row snapshotted since the last call.
 
         A natively gathered difference is a view into the plan's buffer, valid until the next

@@ -61,15 +61,15 @@ import torch
 from stepscope.collect.activations import ActivationSites
 from stepscope.collect.cadence import Cadence, WarmupMeter
 from stepscope.collect.settings import WatchSettings
-from stepscope.collect.sites import Row, SiteCatalog
+from stepscope.collect.sites import SiteCatalog, SiteRow
 from stepscope.collect.staging import Reducer
 from stepscope.collect.step import StepState, as_scale, scale_grad_of
 from stepscope.errors import Refusal
 from stepscope.events.convert import events_from_step
 from stepscope.events.live import LiveStream, open_live
 from stepscope.history import (
-    ArtifactWriter,
     CloseReport,
+    HistoryWriter,
     ObservationBatch,
     Presence,
     RunRecord,
@@ -153,7 +153,7 @@ class StepBoundary:
     def __init__(
         self,
         streams: Sequence[str],
-        by_stream: Mapping[str, list[Row]],
+        by_stream: Mapping[str, list[SiteRow]],
         sites: ActivationSites,
         reducer: Reducer,
         pending: PendingStep,
@@ -352,11 +352,11 @@ class StreamPlan:
     built from, so their identities cannot be reused while it lives.
     """
 
-    rows_list: Sequence[Row]  # the collector's row list of the stream it was built from
+    rows_list: Sequence[SiteRow]  # the collector's row list of the stream it was built from
     site_key: tuple[int | None, ...]  # every row's series id when built
     sample_key: tuple[int, ...]  # ids of the update rows' sampled indices when built
     samples: tuple[Any, ...]  # those index tensors (held: their ids stay unique)
-    rows: list[Row]  # the rows with a series, in order
+    rows: list[SiteRow]  # the rows with a series, in order
     idx: np.ndarray  # their staging rows (int64)
     site_ids: np.ndarray  # their series ids (int32, read-only: shared by every step's batch)
     sampled: tuple[tuple[str, ...], ...]  # each row's ``update_sampled:<k>`` note, or ()
@@ -364,7 +364,9 @@ class StreamPlan:
     stream: Stream
 
 
-def stream_plan(plans: dict[str, StreamPlan], stream: str, rows_list: Sequence[Row]) -> StreamPlan:
+def stream_plan(
+    plans: dict[str, StreamPlan], stream: str, rows_list: Sequence[SiteRow]
+) -> StreamPlan:
     """The cached :class:`StreamPlan` of ``stream``, rebuilt when its rows changed."""
     site_key = tuple([r.site_id for r in rows_list])
     samples = tuple([r.update_index for r in rows_list]) if stream == "update" else ()
@@ -448,7 +450,7 @@ def _rows_of(
 def assemble_batches(
     state: StepState,
     streams: Sequence[str],
-    by_stream: Mapping[str, Sequence[Row]],
+    by_stream: Mapping[str, Sequence[SiteRow]],
     host: Mapping[Any, tuple[np.ndarray, np.ndarray | None]],
     stagings: Mapping[Any, Any],
     scaler: Any,
@@ -547,8 +549,8 @@ class Store:
 
     run: RunRecord
     ring: StepRing
-    catalog: Any  # ArtifactWriter (disk) or SiteCatalog (RAM): both register and end sites
-    writer: ArtifactWriter | None
+    catalog: Any  # HistoryWriter (disk) or SiteCatalog (RAM): both register and end sites
+    writer: HistoryWriter | None
     path: Path | None
     next_step: int  # 0, or the step after the last committed one when resuming
     examples_seen: int | None = 0  # examples consumed before next_step (None: unknown)
@@ -639,7 +641,7 @@ def open_store(
         if found is not None:  # continue the artifact's run (none yet: keep the new run id)
             run = replace(run, run_id=found)
     try:
-        writer = ArtifactWriter(
+        writer = HistoryWriter(
             path,
             run,
             resume=s.resume,

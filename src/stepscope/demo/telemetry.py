@@ -51,7 +51,7 @@ def probe_cadence(
     import tempfile
 
     from stepscope._purity import preserved_state
-    from stepscope.history import ArtifactWriter
+    from stepscope.history import HistoryWriter
     from stepscope.probe import plan_cadence, write_probe_record
 
     if cfg.probe_every is not None:
@@ -69,7 +69,7 @@ def probe_cadence(
     with (
         preserved_state(twin),  # the twin's dropout/stochastic depth draws leave no trace
         tempfile.TemporaryDirectory() as scratch,
-        ArtifactWriter(Path(scratch) / "probe", durable=True) as writer,
+        HistoryWriter(Path(scratch) / "probe", durable=True) as writer,
     ):
         # serialisation is timed the way the run writes: rows into a durable artifact
         decision = plan_cadence(

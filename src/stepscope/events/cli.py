@@ -102,8 +102,9 @@ def _parquet(run: str, out: str) -> None:
     from pathlib import Path
 
     from stepscope.errors import require_extra
-    from stepscope.history import HistoryReader, find_runs
+    from stepscope.history import find_runs
     from stepscope.history.frames import to_arrow
+    from stepscope.history.reader import HistoryReader
 
     pq = require_extra("pyarrow.parquet", "arrow", "stepscope export --parquet")
     runs = find_runs(run) or [Path(run)]  # none: the reader refuses history_artifact_missing
@@ -125,9 +126,9 @@ EXPORT_MARK = "stepscope-export.json"
 
 def _mark(run: Path, args: argparse.Namespace) -> dict[str, Any]:
     """What identifies one TensorBoard export of ``run`` with these options."""
-    from stepscope.history.reader import open_history
+    from stepscope.history.reader import HistoryReader
 
-    h = open_history(run)
+    h = HistoryReader(run)
     return {
         "run": str(run.resolve()),
         "run_id": h.run.run_id,

@@ -141,7 +141,7 @@ def events_from_step(
         The step block: its ``optimizer_step``, ``examples_seen`` and ``epoch`` are the
         :class:`~stepscope.events.Axes` every event shares.
     batches
-        The step's observation batches (as written by ``ArtifactWriter.write_step``).
+        The step's observation batches (as written by ``HistoryWriter.write_step``).
     sites
         The writer's/reader's site catalog; ``site_id`` indexes it.
     descriptor

@@ -1,6 +1,6 @@
 """Export a history artifact (finished, live or left by a killed run) through the trackers.
 
-:func:`replay` reads committed steps with :func:`~stepscope.open_history` and publishes, step by
+:func:`replay` reads committed steps with the history layer's reader and publishes, step by
 step, exactly the events :func:`events_from_step` makes during training — same converter, same
 trackers — so a run can be sent to TensorBoard / W&B / JSONL later. :func:`export_run` builds the
 trackers from paths (the ``stepscope export`` command).
@@ -41,8 +41,9 @@ from stepscope.events.convert import events_from_step
 from stepscope.events.coordinates import Axis
 from stepscope.events.event import ObserverEvent
 from stepscope.events.tags import Detail, run_name
-from stepscope.history import HistoryReader, StepBlockRecord, open_history
+from stepscope.history import StepBlockRecord
 from stepscope.history.decode import batches_from_rows
+from stepscope.history.reader import HistoryReader
 
 __all__ = [
     "ExportReport",
@@ -85,12 +86,12 @@ def _steps_of(
 
 def step_count(path: str | os.PathLike[str]) -> int:
     """How many steps :func:`step_events` yields for ``path`` (steps with a block or a scalar)."""
-    return len(_steps_of(open_history(path))[2])
+    return len(_steps_of(HistoryReader(path))[2])
 
 
 def step_events(path: str | os.PathLike[str], window: int = 256) -> Iterator[list[ObserverEvent]]:
     """The events of each committed step of an artifact, in step order (one list per step)."""
-    reader = open_history(path)
+    reader = HistoryReader(path)
     blocks, scalar_rows, all_steps = _steps_of(reader)
     for lo_i in range(0, len(all_steps), window):
         steps = all_steps[lo_i : lo_i + window]
@@ -132,7 +133,7 @@ def replay(
         type(s).__name__: bus.status(s).failures for s in bus.subscribers if bus.status(s).failures
     }
     return ExportReport(
-        run_id=open_history(path).run.run_id,
+        run_id=HistoryReader(path).run.run_id,
         steps=n_steps,
         events=sum(kinds.values()),
         by_kind=dict(kinds),
@@ -184,7 +185,7 @@ def export_run(
             "export needs at least one output.",
             ["pass --tensorboard DIR, --jsonl FILE or --wandb DIR"],
         )
-    record = open_history(path).run  # refuses before any output is created
+    record = HistoryReader(path).run  # refuses before any output is created
     label = name if name is not None else run_name(record, path)
     tb_run_dir = None if tensorboard is None else tensorboard_run_dir(tensorboard, label)
     if tb_run_dir is not None and tb_run_dir.exists() and any(tb_run_dir.iterdir()):

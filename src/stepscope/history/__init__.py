@@ -1,6 +1,10 @@
-"""History: the per-step schema, the crash-safe artifact, the RAM ring and exact merges."""
+"""History: the per-step schema, the crash-safe artifact, the RAM ring and exact merges.
 
-from stepscope.history.artifact import ArtifactWriter, CloseReport
+Write with :class:`HistoryWriter`; read a run with :func:`stepscope.open_run` (the one reader
+entry point, above this layer: it adds the run log's evaluations and clocks).
+"""
+
+from stepscope.history.artifact import CloseReport, HistoryWriter
 from stepscope.history.batch import ObservationBatch, batches_from_records
 from stepscope.history.discover import find_runs, is_run_dir, runs_at
 from stepscope.history.fingerprint import model_fingerprint
@@ -10,7 +14,7 @@ from stepscope.history.merge import (
     merge_ranks,
     merge_spine_rows,
 )
-from stepscope.history.reader import HistogramSeries, HistoryReader, Series, open_history
+from stepscope.history.reader import HistogramSeries, Series
 from stepscope.history.ring import RingBlock, RingPolicy, StepRing, coarsen_pair
 from stepscope.history.schema import (
     FORMAT,
@@ -33,10 +37,9 @@ from stepscope.history.versions import pick_run
 __all__ = [
     "FORMAT",
     "SCHEMA_VERSION",
-    "ArtifactWriter",
     "CloseReport",
     "HistogramSeries",
-    "HistoryReader",
+    "HistoryWriter",
     "ObservationBatch",
     "ObservationRecord",
     "Phase",
@@ -63,7 +66,6 @@ __all__ = [
     "merge_ranks",
     "merge_spine_rows",
     "model_fingerprint",
-    "open_history",
     "pick_run",
     "runs_at",
 ]

@@ -24,15 +24,16 @@ in :mod:`~stepscope.history.layout`, :mod:`~stepscope.history.pending`,
 Example
 -------
 >>> import tempfile, numpy as np
->>> from stepscope.history import ArtifactWriter, ObservationBatch, StepBlockRecord, open_history
+>>> import stepscope as ss
+>>> from stepscope.history import HistoryWriter, ObservationBatch, StepBlockRecord
 >>> from stepscope.stats import SPINE_WIDTH
 >>> path = tempfile.mkdtemp() + "/run"
->>> with ArtifactWriter(path, commit_steps=2) as w:
+>>> with HistoryWriter(path, commit_steps=2) as w:
 ...     fc = w.register_site("fc", "torch.nn.Linear", "f32[4,3]")
 ...     for step in range(3):
 ...         spine = np.zeros((1, SPINE_WIDTH)); spine[0, :2] = 12
 ...         _ = w.write_step(StepBlockRecord(step), [ObservationBatch.observed("activation", "forward", [fc], spine)])
->>> open_history(path).steps.tolist()
+>>> ss.open_run(path).steps.tolist()
 [0, 1, 2]
 """
 
@@ -76,10 +77,10 @@ from stepscope.history.sitetable import SiteTable
 from stepscope.stats import HistogramDescriptor
 from stepscope.stats.layout import SPINE_WIDTH
 
-__all__ = ["ArtifactWriter", "CloseReport", "check_resume_facts"]
+__all__ = ["CloseReport", "HistoryWriter", "check_resume_facts"]
 
 
-class ArtifactWriter(SiteTable):
+class HistoryWriter(SiteTable):
     """Append step blocks, observations and scalars to an artifact directory.
 
     Parameters
@@ -453,7 +454,7 @@ class ArtifactWriter(SiteTable):
             faults=tuple(self.faults),
         )
 
-    def __enter__(self) -> ArtifactWriter:
+    def __enter__(self) -> HistoryWriter:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -134,9 +134,9 @@ def show_payload(h: Any) -> dict[str, Any]:
 
 def _show_folder(folder: str, runs: list[Any], as_json: bool) -> int:
     """``stepscope show FOLDER``: one line per run found under it (or every payload as JSON)."""
-    from stepscope.history.reader import open_history
+    from stepscope.history.reader import HistoryReader
 
-    readers = [open_history(run) for run in runs]
+    readers = [HistoryReader(run) for run in runs]
     if as_json:
         payloads = [show_payload(h) for h in readers]
         print(json.dumps({"path": folder, "runs": payloads}, indent=1, sort_keys=True))
@@ -164,12 +164,12 @@ def _show_folder(folder: str, runs: list[Any], as_json: bool) -> int:
 
 def _show(args: argparse.Namespace) -> int:
     from stepscope.history.discover import runs_at
-    from stepscope.history.reader import open_history
+    from stepscope.history.reader import HistoryReader
 
     runs = runs_at([args.run], "show")
     if runs != [Path(args.run)]:  # a folder of runs
         return _show_folder(args.run, runs, args.json)
-    h = open_history(args.run)
+    h = HistoryReader(args.run)
     payload = show_payload(h)
     if args.json:
         print(json.dumps(payload, indent=1, sort_keys=True))
@@ -218,11 +218,11 @@ def _show(args: argparse.Namespace) -> int:
 
 def _verify(args: argparse.Namespace) -> int:
     from stepscope.history.discover import runs_at
-    from stepscope.history.reader import open_history
+    from stepscope.history.reader import HistoryReader
 
     # the top-level CLI passes stepscope.open_run (evaluations and runlog.json checked too):
     # the same verification as open_run(path).verify(); this layer alone has the plain reader
-    opener = getattr(args, "opener", None) or open_history
+    opener = getattr(args, "opener", None) or HistoryReader
     runs = runs_at([args.run], "verify")
     if runs == [Path(args.run)]:
         return _verify_one(runs[0], opener)

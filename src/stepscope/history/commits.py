@@ -10,9 +10,9 @@ committed chunks are :class:`~stepscope.history.reader.HistoryReader`'s, which e
 Example
 -------
 >>> import tempfile, numpy as np
->>> from stepscope.history import ArtifactWriter, StepBlockRecord
+>>> from stepscope.history import HistoryWriter, StepBlockRecord
 >>> path = tempfile.mkdtemp() + "/run"
->>> with ArtifactWriter(path) as w:
+>>> with HistoryWriter(path) as w:
 ...     _ = w.write_step(StepBlockRecord(0), [])
 >>> c = CommittedArtifact(path)
 >>> len(c.commits), c.commits[0]["step_lo"], c.torn_tail_bytes

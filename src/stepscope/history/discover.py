@@ -1,7 +1,7 @@
 """Finding run directories under a folder, the way ``tensorboard --logdir`` finds event files.
 
 A *run directory* is a directory that holds a ``manifest.json`` (written first when a run is
-created, see :class:`~stepscope.history.ArtifactWriter`). Every command and reader that takes a
+created, see :class:`~stepscope.history.HistoryWriter`). Every command and reader that takes a
 run also takes a folder of runs: :func:`find_runs` is the one rule for what that folder holds.
 
 Example

@@ -16,7 +16,7 @@ to the library the user has (extras ``pandas``, ``polars``, ``arrow``; a missing
 step, so the two are equal; both are kept so joins on either name work), ``micro_batch`` is ``-1``
 for a whole-step cell, ``examples_seen`` and ``epoch`` are floats with NaN where unknown.
 ``value`` is NaN wherever ``presence`` is not ``"observed"`` (missing is never zero), exactly as
-:meth:`~stepscope.history.HistoryReader.series` returns it. :func:`series_text` is what
+:meth:`stepscope.run.Run.series` returns it. :func:`series_text` is what
 ``print(series)`` shows: steps beside values, and the stream's cadence.
 
 Example
@@ -93,7 +93,7 @@ def _step_axis(reader: Any, steps: np.ndarray, column: str) -> np.ndarray:
 
 
 def frame_columns(reader: Any, wide: bool = False) -> dict[str, np.ndarray]:
-    """The observations of ``reader`` (a :class:`~stepscope.history.HistoryReader`) as columns.
+    """The observations of ``reader`` (a :class:`~stepscope.run.Run`) as columns.
 
     Parameters
     ----------

@@ -1,4 +1,4 @@
-"""The rows an :class:`~stepscope.history.ArtifactWriter` holds between commits, and their chunks.
+"""The rows an :class:`~stepscope.history.HistoryWriter` holds between commits, and their chunks.
 
 :class:`PendingRows` collects encoded step blocks, observation and histogram rows and scalar
 rows; at a commit :meth:`PendingRows.tables` names the tables that become chunk files, and
@@ -25,7 +25,7 @@ from stepscope.history.schema import Presence, StepBlockRecord
 
 @dataclass(frozen=True)
 class CloseReport:
-    """What :meth:`ArtifactWriter.close` left on disk.
+    """What :meth:`HistoryWriter.close` left on disk.
 
     ``uncommitted_steps`` steps were written but could not be committed (the disk kept failing);
     ``dropped_steps`` steps had their payload dropped (disclosed ``disk_fault`` rows, if later

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from stepscope.errors import Refusal
-from stepscope.history.artifact import ArtifactWriter
+from stepscope.history.artifact import HistoryWriter
 from stepscope.history.batch import ObservationBatch
 from stepscope.history.decode import batches_from_rows
 from stepscope.history.merge import merge_step_batches
@@ -44,9 +44,7 @@ def _check(readers: list[HistoryReader]) -> None:
         )
 
 
-def merge_step_blocks(
-    blocks: list[StepBlockRecord], n_ranks: int
-) -> tuple[StepBlockRecord, bool]:
+def merge_step_blocks(blocks: list[StepBlockRecord], n_ranks: int) -> tuple[StepBlockRecord, bool]:
     """One step's blocks of several ranks as one (``examples_seen`` summed when every rank
     knows it, truth kept when all agree), and whether every rank agreed and was present."""
     first = blocks[0]
@@ -75,10 +73,10 @@ def merge_rank_artifacts(paths: list[Path], out: Path, *, durable: bool = True) 
         for r in readers
     ]
     run = replace(base.resumed(0), parent_segment=None, resumed_at_step=None, extra=extra)
-    with ArtifactWriter(out, run, durable=durable, commit_steps=64) as w:
+    with HistoryWriter(out, run, durable=durable, commit_steps=64) as w:
         remaps: list[np.ndarray] = []
         by_structure: dict[tuple[str, str, str, int | None], int] = {}
-        for r in readers:  # series match by structure, never by name alone
+        for r in readers:  # sites match by structure, never by name alone
             structures = [(*s.structure, s.started_step) for s in r.sites]
             for s, structure in zip(r.sites, structures):
                 if structure not in by_structure:

@@ -5,29 +5,29 @@ ignored), then the catalog and manifest (written before any index row that needs
 is checked against its sha256 when it is decoded; filters by stream, step range and site skip
 unrelated chunks without reading them. Missing is never zero: series carry a presence array.
 Reading the index logs, seals, manifest and catalog is :mod:`stepscope.history.commits`
-(:class:`~stepscope.history.commits.CommittedArtifact`, which :class:`HistoryReader` extends);
-this module holds the views over the committed chunks.
+(``CommittedArtifact``, which :class:`HistoryReader` extends); this module holds the views over
+the committed chunks.
 
-The reader stays a reader of the history layer: it checks ``evals.log`` rows
-(:meth:`HistoryReader.eval_rows`) but does not decode them. Evaluations and clocks are the run
-log's (a higher layer): read them with :func:`stepscope.open_run` (``stepscope.open_history`` is
-the same function), whose :class:`~stepscope.run.Run` is this reader plus ``.evals()``,
-``.clocks()`` and ``.view()``. (``HistoryReader.evals()``/``.clocks()`` were removed from this
-class when the layers were separated.)
+:class:`HistoryReader` is the history layer's reader, internal to stepscope (it is in no
+``__all__``): users open a run with :func:`stepscope.open_run`, whose
+:class:`~stepscope.run.Run` is this reader plus the run log's ``.evals()``, ``.clocks()``,
+``.view()`` and the flight recorder's ``.spikes()``. Lower layers (the exporters, the probe's
+axes, the collector's store) read with this class, because ``run`` sits above them. It checks
+``evals.log`` rows (:meth:`HistoryReader.eval_rows`) but does not decode them (the run log does).
 
 Example
 -------
 >>> import tempfile, numpy as np
->>> from stepscope.history import ArtifactWriter, ObservationBatch, StepBlockRecord
+>>> from stepscope.history import HistoryWriter, ObservationBatch, StepBlockRecord
 >>> from stepscope.stats import SPINE_FIELDS, SPINE_WIDTH
 >>> path = tempfile.mkdtemp() + "/run"
->>> with ArtifactWriter(path) as w:
+>>> with HistoryWriter(path) as w:
 ...     fc1 = w.register_site("fc1", "torch.nn.Linear", "f32[8,4]")
 ...     for step in range(3):
 ...         spine = np.zeros((1, SPINE_WIDTH)); spine[0, :2] = 4  # total, finite
 ...         spine[0, SPINE_FIELDS.index("mean")] = step / 4
 ...         _ = w.write_step(StepBlockRecord(step), [ObservationBatch.observed("activation", "forward", [fc1], spine)])
->>> h = open_history(path)
+>>> h = HistoryReader(path)
 >>> s = h.series("fc1", "activation", "mean")
 >>> s.steps[s.valid].tolist(), s.values[s.valid].tolist()
 ([0, 1, 2], [0.0, 0.25, 0.5])
@@ -63,15 +63,13 @@ __all__ = [
     "EVAL_LOG",
     "MAX_JSON",
     "HistogramSeries",
-    "HistoryReader",
     "Series",
     "check_steps",
-    "open_history",
 ]
 
 
 class HistoryReader(CommittedArtifact):
-    """A read view of one artifact directory (see :func:`open_history`).
+    """A read view of one artifact directory (internal: users call :func:`stepscope.open_run`).
 
     The committed state (index rows, seals, segments, manifest, catalog, :meth:`refresh`,
     :meth:`eval_rows`, :meth:`verify`) is :class:`~stepscope.history.commits.CommittedArtifact`'s;
@@ -197,7 +195,7 @@ class HistoryReader(CommittedArtifact):
         return decode_steps(rows[np.argsort(rows["step"], kind="stable")])
 
     def site_ids(self, site: int | str | SiteRecord) -> np.ndarray:
-        """Series ids of a site: an id, a record, or a name (all series ever bound to it)."""
+        """Site ids of a site: an id, a record, or a name (every site record of that name)."""
         if isinstance(site, SiteRecord):
             site = site.site_id
         if isinstance(site, (int, np.integer)) and 0 <= site < len(self.sites):
@@ -345,21 +343,3 @@ class HistoryReader(CommittedArtifact):
     def clear_cache(self) -> None:
         """Forget decoded chunks (they are re-read and re-verified on next use)."""
         self._cache.clear()
-
-
-def open_history(path: str | os.PathLike[str]) -> HistoryReader:
-    """Open a history artifact for reading (also while its writer is still appending).
-
-    Parameters
-    ----------
-    path
-        The run directory written by :class:`~stepscope.history.ArtifactWriter`.
-
-    Returns
-    -------
-    HistoryReader
-        ``.run``, ``.segments``, ``.sites``, ``.steps``, ``.series()``, ``.histograms()``,
-        ``.scalars()``, ``.observations()``, ``.verify()``, ``.refresh()``. Evaluations and
-        clocks: :func:`stepscope.open_run`.
-    """
-    return HistoryReader(path)

@@ -4,8 +4,9 @@
   histogram descriptor, cadences, budgets, device, rank/world (in
   :mod:`stepscope.history.runrecord`, importable from here).
 * :class:`SiteRecord` — the stable *structural* identity of an observed site (qualified module
-  name, module type, output signature). Labels are display only. Topology drift ends a series
-  (``ended_step``/``ended_reason``) and starts a new one; a series is never re-bound.
+  name, module type, output signature): one catalog entry. Labels are display only. Topology
+  drift ends a site (``ended_step``/``ended_reason``) and starts a new one under the same name;
+  a site id is never re-bound.
 * :class:`StepBlockRecord` — the training coordinate of one optimizer step, its provenance and its
   optimizer truth (:class:`StepTruth`, ``unknown`` allowed).
 * :class:`ObservationRecord` — one (step, site, stream, phase) cell with a closed presence
@@ -63,11 +64,11 @@ __all__ = [  # the run record's names stay importable from here (older imports)
 
 @dataclass(frozen=True)
 class SiteRecord:
-    """Structural identity of one observed series.
+    """Structural identity of one observed site (one entry of the catalog).
 
-    ``site_id`` is the series id inside an artifact. Two sites are the same series only when
-    ``name``, ``module_type`` and ``signature`` all agree; ``label`` is display only.
-    ``ended_step``/``ended_reason`` close a series when the topology drifts.
+    ``site_id`` is the site's id inside an artifact. Two site records are the same site only
+    when ``name``, ``module_type`` and ``signature`` all agree; ``label`` is display only.
+    ``ended_step``/``ended_reason`` close a site when the topology drifts.
     """
 
     site_id: int
@@ -81,7 +82,7 @@ class SiteRecord:
 
     @property
     def structure(self) -> tuple[str, str, str]:
-        """The structural key that identifies the series (labels excluded)."""
+        """The structural key that identifies the site (labels excluded)."""
         return (self.name, self.module_type, self.signature)
 
     def to_dict(self) -> dict[str, Any]:

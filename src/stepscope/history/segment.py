@@ -3,7 +3,7 @@
 Layout::
 
     RUN/manifest.json     format, schema version, descriptor, one run record per segment
-    RUN/catalog.json      sites (series), scalar names, disclosure sets, table descriptions
+    RUN/catalog.json      sites, scalar names, disclosure sets, table descriptions
     RUN/index.json        names the index logs (one append-only log per segment)
     RUN/index/<seg>.log   one checksummed line per commit, naming its chunk files + sha256
     RUN/chunks/*.npy      immutable chunk files (structured arrays, no pickle)

@@ -1,6 +1,6 @@
-"""The growing part of ``catalog.json``: series (sites), scalar names and disclosure sets.
+"""The growing part of ``catalog.json``: sites, scalar names and disclosure sets.
 
-:class:`SiteTable` is the base of :class:`~stepscope.history.ArtifactWriter`, which writes it to
+:class:`SiteTable` is the base of :class:`~stepscope.history.HistoryWriter`, which writes it to
 ``catalog.json`` before any index row that names a new id (``catalog_dirty``).
 """
 
@@ -15,11 +15,11 @@ from stepscope.history.schema import SiteRecord
 
 
 class SiteTable:
-    """Series records with topology-drift handling, and the interned scalar names and
+    """Site records with topology-drift handling, and the interned scalar names and
     disclosure sets that rows refer to by index.
 
-    A site name bound to a *different* structure ends that series (``ended_reason=
-    "topology_drift"``) and opens a new one; a name is never re-bound to another series.
+    A site name bound to a *different* structure ends that site (``ended_reason=
+    "topology_drift"``) and opens a new one under the name; a site id is never re-bound.
 
     >>> t = SiteTable()
     >>> a = t.register_site("fc", "torch.nn.Linear", "f32[4,3]", step=0)
@@ -34,7 +34,7 @@ class SiteTable:
         self.sites: list[SiteRecord] = []
         self.scalar_names: list[str] = []
         self.disclosures: list[tuple[str, ...]] = []
-        self._active: dict[str, int] = {}  # site name -> open series id
+        self._active: dict[str, int] = {}  # site name -> id of its open site
         self._last_step: int | None = None
         self._catalog_dirty = False
 
@@ -46,9 +46,9 @@ class SiteTable:
         label: str | None = None,
         step: int | None = None,
     ) -> int:
-        """Return the series id for this structure, starting a new series on topology drift.
+        """Return the site id for this structure, starting a new site on topology drift.
 
-        A site whose name is already bound to a *different* structure ends that series
+        A site whose name is already bound to a *different* structure ends that site
         (``ended_reason="topology_drift"``, at ``step``, else the next step) and opens a new
         one; it never re-binds.
         """
@@ -75,7 +75,7 @@ class SiteTable:
         return site_id
 
     def add_site_record(self, site: SiteRecord) -> int:
-        """Append a copy of ``site`` as a new series as-is (for merges and copies); returns its id."""
+        """Append a copy of ``site`` as a new site as-is (for merges and copies); returns its id."""
         self._check_open()
         site_id = len(self.sites)
         self.sites.append(replace(site, site_id=site_id))
@@ -85,10 +85,10 @@ class SiteTable:
         return site_id
 
     def end_site(self, site_id: int, step: int, reason: str) -> None:
-        """Close a series at ``step`` (exclusive) with a reason."""
+        """Close a site at ``step`` (exclusive) with a reason."""
         site = self._site(site_id)
         self.sites[site_id] = replace(site, ended_step=int(step), ended_reason=reason)
-        if self._active.get(site.name) == site_id:  # an older series never unbinds the name
+        if self._active.get(site.name) == site_id:  # an older site never unbinds the name
             del self._active[site.name]
         self._catalog_dirty = True
 

@@ -23,14 +23,15 @@ published as ``scalar`` events (source ``probe``) and every undefined number as 
 Example
 -------
 >>> import tempfile, torch
->>> from stepscope.history import ArtifactWriter, open_history
+>>> import stepscope as ss
+>>> from stepscope.history import HistoryWriter
 >>> from stepscope.probe import DenseProbe
 >>> model = torch.nn.Linear(3, 2)
 >>> probe = DenseProbe(torch.randn(8, 3), torch.tensor([0, 1] * 4), size=4)
 >>> path = tempfile.mkdtemp() + "/run"
->>> with ArtifactWriter(path, durable=False) as w:
+>>> with HistoryWriter(path, durable=False) as w:
 ...     _ = write_probe_record(w, probe.measure(model, step=3, examples_seen=96, epoch=0))
->>> read_probe_axes(open_history(path))["examples_seen"].tolist()
+>>> read_probe_axes(ss.open_run(path))["examples_seen"].tolist()
 [96.0]
 """
 
@@ -134,7 +135,7 @@ def write_probe_record(target: Any, record: ProbeRecord, bus: Any = None) -> int
     Parameters
     ----------
     target
-        An :class:`~stepscope.history.ArtifactWriter`, or a
+        An :class:`~stepscope.history.HistoryWriter`, or a
         :class:`~stepscope.HistoryCollector` (its writer and its settings' event bus are used).
     record
         The measurement.

@@ -15,14 +15,13 @@ from stepscope.report.html import (
     to_html,
     write_report,
 )
-from stepscope.report.model import Note, ReportRun, Section, Table
+from stepscope.report.model import Note, Section, Table
 from stepscope.report.plots import Plot, Trace, heatmap_plot, line_plot
 
 __all__ = [
     "SECTION_KEYS",
     "Note",
     "Plot",
-    "ReportRun",
     "Section",
     "Table",
     "Trace",

@@ -24,15 +24,16 @@ import numpy as np
 
 from stepscope.errors import Refusal
 from stepscope.report.model import (
-    ReportRun,
     Section,
     Table,
     fmt,
     left_out_note,
     no_data,
     one_per_recipe,
+    run_label,
 )
 from stepscope.report.plots import Trace, line_plot
+from stepscope.run import Run
 
 FAMILIES = ("empirical_fisher", "ce_ggn", "jacobian_gram")
 _NAME = re.compile(r"^curvature-(\d+)\.json$")
@@ -181,7 +182,7 @@ def _pos(values: np.ndarray) -> np.ndarray:
     return np.where(values > 0, values, np.nan)  # log axis: non-positive values are not drawn
 
 
-def curvature_section(runs: list[ReportRun], every_seed: bool = False) -> Section:
+def curvature_section(runs: list[Run], every_seed: bool = False) -> Section:
     """Spectra, ranks, directional quotients and Lyapunov mismatch per checkpoint (one run per
     recipe unless ``every_seed``). Open: each run's spectra at its last checkpoint."""
     sec = Section("curvature", "Curvature panel (offline, per checkpoint)")
@@ -191,7 +192,7 @@ def curvature_section(runs: list[ReportRun], every_seed: bool = False) -> Sectio
         if not files:
             sec.items.append(
                 no_data(
-                    f"curvature · {r.label}",
+                    f"curvature · {run_label(r)}",
                     "RUN/curvature/curvature-*.json",
                     "run `stepscope curvature` on saved checkpoints",
                 )
@@ -208,7 +209,7 @@ def curvature_section(runs: list[ReportRun], every_seed: bool = False) -> Sectio
             traces = _spectrum_traces(a["layers"])
             (sec.items if d is docs[-1] else sec.details).append(
                 line_plot(
-                    f"factor spectra at epoch {d['epoch']} · {r.label}",
+                    f"factor spectra at epoch {d['epoch']} · {run_label(r)}",
                     "eigenvalue index (descending)",
                     "eigenvalue",
                     [
@@ -249,11 +250,13 @@ def curvature_section(runs: list[ReportRun], every_seed: bool = False) -> Sectio
                 ]
             )
         head = ["epoch", "layer", "family", "KFAC top eig", "effective rank", "stable rank"]
-        sec.details.append(Table(f"KFAC ranks · {r.label}", [*head, "rel. diagonal error"], ranks))
+        sec.details.append(
+            Table(f"KFAC ranks · {run_label(r)}", [*head, "rel. diagonal error"], ranks)
+        )
         if quotient:
             sec.details.append(
                 line_plot(
-                    f"mean-gradient KFAC Rayleigh quotient · {r.label}",
+                    f"mean-gradient KFAC Rayleigh quotient · {run_label(r)}",
                     "checkpoint epoch",
                     "q(G) / ||G||^2",
                     [
@@ -269,7 +272,7 @@ def curvature_section(runs: list[ReportRun], every_seed: bool = False) -> Sectio
         head = ["epoch", "support rank", "rho ambient", "rho support", "Lyapunov/precond. ratio"]
         sec.details.append(
             Table(
-                f"output-space Lyapunov mismatch · {r.label}",
+                f"output-space Lyapunov mismatch · {run_label(r)}",
                 [*head, "relative residual", "discarded Fisher fraction"],
                 lyap,
             )
@@ -280,7 +283,7 @@ def curvature_section(runs: list[ReportRun], every_seed: bool = False) -> Sectio
     return sec
 
 
-def precision_table(r: ReportRun, docs: list[dict[str, Any]]) -> Table:
+def precision_table(r: Run, docs: list[dict[str, Any]]) -> Table:
     """Recorder FP32 vs offline FP64 probe CE/accuracy, side by side per checkpoint.
 
     The recorder's values are its ``probe/model/*`` rows at the checkpoint's optimizer step
@@ -299,8 +302,8 @@ def precision_table(r: ReportRun, docs: list[dict[str, Any]]) -> Table:
         rec_ce = rec_acc = None
         if step is not None:
             at = np.array([int(step)])
-            ce = D.scalar_on(r.reader, "probe/model/loss", at)[0]
-            acc = D.scalar_on(r.reader, "probe/model/accuracy_fraction", at)[0]
+            ce = D.scalar_on(r, "probe/model/loss", at)[0]
+            acc = D.scalar_on(r, "probe/model/accuracy_fraction", at)[0]
             rec_ce = None if np.isnan(ce) else float(ce)
             rec_acc = None if np.isnan(acc) else float(acc)
         off_ce, off_acc = meta.get("probe_cross_entropy_mean"), meta.get("probe_accuracy_fraction")
@@ -321,4 +324,4 @@ def precision_table(r: ReportRun, docs: list[dict[str, Any]]) -> Table:
     head = ["epoch", "optimizer step", f"probe CE recorder ({identity.get('dtype', '?')})"]
     head += ["probe CE offline (float64)", "CE difference", "probe acc recorder"]
     head += ["probe acc offline (float64)", "same probe (sha256)"]
-    return Table(f"recorder FP32 vs offline FP64 probe CE/accuracy · {r.label}", head, rows)
+    return Table(f"recorder FP32 vs offline FP64 probe CE/accuracy · {run_label(r)}", head, rows)

@@ -24,9 +24,10 @@ from collections.abc import Sequence
 import numpy as np
 
 from stepscope.report import data as D
-from stepscope.report.model import Item, Note, ReportRun, Section, no_data
+from stepscope.report.model import Item, Note, Section, no_data, recipe_of, run_label
 from stepscope.report.overlay import Overlay
 from stepscope.report.plots import Trace, line_plot
+from stepscope.run import Run
 
 PROBE_CE, PROBE_ACC = "probe/model/loss", "probe/model/accuracy_fraction"
 TRAIN_LOSS_NAMES = ("loss", "train/loss")  # user scalars drawn as the minibatch training loss
@@ -67,9 +68,9 @@ def seed_traces(
     return traces
 
 
-def _sources(run: ReportRun) -> dict[str, tuple[np.ndarray, str | None, str | None]]:
+def _sources(run: Run) -> dict[str, tuple[np.ndarray, str | None, str | None]]:
     """``source label -> (steps, CE name, accuracy name)`` for the probe and each eval split."""
-    h = run.reader
+    h = run
     out: dict[str, tuple[np.ndarray, str | None, str | None]] = {}
     steps = D.probe_steps(h)
     if len(steps):
@@ -104,7 +105,7 @@ def _overlay_traces(overlays: Sequence[Overlay], metric: str) -> list[Trace]:
 
 
 def curves_section(
-    runs: list[ReportRun], endpoints: list[int], overlays: Sequence[Overlay] = ()
+    runs: list[Run], endpoints: list[int], overlays: Sequence[Overlay] = ()
 ) -> Section:
     """Probe and validation CE/accuracy vs optimizer step and isolated training seconds.
 
@@ -121,7 +122,7 @@ def curves_section(
                 "attach ss.DenseProbe(...) or call collector.log_eval(split, {...})",
             )
         )
-    has_clock = any(D.TRAIN_CLOCK in r.reader.scalar_names for r in runs)
+    has_clock = any(D.TRAIN_CLOCK in r.scalar_names for r in runs)
     marks = [(float(e), f"endpoint {e}") for e in endpoints]
     mixed: set[str] = set()
     for metric, col, unit in (("cross-entropy", 1, "nats/example"), ("accuracy", 2, "fraction")):
@@ -140,11 +141,11 @@ def curves_section(
                     name = ce_name if col == 1 else acc_name
                     if name is None:
                         continue
-                    y = D.scalar_on(r.reader, name, steps)
+                    y = D.scalar_on(r, name, steps)
                     x = steps.astype(float)
                     if axis != "optimizer step":
-                        x = D.scalar_on(r.reader, D.TRAIN_CLOCK, steps)
-                    per_run.append((r.label, x, y))
+                        x = D.scalar_on(r, D.TRAIN_CLOCK, steps)
+                    per_run.append((run_label(r), x, y))
                 if label == "probe" and not _same_probe(members):
                     # never average probe curves of different examples (docs/probe.md)
                     traces += [
@@ -192,7 +193,7 @@ def curves_section(
     for name in TRAIN_LOSS_NAMES:
         traces = []
         for (_, group), members in _by_group(runs, [name]):
-            loss = [(r.label, *_user_series(r, name)) for r in members]
+            loss = [(run_label(r), *_user_series(r, name)) for r in members]
             family = group.removeprefix(" · ") or None
             traces += seed_traces(name, [x for x in loss if len(x[1])], family)
         if traces:
@@ -207,7 +208,7 @@ def curves_section(
     return sec
 
 
-def _same_probe(members: list[ReportRun]) -> bool:
+def _same_probe(members: list[Run]) -> bool:
     """Whether the runs' persisted probe identities agree (runs without ``probe.json`` — written
     before identities were persisted — are not held against it)."""
     from stepscope.probe.sink import read_probe_identity
@@ -216,13 +217,11 @@ def _same_probe(members: list[ReportRun]) -> bool:
     return len(found) <= 1
 
 
-def _by_group(
-    runs: list[ReportRun], labels: list[str]
-) -> list[tuple[tuple[str, str], list[ReportRun]]]:
+def _by_group(runs: list[Run], labels: list[str]) -> list[tuple[tuple[str, str], list[Run]]]:
     """``((label, group suffix), runs)`` per label and recipe; one recipe: an empty suffix."""
-    groups: dict[str, list[ReportRun]] = {}
+    groups: dict[str, list[Run]] = {}
     for r in runs:
-        groups.setdefault(r.group, []).append(r)
+        groups.setdefault(recipe_of(r), []).append(r)
     out = []
     for label in labels:
         for g, members in groups.items():
@@ -230,26 +229,26 @@ def _by_group(
     return out
 
 
-def _user_series(run: ReportRun, name: str) -> tuple[np.ndarray, np.ndarray]:
-    steps, values = D.scalar_rows(run.reader, name)
+def _user_series(run: Run, name: str) -> tuple[np.ndarray, np.ndarray]:
+    steps, values = D.scalar_rows(run, name)
     return steps.astype(float), values
 
 
-def _elapsed_plot(runs: list[ReportRun]) -> Item:
+def _elapsed_plot(runs: list[Run]) -> Item:
     traces, sources = [], set()
     for r in runs:
-        h = r.reader
+        h = r
         steps, _, wall = D.step_clock(h)
         if D.ELAPSED_CLOCK in h.scalar_names:
             y, src = D.scalar_on(h, D.ELAPSED_CLOCK, steps), D.ELAPSED_CLOCK
         else:
             y, src = wall - h.run.created_unix, "step wall_time - run created_unix"
         sources.add(src)
-        traces.append(Trace(f"total elapsed · {r.label}", steps.astype(float), y))
+        traces.append(Trace(f"total elapsed · {run_label(r)}", steps.astype(float), y))
         for name, what in ((D.TRAIN_CLOCK, "training"), (D.TELEMETRY_CLOCK, "telemetry")):
             if name in h.scalar_names:
                 y = D.scalar_on(h, name, steps)
-                traces.append(Trace(f"{what} · {r.label}", steps.astype(float), y))
+                traces.append(Trace(f"{what} · {run_label(r)}", steps.astype(float), y))
                 sources.add(name)
     if not any(np.isfinite(t.y).any() for t in traces):
         return no_data("total elapsed time", f"{D.ELAPSED_CLOCK} rows or step wall times")

@@ -19,8 +19,8 @@ per-reader scalar cache and the spine-cell helpers; the sections that draw them 
 
 Example
 -------
->>> from stepscope.history import open_history
->>> h = open_history("runs/demo")  # needs a recorded run in runs/demo  # doctest: +SKIP
+>>> import stepscope as ss
+>>> h = ss.open_run("runs/demo")  # needs a recorded run in runs/demo  # doctest: +SKIP
 >>> m = layer_quantities(h)["gradient_l2"]  # needs a recorded run in runs/demo  # doctest: +SKIP
 >>> m.values.shape == (len(m.sites), len(m.steps))  # needs a recorded run in runs/demo  # doctest: +SKIP
 True

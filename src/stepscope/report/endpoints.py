@@ -6,8 +6,8 @@ accuracy would hide it.
 
 Example
 -------
->>> from stepscope.report.model import ReportRun
->>> runs = [ReportRun.open("runs/a")]  # needs recorded runs  # doctest: +SKIP
+>>> from stepscope import open_run
+>>> runs = [open_run("runs/a")]  # needs recorded runs  # doctest: +SKIP
 >>> endpoints_section(runs, default_endpoints(runs)).key  # needs recorded runs  # doctest: +SKIP
 'endpoints'
 """
@@ -19,19 +19,20 @@ import numpy as np
 from stepscope.report import data as D
 from stepscope.report.model import (
     Note,
-    ReportRun,
     Section,
     Table,
     fmt,
     left_out_note,
     no_data,
     one_per_recipe,
+    run_label,
 )
 from stepscope.report.plots import bar_plot, matrix_plot
 from stepscope.report.sections import PROBE_ACC, PROBE_CE
+from stepscope.run import Run
 
 
-def default_endpoints(runs: list[ReportRun]) -> list[int]:
+def default_endpoints(runs: list[Run]) -> list[int]:
     """Default endpoints from the first run with probe rows.
 
     The first and last step where the probe and an evaluation were both taken (so the gap is
@@ -41,23 +42,21 @@ def default_endpoints(runs: list[ReportRun]) -> list[int]:
     and last committed step.
     """
     for r in runs:
-        steps = D.probe_steps(r.reader)
+        steps = D.probe_steps(r)
         if len(steps):
-            names = [n for m in D.eval_metrics(r.reader).values() for n in m.values()]
-            evals = D.scalar_steps(r.reader, names)
+            names = [n for m in D.eval_metrics(r).values() for n in m.values()]
+            evals = D.scalar_steps(r, names)
             both = np.intersect1d(steps, evals)
             pick = both if len(both) else steps
             ends = {int(pick[0]), int(pick[-1])}
             if len(evals) and int(evals[-1]) > max(ends):
                 ends.add(int(evals[-1]))  # the final evaluation
             return sorted(ends)
-    steps = runs[0].reader.steps if runs else np.empty(0)
+    steps = runs[0].steps if runs else np.empty(0)
     return sorted({int(steps[0]), int(steps[-1])}) if len(steps) else []
 
 
-def endpoints_section(
-    runs: list[ReportRun], endpoints: list[int], every_seed: bool = False
-) -> Section:
+def endpoints_section(runs: list[Run], endpoints: list[int], every_seed: bool = False) -> Section:
     """Generalisation gap, predicted-class counts and confusion matrices at the endpoints.
 
     Open: the gap at the last endpoint; folded: the gap at every endpoint, then class counts and
@@ -68,7 +67,7 @@ def endpoints_section(
     sec = Section("endpoints", "Generalisation gap, predicted classes and confusion at endpoints")
     rows: list[list[str]] = []
     for r in runs:
-        h = r.reader
+        h = r
         ep = np.array(endpoints, dtype=np.int64)
         p_acc, p_ce = D.scalar_on(h, PROBE_ACC, ep), D.scalar_on(h, PROBE_CE, ep)
         for split, m in sorted(D.eval_metrics(h).items()):
@@ -84,7 +83,7 @@ def endpoints_section(
                 gap_acc = p_acc[i] - e_acc[i]
                 gap_ce = e_ce[i] - p_ce[i]
                 rows.append(
-                    [r.label, str(step), split]
+                    [run_label(r), str(step), split]
                     + [
                         fmt(None if np.isnan(v) else float(v))
                         for v in (p_acc[i], e_acc[i], gap_acc)
@@ -116,7 +115,7 @@ def endpoints_section(
     drew = False
     shown, left = (runs, []) if every_seed else one_per_recipe(runs)
     for r in shown:
-        h = r.reader
+        h = r
         probe_at = set(D.probe_steps(h).tolist())
         counts_names = sorted(
             (n for n in h.scalar_names if n.startswith("probe/model/predicted_counts/")),
@@ -132,7 +131,7 @@ def endpoints_section(
             drew = True
             sec.details.append(
                 matrix_plot(
-                    f"probe confusion at step {step} · {r.label}",
+                    f"probe confusion at step {step} · {run_label(r)}",
                     read_probe_confusion(h, step),
                     "predicted class",
                     "true class",
@@ -142,7 +141,7 @@ def endpoints_section(
             sec.details.insert(
                 len(sec.details) - len(groups),
                 bar_plot(
-                    f"probe predicted-class counts · {r.label}",
+                    f"probe predicted-class counts · {run_label(r)}",
                     groups,
                     "class",
                     "examples predicted",
@@ -179,21 +178,21 @@ def eval_confusion(h: object, split: str, step: int) -> np.ndarray | None:
     return None if np.isnan(out).any() else out.astype(np.int64)
 
 
-def _eval_confusions(sec: Section, r: ReportRun, endpoints: list[int]) -> bool:
+def _eval_confusions(sec: Section, r: Run, endpoints: list[int]) -> bool:
     """Evaluation-split confusion matrices at the endpoints (official test: declared only)."""
     drew = False
-    for split in sorted(D.eval_metrics(r.reader)):
-        declared = D.endpoint_steps(r.reader, split) if split in D.ENDPOINT_ONLY_SPLITS else None
+    for split in sorted(D.eval_metrics(r)):
+        declared = D.endpoint_steps(r, split) if split in D.ENDPOINT_ONLY_SPLITS else None
         for step in endpoints:
             if split in D.ENDPOINT_ONLY_SPLITS and (declared is None or step not in declared):
                 continue
-            matrix = eval_confusion(r.reader, split, step)
+            matrix = eval_confusion(r, split, step)
             if matrix is None:
                 continue
             drew = True
             sec.details.append(
                 matrix_plot(
-                    f"{split} confusion at step {step} · {r.label}",
+                    f"{split} confusion at step {step} · {run_label(r)}",
                     matrix,
                     "predicted class",
                     "true class",

@@ -27,7 +27,7 @@ from stepscope.errors import Refusal
 from stepscope.report.curvature import curvature_section
 from stepscope.report.endpoints import default_endpoints, endpoints_section
 from stepscope.report.figure import PNG_SCALE
-from stepscope.report.model import NO_DATA, Item, Note, ReportRun, Section, Table
+from stepscope.report.model import NO_DATA, Item, Note, Section, Table, recipe_of, run_label
 from stepscope.report.overlay import Overlay, load_overlay
 from stepscope.report.plots import Plot
 from stepscope.report.record import record_section
@@ -39,6 +39,7 @@ from stepscope.report.sections import (
     moments_section,
 )
 from stepscope.report.spikes import spikes_section
+from stepscope.run import Run, open_run
 
 #: Section keys in report order (each is an ``id`` in the HTML).
 SECTION_KEYS: tuple[str, ...] = (
@@ -79,7 +80,7 @@ details{margin:.5em 0 1em} summary{cursor:pointer;color:#0b57a4;font-size:.95em;
 
 
 def build_sections(
-    runs: Sequence[ReportRun],
+    runs: Sequence[Run],
     endpoints: Sequence[int] | None = None,
     histogram_limit: int = 8,
     overlays: Sequence[Overlay] = (),
@@ -181,29 +182,29 @@ def _summary(items: Sequence[Item]) -> str:
     return f"Details: {what}"
 
 
-def _runs_line(runs: Sequence[ReportRun]) -> str:
-    groups: dict[str, list[ReportRun]] = {}
+def _runs_line(runs: Sequence[Run]) -> str:
+    groups: dict[str, list[Run]] = {}
     for r in runs:
-        groups.setdefault(r.group, []).append(r)
+        groups.setdefault(recipe_of(r), []).append(r)
     parts = []
     for g, members in groups.items():
-        steps = [len(r.reader.steps) for r in members]
+        steps = [len(r.steps) for r in members]
         span = f"{min(steps)}" if min(steps) == max(steps) else f"{min(steps)}–{max(steps)}"
         name = html.escape(g) if g else "runs"
-        labels = ", ".join(html.escape(r.label) for r in members)
+        labels = ", ".join(html.escape(run_label(r)) for r in members)
         parts.append(f"<b>{name}</b>: {len(members)} run{'s' * (len(members) != 1)} "
                      f"({labels}), {span} committed steps")  # fmt: skip
     return "; ".join(parts)
 
 
-def to_html(sections: Sequence[Section], runs: Sequence[ReportRun]) -> str:
+def to_html(sections: Sequence[Section], runs: Sequence[Run]) -> str:
     """The whole document as a string (no external references).
 
     Sections with data come in :data:`SECTION_KEYS` order, each with its summary open and its
     details folded (``<details>``); sections with nothing recorded collapse into one line near
     the top (``id="not-recorded"``), which names what was looked for and how to record it.
     """
-    names = ", ".join(html.escape(r.label) for r in runs)
+    names = ", ".join(html.escape(run_label(r)) for r in runs)
     full = [s for s in sections if s.has_data]
     empty = [s for s in sections if not s.has_data]
     toc = "".join(f'<a href="#{s.key}">{html.escape(s.title)}</a>' for s in full)
@@ -288,14 +289,14 @@ def render_report(
         raise Refusal("report_input_invalid", "no runs were given.", ["pass at least one RUN"])
     if endpoints is not None and any(int(e) < 0 for e in endpoints):
         raise Refusal("report_input_invalid", f"endpoints {list(endpoints)} must be >= 0.", [])
-    views = [ReportRun.open(p) for p in runs]
+    opened = [open_run(p) for p in runs]
     loaded = [load_overlay(p) for p in overlays]
-    sections = build_sections(views, endpoints, histogram_limit, loaded, progress, every_seed)
-    return write_report(sections, views, out)
+    sections = build_sections(opened, endpoints, histogram_limit, loaded, progress, every_seed)
+    return write_report(sections, opened, out)
 
 
 def write_report(
-    sections: Sequence[Section], runs: Sequence[ReportRun], out: str | os.PathLike[str]
+    sections: Sequence[Section], runs: Sequence[Run], out: str | os.PathLike[str]
 ) -> Path:
     """Write built sections as the HTML file ``out`` (atomically: temp file, then rename)."""
     target = Path(out)

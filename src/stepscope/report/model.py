@@ -1,7 +1,9 @@
 """The report's document model: sections holding plots, tables and "no data recorded" notes.
 
-A section has a short summary (``items``, shown open) and ``details`` (folded in the page under a
-``<details>`` element); builders choose which is which. A new section is a function returning a
+The report reads each run as a :class:`~stepscope.run.Run` (:func:`stepscope.open_run`), named
+by :func:`run_label` and grouped by :func:`recipe_of`. A section has a short summary (``items``,
+shown open) and ``details`` (folded in the page under a ``<details>`` element); builders choose
+which is which. A new section is a function returning a
 :class:`Section` with a stable ``key``, added to the report's builder list
 (:func:`stepscope.report.html.build_sections`).
 
@@ -17,12 +19,10 @@ False
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
-from pathlib import Path
 
-from stepscope.history.reader import HistoryReader, open_history
 from stepscope.report.plots import Plot
+from stepscope.run import Run
 
 
 @dataclass(frozen=True)
@@ -82,53 +82,41 @@ def no_data(what: str, looked_for: str, how: str = "") -> Note:
 GROUP_KEYS: tuple[str, ...] = ("recipe", "variant")
 
 
-@dataclass
-class ReportRun:
-    """One run given to the report: its directory, reader, display label and recipe group.
+def run_label(run: Run) -> str:
+    """A run's name in the report: its run id, with its seed where the run record has one."""
+    seed = run.run.extra.get("seed")
+    return run.run.run_id if seed is None else f"{run.run.run_id} (seed {seed})"
 
-    Not :class:`stepscope.runlog.RunView` (the run log's scalar/branch view of one artifact).
+
+def recipe_of(run: Run) -> str:
+    """A run's recipe group: the first of :data:`GROUP_KEYS` in the run record's ``extra``.
+
+    Runs of different recipes are never averaged together (``""``: no recipe recorded).
     """
-
-    path: Path
-    reader: HistoryReader
-    label: str
-    group: str = ""
-
-    @classmethod
-    def open(cls, path: str | os.PathLike[str]) -> ReportRun:
-        """Open a run directory (refuses like :func:`~stepscope.history.open_history`).
-
-        ``group`` is the run's recipe, from the run record's ``extra`` (first of
-        :data:`GROUP_KEYS`); runs of different recipes are never averaged together.
-        """
-        reader = open_history(path)
-        extra = reader.run.extra
-        seed = extra.get("seed")
-        label = reader.run.run_id if seed is None else f"{reader.run.run_id} (seed {seed})"
-        group = next((str(extra[k]) for k in GROUP_KEYS if extra.get(k) is not None), "")
-        return cls(Path(path), reader, label, group)
+    extra = run.run.extra
+    return next((str(extra[k]) for k in GROUP_KEYS if extra.get(k) is not None), "")
 
 
-def one_per_recipe(runs: list[ReportRun]) -> tuple[list[ReportRun], list[ReportRun]]:
+def one_per_recipe(runs: list[Run]) -> tuple[list[Run], list[Run]]:
     """``(shown, left_out)``: the first run of each recipe group, and the other seeds.
 
     Per-run panels (heatmaps, confusion matrices, spectra) are drawn for one seed per recipe;
     the seeds' spread is in the curves' bands, and a note names the runs left out.
     """
     seen: set[str] = set()
-    shown: list[ReportRun] = []
-    left: list[ReportRun] = []
+    shown: list[Run] = []
+    left: list[Run] = []
     for r in runs:
-        (left if r.group in seen else shown).append(r)
-        seen.add(r.group)
+        (left if recipe_of(r) in seen else shown).append(r)
+        seen.add(recipe_of(r))
     return shown, left
 
 
-def left_out_note(what: str, left: list[ReportRun]) -> Note | None:
+def left_out_note(what: str, left: list[Run]) -> Note | None:
     """The note naming the seeds whose per-run panels were not drawn (``None`` if none)."""
     if not left:
         return None
-    names = ", ".join(r.label for r in left)
+    names = ", ".join(run_label(r) for r in left)
     return Note(
         f"{what}: drawn for the first run of each recipe; not drawn for {names} "
         "(report those runs alone, or pass --every-seed, to see them)."

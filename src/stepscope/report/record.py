@@ -6,8 +6,8 @@ seconds and their ``overhead_fraction``, :mod:`stepscope.runlog`), else from the
 
 Example
 -------
->>> from stepscope.report.model import ReportRun
->>> record_section([ReportRun.open("runs/a")]).items[0].title  # needs recorded runs  # doctest: +SKIP
+>>> from stepscope import open_run
+>>> record_section([open_run("runs/a")]).items[0].title  # needs recorded runs  # doctest: +SKIP
 'run record · a'
 """
 
@@ -17,7 +17,8 @@ import json
 import os
 from typing import Any
 
-from stepscope.report.model import Item, ReportRun, Section, Table, fmt, fmt_unix, no_data
+from stepscope.report.model import Item, Section, Table, fmt, fmt_unix, no_data, run_label
+from stepscope.run import Run
 
 #: Keys of ``RunRecord.extra`` that may hold measured overhead (first found is shown).
 OVERHEAD_KEYS = ("measurements", "overhead", "measured_overhead")
@@ -48,11 +49,11 @@ def _rounded(value: Any) -> Any:
     return value
 
 
-def record_section(runs: list[ReportRun]) -> Section:
+def record_section(runs: list[Run]) -> Section:
     """One table per run (run record, segments, storage) and one for measured overhead."""
     sec = Section("record", "Run record")
     for r in runs:
-        h = r.reader
+        h = r
         run = h.run
         rows: list[list[str]] = [
             ["path", str(r.path)],
@@ -72,7 +73,7 @@ def record_section(runs: list[ReportRun]) -> Section:
         _flat("cadences", dict(run.cadences), rows)
         extra = {k: v for k, v in run.extra.items() if k not in OVERHEAD_KEYS}
         _flat("extra", extra, rows)
-        sec.details.append(Table(f"run record · {r.label}", ["field", "value"], rows))
+        sec.details.append(Table(f"run record · {run_label(r)}", ["field", "value"], rows))
         sec.details.append(_overhead(r))
         accounting = _telemetry_accounting(r)
         if accounting is not None:
@@ -80,7 +81,7 @@ def record_section(runs: list[ReportRun]) -> Section:
     return sec
 
 
-def _telemetry_accounting(r: ReportRun) -> Item | None:
+def _telemetry_accounting(r: Run) -> Item | None:
     """``RUN/telemetry.json`` (written by ``stepscope demo``): what the telemetry seconds were spent
     on (probe, serialisation, snapshots, checkpoints, hooks) and the overall fraction."""
     path = r.path / "telemetry.json"
@@ -92,7 +93,7 @@ def _telemetry_accounting(r: ReportRun) -> Item | None:
     rows: list[list[str]] = []
     _flat("", {k: v for k, v in doc.items() if k != "cadence_qualification"}, rows)
     return Table(
-        f"telemetry accounting · {r.label} (telemetry.json)", ["measurement", "value"], rows
+        f"telemetry accounting · {run_label(r)} (telemetry.json)", ["measurement", "value"], rows
     )
 
 
@@ -100,25 +101,27 @@ def _span(steps: Any) -> str:
     return f"steps {int(steps[0])}..{int(steps[-1])}" if len(steps) else "none"
 
 
-def _overhead(r: ReportRun) -> Item:
+def _overhead(r: Run) -> Item:
     summary = _runlog_summary(r)
     if summary is not None:
         rows: list[list[str]] = []
         _flat("", summary, rows)
-        return Table(f"measured overhead · {r.label} (runlog.json)", ["measurement", "value"], rows)
-    extra = r.reader.run.extra
+        return Table(
+            f"measured overhead · {run_label(r)} (runlog.json)", ["measurement", "value"], rows
+        )
+    extra = r.run.extra
     for key in OVERHEAD_KEYS:
         if key in extra:
             found: list[list[str]] = []
             _flat(key, extra[key], found)
-            return Table(f"measured overhead · {r.label}", ["measurement", "value"], found)
+            return Table(f"measured overhead · {run_label(r)}", ["measurement", "value"], found)
     return no_data(
-        f"measured overhead · {r.label}",
+        f"measured overhead · {run_label(r)}",
         "RUN/runlog.json, run record extra." + " / extra.".join(OVERHEAD_KEYS),
     )
 
 
-def _runlog_summary(r: ReportRun) -> dict[str, Any] | None:
+def _runlog_summary(r: Run) -> dict[str, Any] | None:
     """The clocks' summary (training/telemetry/elapsed seconds, overhead fraction), if written."""
     if not (r.path / "runlog.json").exists():
         return None

@@ -1,6 +1,6 @@
 """Report sections built from the artifacts: curves, branch activity, layers, moments, histograms.
 
-Each builder takes the :class:`~stepscope.report.model.ReportRun` list and returns a
+Each builder takes the :class:`~stepscope.run.Run` list and returns a
 :class:`~stepscope.report.model.Section`. A quantity that no run recorded becomes a
 ``no data recorded`` note naming the rows that were looked for; nothing is drawn as zero. The
 curves section (:func:`~stepscope.report.curves.curves_section`, :func:`seed_traces`) is in
@@ -8,8 +8,8 @@ curves section (:func:`~stepscope.report.curves.curves_section`, :func:`seed_tra
 
 Example
 -------
->>> from stepscope.report.model import ReportRun
->>> runs = [ReportRun.open("runs/a"), ReportRun.open("runs/b")]  # needs recorded runs  # doctest: +SKIP
+>>> from stepscope import open_run
+>>> runs = [open_run("runs/a"), open_run("runs/b")]  # needs recorded runs  # doctest: +SKIP
 >>> curves_section(runs, endpoints=[0, 99]).has_data  # needs recorded runs  # doctest: +SKIP
 True
 """
@@ -34,15 +34,17 @@ from stepscope.report.histplot import histogram_plot
 from stepscope.report.model import (
     Item,
     Note,
-    ReportRun,
     Section,
     Table,
     fmt,
     left_out_note,
     no_data,
     one_per_recipe,
+    recipe_of,
+    run_label,
 )
 from stepscope.report.plots import Plot, Trace, heatmap_plot, line_plot
+from stepscope.run import Run
 
 __all__ = [  # the curves section's names stay importable from here (older imports)
     "HEATMAPS",
@@ -59,16 +61,14 @@ __all__ = [  # the curves section's names stay importable from here (older impor
 ]
 
 
-def branch_section(runs: list[ReportRun]) -> Section:
+def branch_section(runs: list[Run]) -> Section:
     """Branch activity (``branch/<b>/<q>`` rows) vs step, beside measured throughput.
 
     Seeds of one recipe are one mean line in a min–max band per branch (colour: branch, line
     style: recipe when there are several).
     """
     sec = Section("branch", "Branch activity and measured training throughput")
-    quantities = sorted(
-        {q for r in runs for b in D.branch_quantities(r.reader).values() for q in b}
-    )
+    quantities = sorted({q for r in runs for b in D.branch_quantities(r).values() for q in b})
     if not quantities:
         sec.items.append(
             no_data(
@@ -77,29 +77,29 @@ def branch_section(runs: list[ReportRun]) -> Section:
                 "collector.log_mask(branch, keep) records them",
             )
         )
-    groups: dict[str, list[ReportRun]] = {}
+    groups: dict[str, list[Run]] = {}
     for r in runs:
-        groups.setdefault(r.group, []).append(r)
+        groups.setdefault(recipe_of(r), []).append(r)
     several = len(groups) > 1
     for q in quantities:
         traces = []
         for g, members in groups.items():
-            branches = sorted({b for r in members for b in D.branch_quantities(r.reader)})
+            branches = sorted({b for r in members for b in D.branch_quantities(r)})
             for b in branches:
                 per_run = []
                 for r in members:
-                    names = D.branch_quantities(r.reader).get(b, {})
+                    names = D.branch_quantities(r).get(b, {})
                     if q in names:
-                        per_run.append((r.label, *_user_series(r, names[q])))
+                        per_run.append((run_label(r), *_user_series(r, names[q])))
                 traces += seed_traces(b, per_run, (g or None) if several else None)
         sec.items.append(line_plot(f"branch {q} vs optimizer step", "optimizer step", q, traces))
     traces, hows = [], set()
     for g, members in groups.items():
         per_run = []
         for r in members:
-            steps, rate, how = D.throughput(r.reader)
+            steps, rate, how = D.throughput(r)
             hows.add(how)
-            per_run.append((r.label, steps.astype(float), rate))
+            per_run.append((run_label(r), steps.astype(float), rate))
         traces += seed_traces("throughput", per_run, (g or None) if several else None)
     if any(np.isfinite(t.y).any() for t in traces):
         sec.items.append(
@@ -141,7 +141,7 @@ HEATMAPS = (
 )
 
 
-def layers_section(runs: list[ReportRun], every_seed: bool = False) -> Section:
+def layers_section(runs: list[Run], every_seed: bool = False) -> Section:
     """Plot 3: layer x step heatmaps of dense-probe quantities, then (apart, under their own
     titles) the sampled training-minibatch stream heatmaps; one run per recipe unless
     ``every_seed``. Open: each run's first heatmap; folded: the others."""
@@ -159,25 +159,25 @@ def layers_section(runs: list[ReportRun], every_seed: bool = False) -> Section:
     return sec
 
 
-def _probe_heatmaps(r: ReportRun) -> list[Item]:
-    if not len(D.probe_steps(r.reader)):
+def _probe_heatmaps(r: Run) -> list[Item]:
+    if not len(D.probe_steps(r)):
         return [
             no_data(
-                f"dense-probe layer heatmaps (Plot 3) · {r.label}",
+                f"dense-probe layer heatmaps (Plot 3) · {run_label(r)}",
                 "probe/<layer>/* rows",
                 "attach ss.DenseProbe(...) to the collector",
             )
         ]
     items: list[Item] = []
     for key, (title, log) in D.PROBE_LAYER_QUANTITIES.items():
-        found = D.probe_layer_matrix(r.reader, key)
+        found = D.probe_layer_matrix(r, key)
         if found is None or not np.isfinite(found[2]).any():
-            items.append(no_data(f"{title} · {r.label}", f"probe/<layer>/{key} rows"))
+            items.append(no_data(f"{title} · {run_label(r)}", f"probe/<layer>/{key} rows"))
             continue
         layers, steps, values = found
         items.append(
             heatmap_plot(
-                f"{title} · {r.label}",
+                f"{title} · {run_label(r)}",
                 layers,
                 steps,
                 values,
@@ -191,16 +191,16 @@ def _probe_heatmaps(r: ReportRun) -> list[Item]:
     return items
 
 
-def _training_heatmaps(r: ReportRun) -> list[Item]:
+def _training_heatmaps(r: Run) -> list[Item]:
     items: list[Item] = []
-    mats = D.layer_quantities(r.reader)
-    sample = r.reader.run.extra.get("update_sample_size")
+    mats = D.layer_quantities(r)
+    sample = r.run.extra.get("update_sample_size")
     for key, title, log in HEATMAPS:
         m = mats[key]
         if m is None or not m.observed.any():
             stream = {"gradient_l2": "gradient", "activation_zero_fraction": "activation"}
             items.append(
-                no_data(f"{title} · {r.label}", f"observed {stream.get(key, key)} spine rows")
+                no_data(f"{title} · {run_label(r)}", f"observed {stream.get(key, key)} spine rows")
             )
             continue
         cap = f"Sampled training minibatch stream. Definition: {m.definition}."
@@ -208,7 +208,7 @@ def _training_heatmaps(r: ReportRun) -> list[Item]:
             cap += f" Updates are sampled (up to {sample} coordinates per parameter)."
         items.append(
             heatmap_plot(
-                f"{title} · {r.label}",
+                f"{title} · {run_label(r)}",
                 m.sites,
                 m.steps,
                 m.values,
@@ -235,14 +235,14 @@ def _validity(h: Any, layer: str, steps: np.ndarray) -> Callable[[str], np.ndarr
     return read
 
 
-def moments_section(runs: list[ReportRun], every_seed: bool = False) -> Section:
+def moments_section(runs: list[Run], every_seed: bool = False) -> Section:
     """Probe per-example gradient moments per layer with validity annotations (one run per
     recipe unless ``every_seed``; the first plot open, the rest and the table folded)."""
     sec = Section("moments", "Per-example gradient moments (dense probe; not curvature)")
     rows: list[list[str]] = []
     shown, left = (runs, []) if every_seed else one_per_recipe(runs)
     for r in shown:
-        h = r.reader
+        h = r
         steps = D.probe_steps(h)
         layers = D.probe_layers(h)
         if not len(steps) or not layers:
@@ -261,7 +261,7 @@ def moments_section(runs: list[ReportRun], every_seed: bool = False) -> Section:
                     extra = f"undefined at {int(np.sum(v('diversity_valid') == 0))} steps"
                 rows.append(
                     [
-                        r.label,
+                        run_label(r),
                         layer,
                         key,
                         f"{int(np.isfinite(y).sum())} of {len(steps)}",
@@ -272,7 +272,7 @@ def moments_section(runs: list[ReportRun], every_seed: bool = False) -> Section:
                 )
             (sec.details if sec.items else sec.items).append(
                 line_plot(
-                    f"{title} · {r.label}",
+                    f"{title} · {run_label(r)}",
                     "optimizer step",
                     key,
                     traces,
@@ -297,7 +297,7 @@ def moments_section(runs: list[ReportRun], every_seed: bool = False) -> Section:
     return sec
 
 
-def histograms_section(runs: list[ReportRun], limit: int = 8, every_seed: bool = False) -> Section:
+def histograms_section(runs: list[Run], limit: int = 8, every_seed: bool = False) -> Section:
     """Each site's histogram over time, one run per recipe (unless ``every_seed``), up to
     ``limit`` panels in all; the panels left out are named in a note (a stated selection, never a
     silent cut). Open: the first panel holding a NaN/inf count (else the first panel)."""
@@ -306,21 +306,21 @@ def histograms_section(runs: list[ReportRun], limit: int = 8, every_seed: bool =
     shown, seeds = (runs, []) if every_seed else one_per_recipe(runs)
     panels: list[Plot] = []
     for r in shown:
-        pairs = D.histogram_pairs(r.reader)
+        pairs = D.histogram_pairs(r)
         if not pairs:
             sec.items.append(
                 no_data(
-                    f"histograms · {r.label}",
+                    f"histograms · {run_label(r)}",
                     "histogram rows of any stream",
                     "WatchSettings histogram cadences record them",
                 )
             )
         for site, stream in pairs:
             if left <= 0:
-                omitted.append(f"{r.label}: {site} · {stream}")
+                omitted.append(f"{run_label(r)}: {site} · {stream}")
                 continue
             left -= 1
-            panels.append(histogram_plot(D.histogram_grid(r.reader, site, stream)))
+            panels.append(histogram_plot(D.histogram_grid(r, site, stream)))
     bad = [
         p for p in panels if any(p.data["specials"][k].sum() for k in ("nan", "posinf", "neginf"))
     ]

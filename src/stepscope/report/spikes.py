@@ -9,8 +9,8 @@ collector's cadence. A run without a recorder, or where nothing fired, gets a no
 
 Example
 -------
->>> from stepscope.report.model import ReportRun
->>> spikes_section([ReportRun.open("runs/a")]).key  # needs recorded runs  # doctest: +SKIP
+>>> from stepscope import open_run
+>>> spikes_section([open_run("runs/a")]).key  # needs recorded runs  # doctest: +SKIP
 'spikes'
 """
 
@@ -19,8 +19,9 @@ from __future__ import annotations
 import numpy as np
 
 from stepscope.forensics import read_spikes
-from stepscope.report.model import ReportRun, Section, Table, fmt, no_data
+from stepscope.report.model import Section, Table, fmt, no_data, run_label
 from stepscope.report.plots import Trace, line_plot
+from stepscope.run import Run
 
 __all__ = ["spikes_section"]
 
@@ -28,14 +29,14 @@ __all__ = ["spikes_section"]
 PLOTTED = 5
 
 
-def spikes_section(runs: list[ReportRun]) -> Section:
+def spikes_section(runs: list[Run]) -> Section:
     """One table and one plot per trigger of each run."""
     sec = Section("spikes", "Before the spike (flight recorder)")
     found = False
     for r in runs:
         for s in read_spikes(r.path):
             found = True
-            head = f"step {s.step} · rank {s.rank} · {r.label}"
+            head = f"step {s.step} · rank {s.rank} · {run_label(r)}"
             rows = [
                 ["crossed", c.channel, fmt(c.value), f"median {fmt(c.center)}", f"z {fmt(c.z)}"]
                 for c in s.crossings

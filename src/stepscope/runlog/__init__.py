@@ -38,7 +38,7 @@ if TYPE_CHECKING:
         read_summary,
         write_summary,
     )
-    from stepscope.runlog.view import BranchSeries, Clocks, RunView, ScalarSeries
+    from stepscope.runlog.view import BranchSeries, Clocks, ScalarSeries
 
 #: public name -> the module that defines it
 _WHERE: dict[str, str] = {
@@ -72,7 +72,6 @@ _WHERE: dict[str, str] = {
     "write_summary": "stepscope.runlog.sink",
     "BranchSeries": "stepscope.runlog.view",
     "Clocks": "stepscope.runlog.view",
-    "RunView": "stepscope.runlog.view",
     "ScalarSeries": "stepscope.runlog.view",
 }
 
@@ -95,7 +94,6 @@ __all__ = [
     "MemorySink",
     "PendingStep",
     "RunLog",
-    "RunView",
     "ScalarSeries",
     "Split",
     "StepClock",

@@ -3,7 +3,7 @@
 A run log writes the same rows a :class:`~stepscope.HistoryCollector` writes for its user
 scalars — step blocks with ``optimizer_step``/``examples_seen``/``epoch``, ``scalars`` rows, the
 ``evals`` table, the reserved ``clock/*`` and ``branch/*`` scalars — into a history artifact
-(``output_dir``) or RAM. Read them back with :func:`stepscope.open_history` (``.scalars()``,
+(``output_dir``) or RAM. Read them back with :func:`stepscope.open_run` (``.scalars()``,
 ``.evals()``, ``.clocks()``) or :meth:`RunLog.view`.
 
 Example
@@ -38,13 +38,14 @@ import torch
 
 from stepscope.errors import Refusal
 from stepscope.history import (
-    ArtifactWriter,
     CloseReport,
+    HistoryWriter,
     RunRecord,
     StepBlockRecord,
     StepProvenance,
     StepTruth,
 )
+from stepscope.history.reader import HistoryReader
 from stepscope.runlog.clocks import ClockRow, StepClock
 from stepscope.runlog.names import CLOCK_ELAPSED, CLOCK_TELEMETRY, CLOCK_TRAINING
 from stepscope.runlog.pending import PendingStep
@@ -77,14 +78,14 @@ class RunLog(UserLog):
     Parameters
     ----------
     output_dir
-        Artifact directory (crash-safe, see :class:`~stepscope.history.ArtifactWriter`);
+        Artifact directory (crash-safe, see :class:`~stepscope.history.HistoryWriter`);
         ``None`` keeps everything in RAM (:meth:`view` reads it).
     run_id
         Run identity of a new artifact.
     device
         Device of the training tensors: ``cuda`` times the training clock with CUDA events.
     commit_steps, durable
-        Artifact commit interval and fsync (see :class:`~stepscope.history.ArtifactWriter`).
+        Artifact commit interval and fsync (see :class:`~stepscope.history.HistoryWriter`).
     timer, event_factory
         Injectable clocks (tests).
 
@@ -116,7 +117,7 @@ class RunLog(UserLog):
                 device=str(device or "cpu"),
                 extra={"writer": "stepscope.RunLog", "training_clock": self.clock.kind.value},
             )
-            writer = ArtifactWriter(self.path, run, commit_steps=commit_steps, durable=durable)
+            writer = HistoryWriter(self.path, run, commit_steps=commit_steps, durable=durable)
             self.sink = DiskSink(writer)
             write_summary(self.path, self.clock.summary(closed=False))
         else:
@@ -248,8 +249,6 @@ def view_of(sink: Any, clock: StepClock, closed: bool) -> RunView:
     if isinstance(sink, MemorySink):
         sink.summary_data = clock.summary(closed=closed)
         return RunView(sink)
-    from stepscope.history import open_history
-
     if not closed:
         sink.writer.commit()
-    return RunView(open_history(sink.path))
+    return RunView(HistoryReader(sink.path))

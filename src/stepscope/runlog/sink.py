@@ -4,7 +4,7 @@ Every producer of step records (the collector's step boundary, :class:`~stepscop
 trainer callbacks through either) writes through one :class:`StepSink` interface:
 ``write_step(block, batches, scalars)``, ``write_scalar``, ``write_eval`` and ``close``.
 :class:`DiskSink` forwards blocks and scalars to the
-:class:`~stepscope.history.ArtifactWriter` (committed with its chunks) and appends each evaluation
+:class:`~stepscope.history.HistoryWriter` (committed with its chunks) and appends each evaluation
 as one checksummed, fsynced line to ``RUN/evals.log`` (the index-log format: a torn final line is
 ignored, a complete line failing its sha256 refuses ``history_artifact_corrupt``). Every line names
 its segment, so a resumed segment supersedes its ancestors' evaluations from its resume step on.
@@ -77,7 +77,7 @@ class DiskSink(StepSink):
 
     ``trusted``: the producer registered every site it writes with ``writer`` and gives each
     stream at most one batch of distinct sites (the collector's step boundary), so the writer
-    skips re-checking them (see :meth:`~stepscope.history.ArtifactWriter.write_step`).
+    skips re-checking them (see :meth:`~stepscope.history.HistoryWriter.write_step`).
     """
 
     def __init__(self, writer: Any, trusted: bool = False) -> None:
@@ -93,13 +93,13 @@ class DiskSink(StepSink):
         batches: Sequence[Any] = (),
         scalars: Mapping[str, float] | None = None,
     ) -> bool:
-        """Forward to :meth:`ArtifactWriter.write_step`."""
+        """Forward to :meth:`HistoryWriter.write_step`."""
         return self.writer.write_step(
             block, list(batches), scalars=dict(scalars or {}), trusted=self.trusted
         )
 
     def write_scalar(self, name: str, step: int, value: float) -> None:
-        """Forward to :meth:`ArtifactWriter.write_scalar` (committed with the next commit)."""
+        """Forward to :meth:`HistoryWriter.write_scalar` (committed with the next commit)."""
         self.writer.write_scalar(name, step, value)
 
     def write_eval(self, rec: EvalRecord) -> None:

@@ -88,7 +88,11 @@ class BranchSeries:
 
 
 class RunView:
-    """Run-log views over a :class:`~stepscope.history.HistoryReader` or in-RAM rows.
+    """Run-log views over a run's artifact or its in-RAM rows (scalars with axes, branches).
+
+    Not constructed by users: :meth:`stepscope.run.Run.view` (a run on disk),
+    :meth:`stepscope.runlog.RunLog.view` and :meth:`stepscope.HistoryCollector.run_view` (rows
+    written so far, also of a RAM-only run, which has no :class:`~stepscope.run.Run`) return one.
 
     Parameters
     ----------
