@@ -187,7 +187,7 @@ def test_a_reduction_that_raises_records_capture_failed_not_an_exception(monkeyp
 
 def test_hooks_during_cuda_graph_capture_record_unsupported(monkeypatch):
     # the capture probe substituted on the CPU: every hook that fires "during capture"
-    monkeypatch.setattr(capture_mod, "capture_probe", lambda: True)
+    monkeypatch.setattr(capture_mod, "cuda_graph_capturing", lambda: True)
     model = torch.nn.Sequential(torch.nn.Linear(2, 2))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     c = HistoryCollector(model, streams=("activation", "gradient", "parameter"), cadence=1)

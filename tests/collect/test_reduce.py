@@ -102,7 +102,7 @@ def test_a_batch_the_native_call_refuses_falls_back_row_by_row_without_double_co
         calls.append(args)
         raise RuntimeError("native call refused the batch")
 
-    monkeypatch.setattr("stepscope.collect.staging.Staging.write_many_native", refuse)
+    monkeypatch.setattr("stepscope.collect.staging.Staging._native_many", refuse)
     monkeypatch.setattr("stepscope.collect.staging.Staging.write_many", refuse)
     reducer.reduce_many("parameter", [(rows[0], good), (rows[1], other)])
     assert len(calls) == 2 and state.failed == {} and state.unsupported == {}
@@ -135,7 +135,7 @@ def _stage(pairs, monkeypatch=None, native=True):
     reducer = Reducer(len(pairs), HistogramDescriptor(), "auto", lambda: state)
     if not native:
         monkeypatch.setattr(
-            "stepscope.collect.staging.Staging.write_many_native", lambda *a, **k: False
+            "stepscope.collect.staging.Staging._native_many", lambda *a, **k: False
         )
     reducer.reduce_many("parameter", pairs)
     spines, _ = reducer.to_host(False)[CPU]
@@ -148,10 +148,10 @@ def test_the_one_call_path_writes_bit_for_bit_what_the_row_by_row_path_writes(mo
     tensors = _model_tensors()
     pairs = list(zip(_rows(len(tensors)), tensors))
     taken = []
-    real = staging_mod.Staging.write_many_native
+    real = staging_mod.Staging._native_many
     monkeypatch.setattr(
         staging_mod.Staging,
-        "write_many_native",
+        "_native_many",
         lambda self, rows, ts: taken.append(real(self, rows, ts)) or taken[-1],
     )
     fast, fired_fast, _ = _stage(pairs)
@@ -211,15 +211,15 @@ def _activation_rows(model_name: str, monkeypatch, direct: bool) -> tuple[list[b
     from tests.collect.models import CASES
 
     case = CASES[model_name]
-    real = reduce_mod.Reducer._write_plain
+    real = reduce_mod.Staging._native_one
     taken: list[bool] = []
 
-    def spy(self, state, row, tensor):
-        wrote = real(self, state, row, tensor) if direct else False
+    def spy(self, row, tensor):
+        wrote = real(self, row, tensor) if direct else False
         taken.append(wrote)
         return wrote
 
-    monkeypatch.setattr(reduce_mod.Reducer, "_write_plain", spy)
+    monkeypatch.setattr(reduce_mod.Staging, "_native_one", spy)
     torch.manual_seed(0)
     model = case.build()
     opt = case.optimizer(model)

@@ -137,7 +137,7 @@ class Staging:
 
     def write(self, row: int, tensor: torch.Tensor, histogram: bool) -> None:
         """Reduce ``tensor`` into ``row`` (merging exactly if the row already fired this step)."""
-        if not histogram and self.write_plain(row, tensor):
+        if not histogram and self._native_one(row, tensor):
             return
         # rows by .select: plain [row] indexing may build an index tensor on the host
         spine = self.spines.select(0, row)
@@ -171,24 +171,20 @@ class Staging:
             self._base = self.spines.data_ptr() if kernels else 0
         return kernels
 
-    def write_plain(self, row: int, tensor: torch.Tensor) -> bool:
-        """:meth:`write` of a fresh row without a histogram when the C kernel takes ``tensor``
-        as it is; ``False`` (nothing written) otherwise."""
-        if self.fired[row] == 0 and self._spine_native(row, tensor):
-            self.fired[row] = 1
-            return True
-        return False
-
-    def _spine_native(self, row: int, tensor: torch.Tensor) -> bool:
-        """The activation hot path: the C kernel straight into ``row`` (what :func:`spine_into`
-        runs for a contiguous float32/float64 CPU tensor, without its per-call checks)."""
+    def _native_one(self, row: int, tensor: torch.Tensor) -> bool:
+        """The C spine kernel straight into a fresh ``row`` when it takes ``tensor`` as it is (a
+        contiguous, not lazily negated float32/float64 CPU tensor): what :func:`spine_into`
+        runs for it, without its per-call checks; ``False`` (nothing written) otherwise."""
+        if self.fired[row] != 0:
+            return False
         fn = self._native().get(tensor.dtype)
         if fn is None or not tensor.is_cpu or not tensor.is_contiguous() or tensor.is_neg():
             return False
         fn(tensor.data_ptr(), tensor.numel(), torch.get_num_threads(), self._base + row * _ROW)
+        self.fired[row] = 1
         return True
 
-    def write_many_native(self, rows: list[int], tensors: list[torch.Tensor]) -> bool:
+    def _native_many(self, rows: list[int], tensors: list[torch.Tensor]) -> bool:
         """The parameter-sized streams' common case in one native call, without per-row Python.
 
         Writes what :meth:`write_many` writes without histograms (the same C call on the same
@@ -326,13 +322,29 @@ class Reducer:
         return {dev: st.to_host(with_histograms) for dev, st in self.stagings.items()}
 
     def reduce(self, row: SiteRow, tensor: torch.Tensor) -> None:
-        """Reduce ``tensor`` into ``row`` when the row's stream is due this step."""
+        """Reduce ``tensor`` into ``row`` when the row's stream is due this step.
+
+        A plain contiguous float CPU tensor on a fresh row, with no histogram due and no
+        profiler recording (the activation hooks' common case), goes straight to the C kernel
+        (:meth:`Staging._native_one`); anything else is checked (:func:`reducible`) first.
+        """
         state = self.recording()
         if state is None or not state.spine_due[row.stream]:
             return
         t0 = time.perf_counter()
+        histogram = state.hist_due[row.stream]
         try:
-            if self._write_plain(state, row, tensor):  # the activation hooks' common case
+            cpu = self._cpu
+            if (
+                cpu is not None
+                and not histogram
+                and type(tensor) is torch.Tensor
+                and tensor.is_cpu
+                and tensor.layout is torch.strided
+                and not torch.autograd._profiler_enabled()
+                and not cuda_graph_capturing()
+                and cpu._native_one(row.index, tensor)
+            ):
                 state.charge(row.stream, time.perf_counter() - t0)
                 return
             with internal_scope("collector.reduce"):  # profiled as stepscope's work, not the user's
@@ -340,7 +352,7 @@ class Reducer:
                 if x is None:
                     state.unsupported[row.index] = note or "unknown"
                 else:
-                    self.staging(x.device).write(row.index, x, state.hist_due[row.stream])
+                    self.staging(x.device).write(row.index, x, histogram)
                     if note is not None:
                         state.row_notes[row.index] = note
         except Exception as e:  # telemetry never raises into the training step
@@ -349,22 +361,6 @@ class Reducer:
             else:
                 state.failed[row.index] = type(e).__name__
         state.charge(row.stream, time.perf_counter() - t0)
-
-    def _write_plain(self, state: StepState, row: SiteRow, tensor: torch.Tensor) -> bool:
-        """A plain contiguous float CPU tensor on a fresh row, no histogram due and no profiler
-        recording: straight to the C kernel (what the general path runs for it, without its
-        checks and indirections); ``False`` (nothing written) otherwise."""
-        cpu = self._cpu
-        return (
-            cpu is not None
-            and type(tensor) is torch.Tensor
-            and tensor.is_cpu
-            and tensor.layout is torch.strided
-            and not state.hist_due[row.stream]
-            and not torch.autograd._profiler_enabled()
-            and not capture_probe()
-            and cpu.write_plain(row.index, tensor)
-        )
 
     def reduce_many(self, stream: str, pairs: Sequence[tuple[SiteRow, torch.Tensor]]) -> None:
         """Parameter-sized streams: every due tensor of a device in one multi-tensor reduction.
@@ -377,23 +373,18 @@ class Reducer:
             return
         t0 = time.perf_counter()
         with internal_scope("collector.reduce"):  # profiled as stepscope's work, not the user's
-            self._write_many(state, stream, pairs)
+            self._stage_many(state, stream, pairs)
         state.charge(stream, time.perf_counter() - t0)
 
-    def _write_many_native(self, pairs: Sequence[tuple[SiteRow, torch.Tensor]]) -> bool:
-        """Every pair in one C call when all are plain CPU float tensors on fresh rows
-        (:meth:`Staging.write_many_native`); ``False`` (nothing written) otherwise."""
-        if not pairs or not pairs[0][1].is_cpu or capture_probe():
-            return False  # (during a CUDA graph capture every row is recorded unsupported)
-        rows, tensors = [r.index for r, _ in pairs], [t for _, t in pairs]
-        return self.staging(_CPU).write_many_native(rows, tensors)
-
-    def _write_many(
+    def _stage_many(
         self, state: StepState, stream: str, pairs: Sequence[tuple[SiteRow, torch.Tensor]]
     ) -> None:
-        if not state.hist_due[stream]:  # the common case: one native call, no per-row Python
+        if not state.hist_due[stream] and pairs[0][1].is_cpu and not cuda_graph_capturing():
+            # the common case: one native call, no per-row Python (during a CUDA graph capture
+            # every row is recorded unsupported)
+            rows, tensors = [r.index for r, _ in pairs], [t for _, t in pairs]
             try:
-                if self._write_many_native(pairs):
+                if self.staging(_CPU)._native_many(rows, tensors):
                     return
             except Exception:  # nothing counts as written: the general path records every row
                 pass
@@ -484,14 +475,14 @@ def _not_capturing() -> bool:
 
 
 #: the CUDA-graph capture probe (tests substitute it on the CPU)
-capture_probe = (
+cuda_graph_capturing = (
     torch.cuda.is_current_stream_capturing if torch.cuda.is_available() else _not_capturing
 )
 
 
 def reducible(t: torch.Tensor) -> tuple[torch.Tensor | None, str | None]:
     """``(tensor to reduce, disclosure or None)``, or ``(None, unsupported reason)``."""
-    if capture_probe():
+    if cuda_graph_capturing():
         return None, "cuda_graph_capture"
     t = t.detach()
     if type(t) is not torch.Tensor:  # a DTensor: its local shard (see .sharded)
