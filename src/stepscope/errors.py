@@ -6,12 +6,6 @@ user can do. The vocabulary lives here, in one table: :class:`Code` holds each c
 :class:`Family` and, where one is obvious, a default remedy (used when a raise site gives none).
 Raising an unknown code is a programming error that is itself caught by the test suite.
 
-This module is longer than the house's ~400 lines on purpose: most of it is the :class:`Code`
-table, one member per code, and the table is one concept (the whole vocabulary, grouped by the
-layer that raises each code). Split by layer, two layers could declare the same code twice and no
-single place would list what a user may have to catch; what is not the table (the exception
-classes and :func:`require_extra`) is under a hundred lines.
-
 Each code belongs to exactly one family, and ``Refusal(code, ...)`` returns an instance of the
 family's class, so ordinary ``except`` clauses catch refusals too:
 

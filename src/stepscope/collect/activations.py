@@ -36,13 +36,13 @@ hook registered since (so the order among hooks is the original one). Modules wi
 forward hooks keep theirs (they pay torch's hooked call path anyway), and once a compiled
 region or a compiled model was seen the hooks stay on (no recompilation for a changed hook set).
 
-Which tensor, which series
---------------------------
+Which tensor, which site
+------------------------
 The tensor is found by the rule of :mod:`stepscope.collect.staging`; its structural signature
-(dtype and rank, see :func:`~stepscope.collect.sites.output_signature`) names the series. A
+(dtype and rank, see :func:`~stepscope.collect.sites.output_signature`) names the site. A
 module with no tensor output is ``unsupported`` (``no_tensor_output``); a module that has not
 run by the end of a due step is registered with signature ``not_run`` and recorded
-``site_absent`` (that series ends with reason ``first_run`` when it does run).
+``site_absent`` (that site ends with reason ``first_run`` when it does run).
 """
 
 from __future__ import annotations
@@ -126,7 +126,7 @@ class ActivationSites:
         #: a hook fired while ``torch.compile`` traced the model (set again by every replay)
         self.compiled = False
         self._discovered: bool | None = None  # every row has a signature (None: recompute)
-        self._registered: bool | None = None  # every row has a series (None: recompute)
+        self._registered: bool | None = None  # every row has a site (None: recompute)
 
     def attach(self) -> None:
         """Register the hooks (the model's own pre/post hooks track where it was called)."""
@@ -271,7 +271,7 @@ class ActivationSites:
             r.numel = numel
 
     def _all_registered(self) -> bool:
-        """Whether every activation row has a series (cached until rows change)."""
+        """Whether every activation row has a site (cached until rows change)."""
         if self._registered is None:
             self._registered = all(
                 r.site_id is not None for rows in self.rows.values() for r in rows.values()
@@ -287,7 +287,7 @@ class ActivationSites:
         return self._discovered
 
     def bind(self, rows: Iterable[SiteRow], sig: str, step: int) -> None:
-        """Register rows under ``sig``: discovery, or a structural change (a new series)."""
+        """Register rows under ``sig``: discovery, or a structural change (a new site)."""
         catalog = self.catalog
         self._discovered = self._registered = None
         for row in rows:
@@ -301,7 +301,7 @@ class ActivationSites:
                 row.numel = 0  # nothing is reduced: the plan knows it
 
     def register_not_run(self, state: StepState) -> None:
-        """Give sites that have not run a series, so they are recorded ``site_absent``.
+        """Give sites that have not run a site, so they are recorded ``site_absent``.
 
         After a forward compiled by ``torch.compile``, rows not observed this step are
         ``unsupported`` with reason ``torch_compile`` instead.

@@ -7,19 +7,15 @@ Every reduction writes a fixed-width row into a preallocated staging buffer on t
 device; rows reach the host in one copy per buffer at the step boundary, and the step is written
 to the history (disk-first artifact or RAM ring) and published on the event bus.
 
-The class orchestrates; each job lives in its own module: which forwards count and which tensor
-(:mod:`.activations`, :mod:`.staging`), reductions into staged rows (:mod:`.staging`), what is
-read at an optimizer's step hooks (:mod:`.optimizer`), model surgery (:mod:`.surgery`),
-optimizer hooks and ownership (:mod:`.optimizer`), update sampling (:mod:`.updates`),
-loss-scaler facts (:mod:`.step`), step assembly (:mod:`.step`), the step boundary's
-write and publish (:mod:`.write`), the destination (:mod:`.write`), auto cadence
-measurement (:mod:`.cadence`), the telemetry window (:mod:`.step`) and the user log
+The class orchestrates; each concept lives in its own module, and only this class begins and
+ends a step: the open step the hooks record into (:mod:`.step`), which streams are due
+(:mod:`.cadence`), forward hooks and which tensor is an activation (:mod:`.activations`), what
+may be reduced and the reduction into staged rows (:mod:`.staging`), optimizer step hooks,
+closures and ownership (:mod:`.optimizer`), update sampling (:mod:`.updates`), model surgery
+(:mod:`.surgery`), the step boundary, batch assembly and the destination (:mod:`.write`), sharded
+parameters and the live rank merge (:mod:`.distributed`), and the user log
 (:class:`stepscope.runlog.userlog.UserLog`, shared with ``RunLog``). What every row means:
-``docs/sites.md``.
-
-The module is over the house's ~400 lines on purpose: it is the public class, and its docstrings
-(every parameter, method and property a user calls, with running examples) are a third of it;
-the code itself is ~330 lines of wiring between the job modules above.
+``docs/sites.md``; the walk of one gradient from its hook to disk: ``docs/architecture.md``.
 
 Example
 -------
@@ -324,7 +320,7 @@ class HistoryCollector(UserLog):
                 self.forensics.attach_optimizer(watch.optimizer)
 
     def _check_structure(self) -> None:
-        """Model surgery: end the series of replaced or removed modules and parameters."""
+        """Model surgery: end the sites of replaced or removed modules and parameters."""
         state = self._open.state
         if state is None:
             return
@@ -357,7 +353,7 @@ class HistoryCollector(UserLog):
         due = state.spine_due
         state.activations_quiet = not (due.get("activation") or due.get("activation_grad"))
         # model surgery is looked for before steps that record rows: a step with nothing due
-        # records none, so a change is found (and its series ended) at the next step with some
+        # records none, so a change is found (and its site ended) at the next step with some
         any_due = any(due.values())  # histogram steps are spine steps
         state.structure_checked = not any_due
         self._sites.rest(state.activations_quiet)  # quiet: module hooks off (torch's fast path)

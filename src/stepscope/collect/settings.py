@@ -1,8 +1,5 @@
 """What to watch stays flat on the collector; the plumbing knobs ride :class:`WatchSettings`.
 
-Over the house's 400 lines on purpose: one frozen dataclass whose docstring documents every
-field, beside the cadence it validates.
-
 Cadences are per stream and per kernel: a :class:`Cadence` says how often the spine and how often
 the histogram is taken (every ``k``-th optimizer step, counting from step 0, or a predicate).
 

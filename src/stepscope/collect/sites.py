@@ -40,7 +40,7 @@ class SiteRow:
 def output_signature(t: torch.Tensor) -> str:
     """Structural signature of a module output: dtype and rank (``float32[*,*,*]``).
 
-    Sizes are not structure: a varying batch or sequence length keeps the series (the size of
+    Sizes are not structure: a varying batch or sequence length keeps the site (the size of
     each observation is in its spine's ``total``). A change of dtype or rank starts a new one.
     """
     return f"{str(t.dtype).replace('torch.', '')}[{','.join('*' * t.dim())}]"
@@ -99,7 +99,7 @@ def build_rows(
 
 
 def register_param_sites(rows: list[SiteRow], catalog: Any, step: int) -> None:
-    """Register every parameter row's series in ``catalog`` (signature: dtype and shape)."""
+    """Register every parameter row's site in ``catalog`` (signature: dtype and shape)."""
     for r in rows:
         if r.param is not None:
             r.signature = param_signature(r.param)
@@ -148,5 +148,5 @@ def update_indices(
 class SiteCatalog(SiteTable):
     """Site records with topology-drift handling, for RAM-only runs (the writer is one itself).
 
-    A name bound to a different structure ends its series and starts a new one; never re-binds.
+    A name bound to a different structure ends its site and starts a new one; never re-binds.
     """

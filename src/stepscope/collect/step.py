@@ -1,11 +1,10 @@
 """The step: what one step has seen, its handle, its loss-scaler facts and telemetry window.
 
-Step assembly: what one step has seen, the user's step handle, and the step's batches.
-
-The collector's hooks fill a :class:`StepState`; at the step boundary :func:`assemble_batches`
-turns the staged rows (already copied to the host) into one
-:class:`~stepscope.history.ObservationBatch` per due stream, and :func:`step_truth` states the
-optimizer facts of the step.
+The bottom of :mod:`stepscope.collect`: every other module of it imports this one. The collector
+keeps the step being recorded in an :class:`OpenStep`; its hooks read it and write what they
+observe into the :class:`StepState` it holds (only the collector begins or ends a step). The user
+declares what the collector cannot see on the :class:`StepTransaction` of ``collector.step()``;
+at the step boundary :mod:`stepscope.collect.write` turns the state into the step's record.
 
 Loss-scaler inspection: is a gradient read now scaled or unscaled, and what scale is in force.
 

@@ -3,9 +3,9 @@
 The collector binds each row to an object (a module, a parameter). Before the first forward
 of a step on which some stream is due it asks :func:`find_changes` whether the model still
 holds those objects under the same qualified names (a step with nothing due records no row, so
-a change made then is found at the next step that records); a replaced object ends its series (``ended_reason`` ``module_replaced``,
+a change made then is found at the next step that records); a replaced object ends its site (``ended_reason`` ``module_replaced``,
 ``parameter_replaced``, ``module_removed`` or ``parameter_removed``) and, when a replacement
-exists, a new series starts on it.
+exists, a new site starts on it.
 
 Example
 -------
@@ -106,14 +106,14 @@ def identity_edges(
 
 
 class StructureWatch:
-    """Applies :func:`find_changes` to a collector's rows: ends series, rebinds, retires.
+    """Applies :func:`find_changes` to a collector's rows: ends sites, rebinds, retires.
 
     Parameters
     ----------
     model, rows, sites
         The watched model, all rows, and the :class:`~stepscope.collect.activations.ActivationSites`.
     catalog
-        Where series are registered and ended.
+        Where sites are registered and ended.
     by_stream
         The collector's per-stream row lists (a row whose parameter is gone leaves them).
     sample_size, seed
@@ -136,7 +136,7 @@ class StructureWatch:
         self._edges: list[tuple[dict[str, Any], str, Any]] | None = None
 
     def check(self, step: int) -> list[Change]:
-        """Find and apply the changes since the last check; series end at ``step``."""
+        """Find and apply the changes since the last check; sites end at ``step``."""
         if self._params is None:  # one row per parameter site is enough to notice a change
             first = {r.site: r for r in self.rows if r.param is not None}
             self._params = list(first.values())
@@ -180,7 +180,7 @@ class StructureWatch:
 
     def _rebind_param(self, row: SiteRow, param: Any, step: int) -> None:
         row.param = param
-        if param is None:  # gone: the row retires (no new series)
+        if param is None:  # gone: the row retires (no new site)
             self.by_stream[row.stream] = [r for r in self.by_stream[row.stream] if r is not row]
             return
         row.numel, row.signature = param.numel(), param_signature(param)

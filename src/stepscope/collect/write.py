@@ -347,18 +347,18 @@ class StreamPlan:
     """The registered rows of one stream and the arrays its batches need, built once.
 
     Rebuilt by :func:`stream_plan` whenever the stream's row list is replaced (model surgery
-    retires a row), a row's series changes (discovery, surgery, ``site_absent`` registration)
+    retires a row), a row's site changes (discovery, surgery, ``site_absent`` registration)
     or an update row's sampled indices change; it holds the lists and index tensors it was
     built from, so their identities cannot be reused while it lives.
     """
 
     rows_list: Sequence[SiteRow]  # the collector's row list of the stream it was built from
-    site_key: tuple[int | None, ...]  # every row's series id when built
+    site_key: tuple[int | None, ...]  # every row's site id when built
     sample_key: tuple[int, ...]  # ids of the update rows' sampled indices when built
     samples: tuple[Any, ...]  # those index tensors (held: their ids stay unique)
-    rows: list[SiteRow]  # the rows with a series, in order
+    rows: list[SiteRow]  # the rows with a site, in order
     idx: np.ndarray  # their staging rows (int64)
-    site_ids: np.ndarray  # their series ids (int32, read-only: shared by every step's batch)
+    site_ids: np.ndarray  # their site ids (int32, read-only: shared by every step's batch)
     sampled: tuple[tuple[str, ...], ...]  # each row's ``update_sampled:<k>`` note, or ()
     any_sampled: bool
     stream: Stream

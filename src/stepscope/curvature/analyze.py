@@ -36,11 +36,6 @@ Result layout (every value JSON-ready)::
 float64 arithmetic with all output directions; it is *not* an exact full matrix (KFAC drops the
 activation/derivative dependence and all cross-layer structure).
 
-One concept in one module (over 400 lines on purpose): the result layout above, the input checks
-and the one float64 pass that fills every key stay together, so each definition sits beside the
-code that computes it; the parts it combines (factors, families, quotients, output space) are
-their own modules.
-
 Example
 -------
 >>> import torch, stepscope as ss

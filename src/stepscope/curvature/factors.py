@@ -26,9 +26,6 @@ dimension is ``min(d, rows)``; the remaining ``d - rows`` eigenvalues are exactl
 counted, not listed. Above ``eig_max_dimension`` a labelled block subspace iteration returns the
 top ``k`` eigenvalues only.
 
-One module at ~400 lines on purpose: capturing a layer's inputs, forming its factor rows and taking
-their spectra share the conventions above (positions, expand/reduce, Gram side), defined once here.
-
 Example
 -------
 >>> import torch

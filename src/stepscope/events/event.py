@@ -27,9 +27,6 @@ Consumers narrow on the class: after ``isinstance(e, ScalarEvent)``, ``e.value``
 writes the same 18 keys for every kind (the JSONL line), ``None`` where a kind has no such field;
 :meth:`ObserverEvent.from_dict` builds the class of the line's ``kind``.
 
-The base and its four kinds share this module (longer than most, on purpose): the JSON decoder
-names every kind, and the closed set reads in one place.
-
 Example
 -------
 >>> e = ScalarEvent("loss", Axes(3), 0.25)

@@ -15,12 +15,6 @@ pending steps the oldest steps' payloads are dropped and their cells kept as
 ``budget_dropped`` rows disclosed ``disk_fault`` (step blocks are never dropped). ``close()``
 returns a :class:`CloseReport` that says what stayed uncommitted instead of raising.
 
-One class over 400 lines on purpose: the writer's methods are the commit protocol described here;
-what it delegates (row encoding, pending rows, files, segment identity, the site catalog) is already
-in :mod:`~stepscope.history.layout`, :mod:`~stepscope.history.pending`,
-:mod:`~stepscope.history.files`, :mod:`~stepscope.history.segment` and
-:mod:`~stepscope.history.sitetable`.
-
 Example
 -------
 >>> import tempfile, numpy as np

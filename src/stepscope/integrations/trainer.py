@@ -1,9 +1,5 @@
 """Watching a trainer, framework-neutral: the one core both trainer callbacks delegate to.
 
-Over the house's 400 lines on purpose: the one place both trainer callbacks share (run
-directory, resume, manual and automatic optimization, the callbacks' constructor and the hook
-handles they register), kept whole rather than split by size.
-
 A trainer (Lightning, Hugging Face) calls its callbacks at fixed events; a
 :class:`TrainerWatch` turns those events into the collector's explicit spelling::
 

@@ -14,9 +14,6 @@ Scalar-row conventions the report recognises (see ``docs/report.md``):
 - branch activity ``branch/<branch>/<quantity>`` (``active_fraction``, ``nominal_skipped_macs``,
   or your own, e.g. ``survival_probability``).
 
-One module over 400 lines on purpose: these are the report's only reads of an artifact, sharing the
-per-reader scalar cache and the spine-cell helpers; the sections that draw them are separate.
-
 Example
 -------
 >>> import stepscope as ss
