@@ -13,7 +13,7 @@ from stepscope.history import (
     open_history,
 )
 from stepscope.history.batch import code_of
-from stepscope.history.schema import Presence
+from stepscope.history.vocab import Presence
 from stepscope.stats import SPINE_FIELDS, Histogram, HistogramDescriptor, RunningStats
 
 CAPTURE_FAILED = code_of(Presence.CAPTURE_FAILED)

@@ -17,7 +17,7 @@ import torch
 
 from stepscope.errors import CODES, Refusal
 from stepscope.history import ArtifactWriter, ObservationBatch, StepBlockRecord, open_history
-from stepscope.history.schema import RunRecord
+from stepscope.history.runrecord import RunRecord
 from stepscope.runlog import RunLog
 from stepscope.stats.layout import SPINE_WIDTH
 

@@ -259,7 +259,7 @@ def test_measured_overhead_comes_from_the_runlog_summary(report, runs):
 def test_runs_of_different_recipes_are_never_averaged_together(report):
     from dataclasses import replace
 
-    from stepscope.report.sections import curves_section
+    from stepscope.report.curves import curves_section
 
     a, b = report["views"]
     sec = curves_section([replace(a, group="plain"), replace(b, group="residual")], [0, 5])

@@ -54,7 +54,9 @@ def wheel(tmp_path_factory) -> Path:
 
 def test_wheel_contains_the_compiled_kernel_and_its_source(wheel):
     names = zipfile.ZipFile(wheel).namelist()
-    assert any(n.startswith("stepscope/stats/_stepscope_kernels") and n.endswith(".so") for n in names)
+    assert any(
+        n.startswith("stepscope/stats/_stepscope_kernels") and n.endswith(".so") for n in names
+    )
     assert "stepscope/stats/_kernels.c" in names  # for the explicit JIT opt-in
 
 
@@ -191,7 +193,9 @@ def build_variant(tmp_path: Path, name: str, extra: list[str]) -> ctypes.CDLL:
         pytest.skip("no C compiler")
     out = tmp_path / f"{name}.so"
     src = ROOT / "src/stepscope/stats/_kernels.c"
-    subprocess.run([cc, *_native._FLAGS, *extra, str(src), "-o", str(out), "-lm"], check=True, timeout=120)
+    subprocess.run(
+        [cc, *_native._FLAGS, *extra, str(src), "-o", str(out), "-lm"], check=True, timeout=120
+    )
     return _native._bind(ctypes.CDLL(str(out)))
 
 
@@ -203,14 +207,16 @@ def test_baseline_build_without_dispatch_counts_like_the_dispatched_clones(tmp_p
     if info["cpu"] != "c":
         pytest.skip(info["detail"])
     from stepscope.stats import SPINE_WIDTH, HistogramDescriptor
-    from stepscope.stats.binning import F32 as _F32
+    from stepscope.stats._backend import F32 as _F32
     from stepscope.stats.binning import slot_tables as _tables
 
     base = build_variant(tmp_path, "baseline", ["-DSTEPSCOPE_NO_CLONES"])
     assert base.stepscope_kernels_isa() == 0
     lib = _native.load()
     g = torch.Generator().manual_seed(4)
-    x = torch.randn(50_000, generator=g) * torch.exp2(torch.randint(-30, 30, (50_000,), generator=g))
+    x = torch.randn(50_000, generator=g) * torch.exp2(
+        torch.randint(-30, 30, (50_000,), generator=g)
+    )
     x[::101] = 0.0
     x[7::997] = float("nan")
     x[20_000:22_048] = 1.5

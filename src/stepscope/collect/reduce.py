@@ -30,8 +30,8 @@ from stepscope.collect.sites import Row
 from stepscope.collect.staging import Staging, by_device
 from stepscope.collect.stepstate import StepState
 from stepscope.errors import Refusal
-from stepscope.profile.scope import internal_scope
 from stepscope.stats import HistogramDescriptor
+from stepscope.transfer import internal_scope
 
 __all__ = ["Reducer"]
 

@@ -1,7 +1,7 @@
 """Resume: where a resumed collector's step and ``examples_seen`` continue from.
 
 The checks themselves (same run, same model fingerprint, same histogram descriptor) are made by
-the writer (:func:`stepscope.history.artifact.check_resume_facts`), which also records the new
+the writer (:func:`stepscope.history.segment.check_resume_facts`), which also records the new
 segment's own facts with its ancestry. This module answers the two questions the collector
 has before its first step:
 

@@ -22,7 +22,8 @@ from stepscope.stats import (
     spine_into,
     spines_into,
 )
-from stepscope.stats.reduce import merge_spine_into, native_spine_kernels
+from stepscope.stats.reduce import merge_spine_into
+from stepscope.stats.spinerow import native_spine_kernels
 
 _ROW = SPINE_WIDTH * 8  # bytes per spine row (float64)
 

@@ -41,8 +41,8 @@ from stepscope.collect.stepstate import StepState
 from stepscope.collect.updates import UpdateSampler, stepped_only
 from stepscope.errors import Refusal
 from stepscope.history import StepProvenance
-from stepscope.profile.scope import internal_scope
 from stepscope.stephooks import user_stacklevel
+from stepscope.transfer import internal_scope
 
 __all__ = ["OptimizerSteps", "StepHost"]
 

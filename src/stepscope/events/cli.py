@@ -17,8 +17,15 @@ import json
 from pathlib import Path
 from typing import Any
 
-from stepscope.errors import Refusal
+from stepscope.errors import Refusal, require_extra
 from stepscope.events.coordinates import Axis
+from stepscope.events.export import export_run
+from stepscope.history import HistoryReader, find_runs
+from stepscope.history.discover import runs_at
+from stepscope.history.files import atomic_write_json
+from stepscope.history.frames import to_arrow
+from stepscope.history.reader import open_history
+from stepscope.progress import progress_bar
 
 EPILOG = """\
 examples:
@@ -99,11 +106,6 @@ def _parquet(run: str, out: str) -> None:
     """``--parquet DIR``: each run's tidy observation table (``Run.to_arrow()``) as
     ``DIR/observations.parquet``, or ``DIR/<run path>/observations.parquet`` for a folder of
     several runs (found as :func:`stepscope.history.find_runs` finds them)."""
-    from pathlib import Path
-
-    from stepscope.errors import require_extra
-    from stepscope.history import HistoryReader, find_runs
-    from stepscope.history.frames import to_arrow
 
     pq = require_extra("pyarrow.parquet", "arrow", "stepscope export --parquet")
     runs = find_runs(run) or [Path(run)]  # none: the reader refuses history_artifact_missing
@@ -125,8 +127,6 @@ EXPORT_MARK = "stepscope-export.json"
 
 def _mark(run: Path, args: argparse.Namespace) -> dict[str, Any]:
     """What identifies one TensorBoard export of ``run`` with these options."""
-    from stepscope.history.reader import open_history
-
     h = open_history(run)
     return {
         "run": str(run.resolve()),
@@ -171,8 +171,6 @@ def _check_destinations(args: argparse.Namespace) -> None:
 
 
 def _export(args: argparse.Namespace) -> int:
-    from stepscope.history.discover import runs_at
-
     _check_destinations(args)
     runs = runs_at([args.run], "export")
     if args.parquet:
@@ -190,10 +188,6 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _export_one(run: Path, args: argparse.Namespace, jsonl: str | None) -> int:
-    from stepscope.events.export import export_run
-    from stepscope.history.files import atomic_write_json
-    from stepscope.progress import progress_bar
-
     tensorboard, mark = args.tensorboard, None
     if tensorboard is not None:
         mark = _mark(run, args)

@@ -41,6 +41,9 @@ from stepscope.events.coordinates import Axis
 from stepscope.events.event import ObserverEvent
 from stepscope.events.stream import EventStream
 from stepscope.events.tags import Detail, run_name
+from stepscope.events.trackers.jsonl import JsonlTracker
+from stepscope.events.trackers.tensorboard import TensorBoardTracker
+from stepscope.events.trackers.wandb import WandbTracker
 from stepscope.history import HistoryReader, StepBlockRecord, open_history
 from stepscope.history.decode import batches_from_rows
 
@@ -205,8 +208,6 @@ def export_run(
     outputs: dict[str, str] = {}
     with EventStream(capacity=1) as stream:
         if tb_run_dir is not None:
-            from stepscope.events.trackers.tensorboard import TensorBoardTracker
-
             tb = TensorBoardTracker(
                 tb_run_dir, axis=axis, detail=detail, exponent_view=exponent_view
             )
@@ -214,13 +215,9 @@ def export_run(
             stream.subscribe(tb)
             outputs["tensorboard"] = str(tb_run_dir)
         if jsonl is not None:
-            from stepscope.events.trackers.jsonl import JsonlTracker
-
             stream.subscribe(JsonlTracker(jsonl))
             outputs["jsonl"] = str(jsonl)
         if wandb is not None:
-            from stepscope.events.trackers.wandb import WandbTracker
-
             stream.subscribe(
                 WandbTracker(
                     axis=axis,

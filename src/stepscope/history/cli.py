@@ -16,6 +16,11 @@ from typing import Any
 
 import numpy as np
 
+from stepscope.history.discover import runs_at
+from stepscope.history.merge import merge_ranks
+from stepscope.history.reader import open_history
+from stepscope.history.vocab import Stream
+
 
 def register(subparsers: Any) -> None:
     """Add the history sub-commands to the ``stepscope`` parser."""
@@ -83,8 +88,6 @@ def show_payload(h: Any) -> dict[str, Any]:
     ``last``; ``None`` when empty), ``commits``, ``torn_tail_bytes``, ``sites``, ``streams``
     (rows, observed rows, histogram rows per stream), ``scalars`` (names) and ``sizes`` (bytes).
     """
-    from stepscope.history.schema import Stream
-
     steps = h.steps
     obs = h.table("observations")
     hist = h.table("histograms")
@@ -134,8 +137,6 @@ def show_payload(h: Any) -> dict[str, Any]:
 
 def _show_folder(folder: str, runs: list[Any], as_json: bool) -> int:
     """``stepscope show FOLDER``: one line per run found under it (or every payload as JSON)."""
-    from stepscope.history.reader import open_history
-
     readers = [open_history(run) for run in runs]
     if as_json:
         payloads = [show_payload(h) for h in readers]
@@ -163,9 +164,6 @@ def _show_folder(folder: str, runs: list[Any], as_json: bool) -> int:
 
 
 def _show(args: argparse.Namespace) -> int:
-    from stepscope.history.discover import runs_at
-    from stepscope.history.reader import open_history
-
     runs = runs_at([args.run], "show")
     if runs != [Path(args.run)]:  # a folder of runs
         return _show_folder(args.run, runs, args.json)
@@ -217,9 +215,6 @@ def _show(args: argparse.Namespace) -> int:
 
 
 def _verify(args: argparse.Namespace) -> int:
-    from stepscope.history.discover import runs_at
-    from stepscope.history.reader import open_history
-
     # the top-level CLI passes stepscope.open_run (evaluations and runlog.json checked too):
     # the same verification as open_run(path).verify(); this layer alone has the plain reader
     opener = getattr(args, "opener", None) or open_history
@@ -262,9 +257,6 @@ def _verify_one(run: Path, opener: Any) -> int:
 
 
 def _merge(args: argparse.Namespace) -> int:
-    from stepscope.history.discover import runs_at
-    from stepscope.history.merge import merge_ranks
-
     runs = runs_at(args.runs, "merge")
     out = merge_ranks(runs, args.out)
     print(f"merged {len(runs)} rank artifacts into {out}")

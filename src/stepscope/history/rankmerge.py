@@ -7,6 +7,7 @@ Example
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import replace
 from pathlib import Path
 
@@ -44,9 +45,7 @@ def _check(readers: list[HistoryReader]) -> None:
         )
 
 
-def merge_step_blocks(
-    blocks: list[StepBlockRecord], n_ranks: int
-) -> tuple[StepBlockRecord, bool]:
+def merge_step_blocks(blocks: list[StepBlockRecord], n_ranks: int) -> tuple[StepBlockRecord, bool]:
     """One step's blocks of several ranks as one (``examples_seen`` summed when every rank
     knows it, truth kept when all agree), and whether every rank agreed and was present."""
     first = blocks[0]
@@ -109,8 +108,6 @@ def merge_rank_artifacts(paths: list[Path], out: Path, *, durable: bool = True) 
             for name, value in values.items():
                 w.write_scalar(name, step, value)
     if disagreements:
-        import warnings
-
         warnings.warn(
             f"{disagreements} step(s) differed or were missing across ranks; their cells carry "
             f"the disclosure {RANK_PARTIAL!r}.",

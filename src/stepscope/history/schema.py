@@ -1,8 +1,8 @@
 """The per-step history schema: four normalised record layers with a JSON round trip.
 
-* :class:`RunRecord` — one segment of a run: identity, resume ancestry, fingerprint, versions,
-  histogram descriptor, cadences, budgets, device, rank/world (in
-  :mod:`stepscope.history.runrecord`, importable from here).
+* :class:`~stepscope.history.runrecord.RunRecord` — one segment of a run: identity, resume ancestry, fingerprint, versions,
+  histogram descriptor, cadences, budgets, device, rank/world (defined in
+  :mod:`stepscope.history.runrecord`).
 * :class:`SiteRecord` — the stable *structural* identity of an observed site (qualified module
   name, module type, output signature). Labels are display only. Topology drift ends a series
   (``ended_step``/``ended_reason``) and starts a new one; a series is never re-bound.
@@ -30,7 +30,6 @@ from stepscope.codec import parse_enum
 from stepscope.errors import Refusal
 from stepscope.history.fields import _need, _opt
 from stepscope.history.inputs import as_stored, check_step, finite_or_none, natural_or_none
-from stepscope.history.runrecord import FORMAT, SCHEMA_VERSION, RunRecord, package_versions
 from stepscope.history.vocab import (
     GRADIENT_STREAMS,
     Phase,
@@ -42,22 +41,11 @@ from stepscope.history.vocab import (
 )
 from stepscope.stats import Histogram, RunningStats
 
-__all__ = [  # the run record's names stay importable from here (older imports)
-    "FORMAT",
-    "GRADIENT_STREAMS",
-    "SCHEMA_VERSION",
+__all__ = [
     "ObservationRecord",
-    "Phase",
-    "Presence",
-    "RunRecord",
-    "ScaleGrad",
     "SiteRecord",
     "StepBlockRecord",
-    "StepProvenance",
     "StepTruth",
-    "Stream",
-    "Tristate",
-    "package_versions",
 ]
 
 

@@ -24,11 +24,11 @@ import torch
 
 from stepscope.errors import Refusal
 from stepscope.profile import compat
-from stepscope.profile.accounting import INTERNAL_PREFIX
 from stepscope.profile.kineto import join_events
 from stepscope.profile.results import ProfileResult, availability_of
 from stepscope.profile.session import session
 from stepscope.profile.trace import MAX_TRACE_BYTES, read_chrome_trace
+from stepscope.transfer import INTERNAL_PREFIX
 
 
 def _synchronize(args: tuple[Any, ...]) -> None:

@@ -23,6 +23,8 @@ from typing import Any
 import numpy as np
 
 from stepscope.errors import Refusal
+from stepscope.history.files import read_regular  # regular file, bounded, no link followed
+from stepscope.report import data as D
 from stepscope.report.model import (
     ReportRun,
     Section,
@@ -56,8 +58,6 @@ def _epoch_of(name: str) -> int:
 
 def load_checkpoint(path: Path) -> dict[str, Any]:
     """Read one curvature JSON; refuses ``report_input_invalid`` if it is not a panel file."""
-    from stepscope.history.files import read_regular  # regular file, bounded, no link followed
-
     try:
         doc = json.loads(read_regular(path, "curvature panel", max_bytes=64 << 20).decode())
     except (OSError, ValueError, RecursionError) as exc:
@@ -288,8 +288,7 @@ def precision_table(r: ReportRun, docs: list[dict[str, Any]]) -> Table:
     ``probe_cross_entropy_mean`` / ``probe_accuracy_fraction``. A descriptive precision
     comparison of the same probe (sha256 shown), not a requirement of bitwise equality.
     """
-    from stepscope.probe.sink import read_probe_identity
-    from stepscope.report import data as D
+    from stepscope.probe.sink import read_probe_identity  # lazy: probe.sink imports torch
 
     identity = read_probe_identity(r.path) or {}
     rows: list[list[str]] = []

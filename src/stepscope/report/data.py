@@ -37,6 +37,7 @@ import numpy as np
 
 from stepscope.history.batch import OBSERVED
 from stepscope.history.reader import HistoryReader
+from stepscope.runlog.sink import read_eval_log
 from stepscope.stats import SPECIAL_FIELDS, SPINE_FIELDS
 
 _F = {name: i for i, name in enumerate(SPINE_FIELDS)}
@@ -329,7 +330,6 @@ def endpoint_steps(reader: HistoryReader, split: str) -> np.ndarray | None:
     """Steps of ``split``'s evaluations declared ``endpoint`` (``None``: no ``evals.log``)."""
     if not (reader.path / "evals.log").exists():
         return None
-    from stepscope.runlog.sink import read_eval_log
 
     steps = [r.optimizer_step for r in read_eval_log(reader) if r.split == split and r.endpoint]
     return np.unique(np.array(steps, dtype=np.int64))

@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from stepscope.report import data as D
+from stepscope.report.curves import PROBE_ACC, PROBE_CE
 from stepscope.report.model import (
     Note,
     ReportRun,
@@ -28,7 +29,6 @@ from stepscope.report.model import (
     one_per_recipe,
 )
 from stepscope.report.plots import bar_plot, matrix_plot
-from stepscope.report.sections import PROBE_ACC, PROBE_CE
 
 
 def default_endpoints(runs: list[ReportRun]) -> list[int]:
@@ -63,7 +63,7 @@ def endpoints_section(
     Open: the gap at the last endpoint; folded: the gap at every endpoint, then class counts and
     confusion matrices (one run per recipe unless ``every_seed``).
     """
-    from stepscope.probe.sink import read_probe_confusion
+    from stepscope.probe.sink import read_probe_confusion  # lazy: probe.sink imports torch
 
     sec = Section("endpoints", "Generalisation gap, predicted classes and confusion at endpoints")
     rows: list[list[str]] = []

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from stepscope.errors import Refusal
 from stepscope.report.curvature import curvature_section
+from stepscope.report.curves import curves_section
 from stepscope.report.endpoints import default_endpoints, endpoints_section
 from stepscope.report.figure import PNG_SCALE
 from stepscope.report.model import NO_DATA, Item, Note, ReportRun, Section, Table
@@ -33,7 +34,6 @@ from stepscope.report.plots import Plot
 from stepscope.report.record import record_section
 from stepscope.report.sections import (
     branch_section,
-    curves_section,
     histograms_section,
     layers_section,
     moments_section,

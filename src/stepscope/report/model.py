@@ -18,6 +18,7 @@ False
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -160,6 +161,5 @@ def fmt_unix(seconds: float | None) -> str:
     """
     if not seconds:
         return "not recorded"
-    import time
 
     return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(seconds))

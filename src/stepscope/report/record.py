@@ -17,7 +17,9 @@ import json
 import os
 from typing import Any
 
+from stepscope.history.files import read_json  # the one safe reader: regular, bounded
 from stepscope.report.model import Item, ReportRun, Section, Table, fmt, fmt_unix, no_data
+from stepscope.runlog.sink import read_summary
 
 #: Keys of ``RunRecord.extra`` that may hold measured overhead (first found is shown).
 OVERHEAD_KEYS = ("measurements", "overhead", "measured_overhead")
@@ -86,7 +88,6 @@ def _telemetry_accounting(r: ReportRun) -> Item | None:
     path = r.path / "telemetry.json"
     if not os.path.lexists(path):
         return None
-    from stepscope.history.files import read_json  # the one safe reader: regular, bounded
 
     doc = read_json(path, "telemetry record", max_bytes=1 << 20)
     rows: list[list[str]] = []
@@ -122,7 +123,6 @@ def _runlog_summary(r: ReportRun) -> dict[str, Any] | None:
     """The clocks' summary (training/telemetry/elapsed seconds, overhead fraction), if written."""
     if not (r.path / "runlog.json").exists():
         return None
-    from stepscope.runlog.sink import read_summary
 
     summary = read_summary(r.path)
     return summary if isinstance(summary, dict) else None

@@ -3,8 +3,8 @@
 Each builder takes the :class:`~stepscope.report.model.ReportRun` list and returns a
 :class:`~stepscope.report.model.Section`. A quantity that no run recorded becomes a
 ``no data recorded`` note naming the rows that were looked for; nothing is drawn as zero. The
-curves section (:func:`~stepscope.report.curves.curves_section`, :func:`seed_traces`) is in
-:mod:`stepscope.report.curves`; its names stay importable from here.
+curves section (:func:`~stepscope.report.curves.curves_section`,
+:func:`~stepscope.report.curves.seed_traces`) is in :mod:`stepscope.report.curves`.
 
 Example
 -------
@@ -23,11 +23,7 @@ import numpy as np
 
 from stepscope.report import data as D
 from stepscope.report.curves import (
-    PROBE_ACC,
-    PROBE_CE,
-    TRAIN_LOSS_NAMES,
     _user_series,
-    curves_section,
     seed_traces,
 )
 from stepscope.report.histplot import histogram_plot
@@ -44,18 +40,13 @@ from stepscope.report.model import (
 )
 from stepscope.report.plots import Plot, Trace, heatmap_plot, line_plot
 
-__all__ = [  # the curves section's names stay importable from here (older imports)
+__all__ = [
     "HEATMAPS",
     "MOMENTS",
-    "PROBE_ACC",
-    "PROBE_CE",
-    "TRAIN_LOSS_NAMES",
     "branch_section",
-    "curves_section",
     "histograms_section",
     "layers_section",
     "moments_section",
-    "seed_traces",
 ]
 
 

@@ -44,12 +44,13 @@ from stepscope.history import (
     StepBlockRecord,
     StepProvenance,
     StepTruth,
+    open_history,
 )
 from stepscope.runlog.clocks import ClockRow, StepClock
 from stepscope.runlog.names import CLOCK_ELAPSED, CLOCK_TELEMETRY, CLOCK_TRAINING
 from stepscope.runlog.pending import PendingStep
 from stepscope.runlog.sink import ArtifactRows, MemoryRows, close_artifact, write_summary
-from stepscope.runlog.userlog import UserLog, make_eval, write_eval  # noqa: F401  (re-exported)
+from stepscope.runlog.userlog import UserLog
 from stepscope.runlog.view import RunView
 
 _UNKNOWN_TRUTH = StepTruth()  # frozen: one shared record
@@ -249,7 +250,6 @@ def view_of(sink: Any, clock: StepClock, closed: bool) -> RunView:
     if isinstance(sink, MemoryRows):
         sink.summary_data = clock.summary(closed=closed)
         return RunView(sink)
-    from stepscope.history import open_history
 
     if not closed:
         sink.writer.commit()
