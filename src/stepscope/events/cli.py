@@ -5,8 +5,17 @@ Replays a history artifact through the same converter and trackers used during t
 
 Example
 -------
+>>> import tempfile
+>>> from stepscope.history import ArtifactWriter
+>>> run = tempfile.mkdtemp() + "/a"
+>>> with ArtifactWriter(run) as w:  # a tiny run: three training-loss scalars
+...     for step in range(3):
+...         w.write_scalar("loss", step, 1.0 / (step + 1))
 >>> from stepscope.cli import main
->>> main(["export", "runs/demo", "--jsonl", "runs/demo.jsonl"])  # needs a recorded run in runs/demo  # doctest: +SKIP
+>>> main(["export", run, "--jsonl", run + ".jsonl"])
+exported run a (id ...): 3 steps, 3 events (scalar 3)
+  x-axis: all
+  jsonl: ...a.jsonl
 0
 """
 

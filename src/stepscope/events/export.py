@@ -19,9 +19,15 @@ scalar logged at a step without a step block gets a block with unknown ``example
 
 Example
 -------
->>> report = export_run("runs/demo", jsonl="runs/demo.jsonl")  # needs a recorded run in runs/demo  # doctest: +SKIP
->>> report.steps, report.axis  # needs a recorded run in runs/demo  # doctest: +SKIP
-(100, 'optimizer_step')
+>>> import tempfile
+>>> from stepscope.history import ArtifactWriter
+>>> run = tempfile.mkdtemp() + "/a"
+>>> with ArtifactWriter(run) as w:  # a tiny run: three training-loss scalars
+...     for step in range(3):
+...         w.write_scalar("loss", step, 1.0 / (step + 1))
+>>> report = export_run(run, jsonl=run + ".jsonl")
+>>> report.steps, report.axis  # no step blocks were written: the x-axis is every row's step
+(3, 'all')
 """
 
 from __future__ import annotations

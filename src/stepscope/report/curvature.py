@@ -8,9 +8,13 @@ stated. These are offline checkpoint diagnostics, never conflated with the probe
 
 Example
 -------
+>>> import tempfile
 >>> from pathlib import Path
->>> find_curvature_files(Path("runs/a"))  # needs recorded runs  # doctest: +SKIP
-[PosixPath('runs/a/curvature/curvature-000.json')]
+>>> run = Path(tempfile.mkdtemp())
+>>> (run / "curvature").mkdir()
+>>> _ = (run / "curvature" / "curvature-000.json").write_text("{}")
+>>> [p.name for p in find_curvature_files(run)]
+['curvature-000.json']
 """
 
 from __future__ import annotations

@@ -19,10 +19,18 @@ per-reader scalar cache and the spine-cell helpers; the sections that draw them 
 
 Example
 -------
+>>> import tempfile, torch, stepscope as ss
 >>> from stepscope.history import open_history
->>> h = open_history("runs/demo")  # needs a recorded run in runs/demo  # doctest: +SKIP
->>> m = layer_quantities(h)["gradient_l2"]  # needs a recorded run in runs/demo  # doctest: +SKIP
->>> m.values.shape == (len(m.sites), len(m.steps))  # needs a recorded run in runs/demo  # doctest: +SKIP
+>>> model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+>>> opt = torch.optim.SGD(model.parameters(), lr=0.1)
+>>> settings = ss.WatchSettings(output_dir=tempfile.mkdtemp() + "/a")
+>>> with ss.HistoryCollector(model, sites="Linear", settings=settings) as c:  # 3 recorded steps
+...     for _ in range(3):
+...         with c.step(opt, examples=16):
+...             loss = model(torch.randn(16, 4)).pow(2).mean()
+...             opt.zero_grad(); loss.backward(); opt.step()
+>>> m = layer_quantities(open_history(c.run_dir))["gradient_l2"]
+>>> m.values.shape == (len(m.sites), len(m.steps))
 True
 """
 

@@ -6,9 +6,15 @@ accuracy would hide it.
 
 Example
 -------
+>>> import tempfile
+>>> from stepscope.history import ArtifactWriter
+>>> run = tempfile.mkdtemp() + "/a"
+>>> with ArtifactWriter(run) as w:  # a tiny run: three training-loss scalars
+...     for step in range(3):
+...         w.write_scalar("loss", step, 1.0 / (step + 1))
 >>> from stepscope.report.model import ReportRun
->>> runs = [ReportRun.open("runs/a")]  # needs recorded runs  # doctest: +SKIP
->>> endpoints_section(runs, default_endpoints(runs)).key  # needs recorded runs  # doctest: +SKIP
+>>> runs = [ReportRun.open(run)]
+>>> endpoints_section(runs, default_endpoints(runs)).key
 'endpoints'
 """
 

@@ -8,10 +8,16 @@ curves section (:func:`~stepscope.report.curves.curves_section`,
 
 Example
 -------
+>>> import tempfile
+>>> from stepscope.history import ArtifactWriter
+>>> run = tempfile.mkdtemp() + "/a"
+>>> with ArtifactWriter(run) as w:  # a tiny run: three training-loss scalars
+...     for step in range(3):
+...         w.write_scalar("loss", step, 1.0 / (step + 1))
 >>> from stepscope.report.model import ReportRun
->>> runs = [ReportRun.open("runs/a"), ReportRun.open("runs/b")]  # needs recorded runs  # doctest: +SKIP
->>> curves_section(runs, endpoints=[0, 99]).has_data  # needs recorded runs  # doctest: +SKIP
-True
+>>> runs = [ReportRun.open(run)]
+>>> branch_section(runs).items[0].text  # no branch/<b>/<q> rows were recorded
+'no data recorded: branch activity ...'
 """
 
 from __future__ import annotations
