@@ -2,7 +2,15 @@
 
 Example
 -------
->>> merge_rank_artifacts([Path("r0"), Path("r1")], Path("merged"))  # needs per-rank artifacts r0 and r1  # doctest: +SKIP
+>>> import tempfile
+>>> from stepscope.history import ArtifactWriter, RunRecord, open_history
+>>> d = Path(tempfile.mkdtemp())
+>>> for rank in (0, 1):  # two ranks of one run, one loss each
+...     with ArtifactWriter(d / f"r{rank}", RunRecord.new(run_id="job", rank=rank, world_size=2)) as w:
+...         w.write_scalar("loss", 0, 1.0 + rank)
+>>> merged = merge_rank_artifacts([d / "r0", d / "r1"], d / "merged")
+>>> open_history(merged).scalars("rank1/loss").values.tolist()  # user scalars keep their rank
+[2.0]
 """
 
 from __future__ import annotations
