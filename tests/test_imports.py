@@ -17,12 +17,12 @@ import stepscope
 
 SRC = Path(stepscope.__file__).parent
 
-#: ``path:line`` of in-function imports still without a ``# lazy:`` reason (files the lead is
-#: moving); empty it as they are fixed — a listed entry that is no longer an offender fails too.
+#: ``path:line`` of in-function imports still without a ``# lazy:`` reason (collect/, being
+#: restructured); empty it as they are fixed — a listed entry no longer an offender fails too.
 PENDING_LAZY: set[str] = set()
 
 #: ``path: module.name`` of imports that still name a re-exporting module, and modules whose
-#: ``__all__`` still lists a name defined elsewhere (files the lead is moving).
+#: ``__all__`` still lists a name defined elsewhere (collect/, being restructured).
 PENDING_REEXPORTS: set[str] = {
     "collect/__init__.py: stepscope.collect.collector.StepTransaction",
     "collect/collector.py: __all__ StepState",
