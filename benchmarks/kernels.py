@@ -137,7 +137,7 @@ DATA = {
 def print_against(path: str, sizes: list[int], data: list[str], repeats: int, desc) -> None:
     """This build's float32 spine and histogram entry points beside another build's."""
     from stepscope.stats import _native
-    from stepscope.stats.binning import F32 as _F32
+    from stepscope.stats._backend import F32 as _F32
     from stepscope.stats.binning import slot_tables as _tables
 
     new = _native.load()
@@ -152,7 +152,9 @@ def print_against(path: str, sizes: list[int], data: list[str], repeats: int, de
     hargs = (table.ctypes.data, thr.ctypes.data, len(thr), 2 * desc.n_bins, desc.width, 1)
     spine = torch.empty(SPINE_WIDTH, dtype=torch.float64)
     hist = torch.zeros(desc.width, dtype=torch.int64)
-    print(f"\n| data | elements | spine: {path} | spine: this build | histogram: {path} | histogram: this build |")
+    print(
+        f"\n| data | elements | spine: {path} | spine: this build | histogram: {path} | histogram: this build |"
+    )
     print("|---|---:|---:|---:|---:|---:|")
     g = torch.Generator().manual_seed(0)
     for kind in data:
@@ -196,7 +198,9 @@ def print_row_costs(repeats: int, n_rows: int = 200, numel: int = 64) -> None:
     print(f"\n| staging path, {n_rows} tensors of {numel} | us per row |")
     print("|---|---:|")
     print(f"| Staging.write per tensor (activation hooks) | {t['per_row'] / n_rows * 1e6:.1f} |")
-    print(f"| Staging.write_many per stream (gradient/parameter/update) | {t['many'] / n_rows * 1e6:.1f} |")
+    print(
+        f"| Staging.write_many per stream (gradient/parameter/update) | {t['many'] / n_rows * 1e6:.1f} |"
+    )
 
 
 if __name__ == "__main__":

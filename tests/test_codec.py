@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from stepscope.codec import NONFINITE_SPELLINGS, float_from_json, json_float, parse_enum
-from stepscope.curvature.products import CurvatureKind
+from stepscope.curvature.base import CurvatureKind
 from stepscope.errors import Refusal
-from stepscope.events.event import Verdict
+from stepscope.events.payload import Verdict
 from stepscope.history.ring import RingPolicy, StepRing
 from stepscope.history.vocab import Phase, Stream, Tristate
 from stepscope.runlog.evals import EvalRecord
@@ -55,7 +55,9 @@ def test_float_from_json_refuses_anything_else_with_the_callers_code(bad):
 
 def test_three_layers_write_non_finite_floats_the_same_way():
     stats = RunningStats()
-    stats.update(torch.tensor([1e308, 1e308, -1.0], dtype=torch.float64))  # the float64 sum of squares overflows
+    stats.update(
+        torch.tensor([1e308, 1e308, -1.0], dtype=torch.float64)
+    )  # the float64 sum of squares overflows
     spine = stats.to_dict()
     assert spine["sum_squares"] == "inf"
     assert RunningStats.from_dict(json.loads(json.dumps(spine, allow_nan=False))) == stats

@@ -32,12 +32,12 @@ import os
 import sys
 from collections.abc import Collection, Sequence
 
+from stepscope._version import __version__
 from stepscope.errors import Refusal
+from stepscope.run import open_run  # imported on use: `--help` stays light
 
 
 def _open_run(path: str) -> object:
-    from stepscope.run import open_run  # imported on use: `--help` stays light
-
     return open_run(path)
 
 
@@ -182,8 +182,6 @@ def build_parser(commands: Collection[str] = (), *, every: bool = False) -> argp
     >>> "show  " in build_parser().format_help()  # listed, though its module is not imported
     True
     """
-    from stepscope._version import __version__
-
     parser = argparse.ArgumentParser(
         prog="stepscope",
         description="See inside PyTorch training, step by step.",

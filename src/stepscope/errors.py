@@ -30,6 +30,7 @@ Example
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Iterable
 from enum import Enum
 from typing import Any
@@ -595,8 +596,6 @@ def require_extra(module: str, extra: str, purpose: str):
     module
         The imported module.
     """
-    import importlib
-
     try:
         return importlib.import_module(module)
     except ImportError as exc:

@@ -36,7 +36,8 @@ from typing import Any
 from stepscope.errors import Refusal
 from stepscope.forensics.attribution import Spike, read_spikes
 from stepscope.history import frames
-from stepscope.history.reader import EVAL_LOG, HistoryReader
+from stepscope.history.commits import EVAL_LOG
+from stepscope.history.reader import HistoryReader
 from stepscope.history.verify import VerifyReport
 from stepscope.history.versions import pick_run
 from stepscope.runlog.evals import EvalRecord

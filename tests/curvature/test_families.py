@@ -17,12 +17,8 @@ from torch import nn
 from torch.func import functional_call, grad, hessian, jacrev
 
 import stepscope as ss
-from stepscope.curvature.families import (
-    ce_hessian_sqrt,
-    ce_logit_gradient,
-    ce_logit_hessian,
-    softmax_and_complement,
-)
+from stepscope.curvature.families import ce_hessian_sqrt, ce_logit_hessian
+from stepscope.probe.crossentropy import ce_logit_gradient, softmax_and_complement
 
 CASES = [
     {

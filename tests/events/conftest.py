@@ -19,7 +19,7 @@ from torch import nn
 from stepscope.events import EventBus, events_from_step
 from stepscope.history import HistoryWriter, ObservationBatch, RunRecord, StepBlockRecord
 from stepscope.history.batch import code_of
-from stepscope.history.schema import Presence
+from stepscope.history.vocab import Presence
 from stepscope.stats import SPINE_WIDTH, HistogramDescriptor, reduce_histograms, reduce_spines
 
 LINEARS = ("fc1", "fc2", "fc3")

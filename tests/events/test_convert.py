@@ -11,7 +11,7 @@ import torch
 from stepscope.events import EventKind, EventSource, GradientStage, SpineScalar, events_from_step
 from stepscope.history import ObservationBatch, SiteRecord, StepBlockRecord
 from stepscope.history.batch import code_of
-from stepscope.history.schema import Presence, ScaleGrad, Stream
+from stepscope.history.vocab import Presence, ScaleGrad, Stream
 from stepscope.stats import HistogramDescriptor, reduce_histograms, reduce_spines
 
 SITES = [SiteRecord(i, f"s{i}", "torch.nn.Linear", "f32") for i in range(4)]

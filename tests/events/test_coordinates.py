@@ -21,7 +21,7 @@ from stepscope.events import (
     events_from_step,
 )
 from stepscope.history import ObservationBatch, SiteRecord, StepBlockRecord
-from stepscope.history.schema import Phase, ScaleGrad, Stream
+from stepscope.history.vocab import Phase, ScaleGrad, Stream
 from stepscope.stats import HistogramDescriptor, reduce_histograms, reduce_spines
 
 

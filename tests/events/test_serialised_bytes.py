@@ -46,7 +46,7 @@ from stepscope.events import (
 )
 from stepscope.history import ObservationBatch, SiteRecord, StepBlockRecord
 from stepscope.history.batch import code_of
-from stepscope.history.schema import Presence
+from stepscope.history.vocab import Presence
 from stepscope.stats import HistogramDescriptor, reduce_histograms, reduce_spines
 
 GOLDEN = Path(__file__).with_name("golden")

@@ -13,7 +13,7 @@ import pytest
 
 from stepscope.history import HistoryWriter, ObservationBatch, StepBlockRecord
 from stepscope.history.batch import code_of
-from stepscope.history.schema import Presence
+from stepscope.history.vocab import Presence
 from stepscope.stats import SPINE_FIELDS
 
 

@@ -12,7 +12,7 @@ from stepscope.history import (
     StepTruth,
 )
 from stepscope.history.batch import code_of
-from stepscope.history.schema import Presence
+from stepscope.history.vocab import Presence
 from stepscope.stats import SPINE_FIELDS, Histogram, HistogramDescriptor, RunningStats
 
 CAPTURE_FAILED = code_of(Presence.CAPTURE_FAILED)

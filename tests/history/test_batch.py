@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 from stepscope import Refusal
 from stepscope.history import ObservationBatch, ObservationRecord, batches_from_records
 from stepscope.history.batch import code_of, member_of
-from stepscope.history.schema import Presence
+from stepscope.history.vocab import Presence
 from stepscope.stats import SPINE_WIDTH, Histogram, RunningStats
 
 NAN = np.full((1, SPINE_WIDTH), np.nan)

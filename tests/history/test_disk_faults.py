@@ -17,7 +17,7 @@ import torch
 import stepscope as ss
 from stepscope.cli import main
 from stepscope.history.batch import code_of
-from stepscope.history.schema import Presence
+from stepscope.history.vocab import Presence
 from stepscope.run import open_run  # the reader with the run log's evals.log
 
 STEPS, FAULT_AT, HEAL_AT = 24, 6, 15

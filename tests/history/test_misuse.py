@@ -18,7 +18,7 @@ import torch
 from stepscope import open_run
 from stepscope.errors import CODES, Refusal
 from stepscope.history import HistoryWriter, ObservationBatch, StepBlockRecord
-from stepscope.history.schema import RunRecord
+from stepscope.history.runrecord import RunRecord
 from stepscope.runlog import RunLog
 from stepscope.stats.layout import SPINE_WIDTH
 

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 import stepscope as ss
-from stepscope.profile.scope import INTERNAL_PREFIX, internal_scope
+from stepscope.transfer import INTERNAL_PREFIX, internal_scope
 
 
 def small_cnn() -> nn.Module:

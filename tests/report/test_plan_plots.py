@@ -16,16 +16,12 @@ from stepscope import Refusal, open_run
 from stepscope.cli import main
 from stepscope.probe import read_probe_identity
 from stepscope.report import Note, Table, build_sections
+from stepscope.report.curves import curves_section
 from stepscope.report.data import PROBE_LAYER_QUANTITIES
 from stepscope.report.endpoints import endpoints_section
 from stepscope.report.model import run_label
 from stepscope.report.overlay import load_overlay
-from stepscope.report.sections import (
-    curves_section,
-    histograms_section,
-    layers_section,
-    moments_section,
-)
+from stepscope.report.sections import histograms_section, layers_section, moments_section
 from tests.report.report_testkit import PROBE_STEPS, plots_titled, train_run
 
 PLOT3 = {

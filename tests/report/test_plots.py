@@ -13,8 +13,8 @@ import stepscope as ss
 from stepscope import open_run
 from stepscope.history import HistoryWriter, ObservationBatch, StepBlockRecord
 from stepscope.report import histogram_plot
+from stepscope.report.curves import seed_traces
 from stepscope.report.data import histogram_grid
-from stepscope.report.sections import seed_traces
 
 VALUES = [0.0, 0.0, math.nan, math.inf, -math.inf, -math.inf, 1e-20, -1e-20, 1e6, -3e5]
 VALUES += [1.5, 1.5, 3.0, -0.75]

@@ -109,7 +109,7 @@ def test_exact_zero_and_nan_special_counts_have_different_colours_named_in_the_l
 
 
 def test_seeds_of_two_recipes_make_a_short_legend(saved, report):
-    from stepscope.report.sections import curves_section
+    from stepscope.report.curves import curves_section
 
     a, b = report["views"]
     views = [with_recipe(a, "plain"), with_recipe(b, "plain")]

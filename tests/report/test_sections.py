@@ -266,7 +266,7 @@ def test_measured_overhead_comes_from_the_runlog_summary(report, runs):
 
 def test_runs_of_different_recipes_are_never_averaged_together(report):
 
-    from stepscope.report.sections import curves_section
+    from stepscope.report.curves import curves_section
 
     a, b = report["views"]
     sec = curves_section([with_recipe(a, "plain"), with_recipe(b, "residual")], [0, 5])

@@ -207,7 +207,7 @@ def test_baseline_build_without_dispatch_counts_like_the_dispatched_clones(tmp_p
     if info["cpu"] != "c":
         pytest.skip(info["detail"])
     from stepscope.stats import SPINE_WIDTH, HistogramDescriptor
-    from stepscope.stats.binning import F32 as _F32
+    from stepscope.stats._backend import F32 as _F32
     from stepscope.stats.binning import slot_tables as _tables
 
     base = build_variant(tmp_path, "baseline", ["-DSTEPSCOPE_NO_CLONES"])

@@ -166,7 +166,9 @@ def histogram_tensors() -> list[torch.Tensor]:
     """mixed_tensors plus ones that take each C histogram path: a large float32 tensor (keys),
     one with a constant block and ReLU zeros, and a large float64 one."""
     g = torch.Generator().manual_seed(6)
-    big = torch.randn(70_001, generator=g) * torch.exp2(torch.randint(-50, 20, (70_001,), generator=g))
+    big = torch.randn(70_001, generator=g) * torch.exp2(
+        torch.randint(-50, 20, (70_001,), generator=g)
+    )
     big[::113] = float("nan")
     big[5::229] = -float("inf")
     big[10_000:12_048] = 0.75
@@ -229,7 +231,7 @@ def test_threaded_kernels_count_like_one_thread():
     extremes and histograms as one thread, and the same sums to round-off."""
     if _native.backend_info()["cpu"] != "c":
         pytest.skip("C kernel unavailable")
-    from stepscope.stats.binning import F32 as _F32
+    from stepscope.stats._backend import F32 as _F32
     from stepscope.stats.binning import slot_tables as _tables
 
     lib = _native.load()
@@ -246,7 +248,9 @@ def test_threaded_kernels_count_like_one_thread():
         args = (table.ctypes.data, thr.ctypes.data, len(thr), 2 * desc.n_bins, desc.width, threads)
         lib.stepscope_spine_f32(x.data_ptr(), x.numel(), threads, spine.data_ptr())
         lib.stepscope_hist_f32(x.data_ptr(), x.numel(), *args, hist.data_ptr())
-        lib.stepscope_spine_hist_f32(x.data_ptr(), x.numel(), *args, fspine.data_ptr(), fused.data_ptr())
+        lib.stepscope_spine_hist_f32(
+            x.data_ptr(), x.numel(), *args, fspine.data_ptr(), fused.data_ptr()
+        )
         assert torch.equal(hist, fused) and torch.equal(spine[:10], fspine[:10])
         rows.append((spine, hist))
     (s1, h1), (s3, h3) = rows

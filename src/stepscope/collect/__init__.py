@@ -7,10 +7,11 @@ from stepscope.collect.cadence import (
     CadenceChoice,
     choose_stream_cadences,
 )
-from stepscope.collect.collector import DEFAULT_STREAMS, HistoryCollector, StepTransaction
+from stepscope.collect.collector import DEFAULT_STREAMS, HistoryCollector
 from stepscope.collect.misuse import MisuseWarning
 from stepscope.collect.plan import Plan, PlanRow
 from stepscope.collect.settings import ALL_STREAMS, WatchSettings
+from stepscope.collect.step import StepTransaction
 
 __all__ = [
     "ALL_STREAMS",

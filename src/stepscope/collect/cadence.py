@@ -41,6 +41,12 @@ The measuring side of ``cadence="auto"``: time the warm-up steps, then decide.
 :mod:`~stepscope.collect.cadence` (histogram steps, spine steps, nothing-due steps), and at the
 last warm-up step asks :func:`~stepscope.collect.cadence.choose_stream_cadences` for the
 cadences. The decision and its ``cadence/*`` scalar rows are returned to the collector.
+
+Cadences are per stream and per kernel: a :class:`Cadence` says how often the spine and how often
+the histogram is taken (every ``k``-th optimizer step, counting from step 0, or a predicate).
+
+>>> resolve_cadence({"parameter": 10}, ("activation", "parameter"))["parameter"]
+Cadence(spine=10, histogram=100)
 """
 
 from __future__ import annotations

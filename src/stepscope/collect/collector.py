@@ -84,7 +84,7 @@ from stepscope.selection import Selector, select_modules
 
 DEFAULT_STREAMS: tuple[str, ...] = ("activation", "gradient", "parameter", "update")
 
-__all__ = ["DEFAULT_STREAMS", "HistoryCollector", "StepState", "StepTransaction"]
+__all__ = ["DEFAULT_STREAMS", "HistoryCollector"]
 
 log = logging.getLogger("stepscope")
 

@@ -78,7 +78,7 @@ from stepscope.history import ObservationBatch, StepBlockRecord
 from stepscope.history.batch import code_of
 from stepscope.history.merge import merge_step_batches
 from stepscope.history.rankmerge import merge_step_blocks
-from stepscope.history.schema import Presence
+from stepscope.history.vocab import Presence
 from stepscope.stats import SPINE_WIDTH
 
 __all__ = [

@@ -92,8 +92,8 @@ from stepscope.collect.step import (
 from stepscope.collect.updates import UpdateSampler, stepped_only
 from stepscope.errors import Refusal
 from stepscope.history import StepProvenance
-from stepscope.profile.scope import internal_scope
 from stepscope.stephooks import OuterStepHooks, user_stacklevel
+from stepscope.transfer import internal_scope
 
 __all__ = [
     "ImplicitIterations",

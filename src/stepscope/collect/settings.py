@@ -1,15 +1,12 @@
 """What to watch stays flat on the collector; the plumbing knobs ride :class:`WatchSettings`.
 
-Cadences are per stream and per kernel: a :class:`Cadence` says how often the spine and how often
-the histogram is taken (every ``k``-th optimizer step, counting from step 0, or a predicate).
+How often each stream is taken (``Cadence``) is :mod:`stepscope.collect.cadence`'s.
 
 Example
 -------
 >>> s = WatchSettings(output_dir="runs/a", histogram_descriptor=None)
 >>> s.ram_policy
 <RingPolicy.REFUSE: 'refuse'>
->>> resolve_cadence({"parameter": 10}, ("activation", "parameter"))["parameter"]
-Cadence(spine=10, histogram=100)
 """
 
 from __future__ import annotations

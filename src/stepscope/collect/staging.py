@@ -73,7 +73,6 @@ from stepscope.collect.distributed import local_part
 from stepscope.collect.sites import SiteRow
 from stepscope.collect.step import StepState
 from stepscope.errors import Refusal
-from stepscope.profile.scope import internal_scope
 from stepscope.stats import (
     SPINE_WIDTH,
     HistogramDescriptor,
@@ -82,7 +81,9 @@ from stepscope.stats import (
     spine_into,
     spines_into,
 )
-from stepscope.stats.reduce import merge_spine_into, native_spine_kernels
+from stepscope.stats.reduce import merge_spine_into
+from stepscope.stats.spinerow import native_spine_kernels
+from stepscope.transfer import internal_scope
 
 __all__ = ["Reducer"]
 

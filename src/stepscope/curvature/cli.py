@@ -22,16 +22,17 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from stepscope.curvature.offline import make_panel_pins, run_curvature_panel
+from stepscope.curvature.pins import verify_source_file
 from stepscope.defaults import DEFAULT_SEED
 from stepscope.errors import Refusal
+from stepscope.history.files import atomic_write_json
 
 EXIT_CENSORED = 5
 
 
 def _factory(spec: str, pins: dict[str, Any]):
     """Load the factory, after checking its file against the pins (nothing runs before)."""
-    from stepscope.curvature.offline import verify_source_file
-
     module_name, sep, attr = spec.partition(":")
     if not sep or not attr:
         raise Refusal(
@@ -96,8 +97,6 @@ def _checkpoints(items: list[str]) -> dict[int, str]:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from stepscope.curvature.offline import run_curvature_panel
-
     pins: dict[str, Any] = json.loads(Path(args.pins).read_text())
 
     total = len(_checkpoints(args.checkpoint))
@@ -140,9 +139,6 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _pin(args: argparse.Namespace) -> int:
-    from stepscope.curvature.offline import make_panel_pins
-    from stepscope.history.files import atomic_write_json
-
     pins = make_panel_pins(args.source, _checkpoints(args.checkpoint), args.probe)
     atomic_write_json(Path(args.out), pins)
     print(f"pins written to {args.out}")

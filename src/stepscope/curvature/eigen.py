@@ -49,14 +49,14 @@ import torch
 from torch import Tensor
 
 from stepscope.codec import parse_enum
-from stepscope.curvature.base import CostLedger
-from stepscope.curvature.products import (
+from stepscope.curvature.base import (
     LOSS_CONVENTION,
+    CostLedger,
     CurvatureKind,
     CurvatureOperator,
     LossKind,
-    probe_operator,
 )
+from stepscope.curvature.products import probe_operator
 from stepscope.defaults import DEFAULT_SEED
 from stepscope.errors import Refusal
 from stepscope.probe.outputs import OutputSelector

@@ -28,9 +28,12 @@ keep their relative accuracy.
 Example
 -------
 >>> import torch
->>> from stepscope.curvature.families import ce_logit_gradient
->>> g = ce_logit_gradient(torch.tensor([[0.0, -40.0]], dtype=torch.float64), torch.tensor([0]))
->>> bool(g[0, 0] < 0)
+>>> from stepscope.curvature.families import ce_hessian_sqrt, ce_logit_hessian
+>>> logits = torch.tensor([[0.0, -40.0]], dtype=torch.float64)
+>>> s = ce_hessian_sqrt(logits)
+>>> bool(torch.allclose(s[0].T @ s[0], ce_logit_hessian(logits)[0], rtol=0, atol=1e-30))
+True
+>>> bool(ce_logit_hessian(logits)[0, 1, 1] > 0)  # p_1 q_1 with p_1 ~ 4e-18: not cancelled to 0
 True
 """
 

@@ -11,8 +11,7 @@ match the probe analysed. The aggregate records stepscope's version and the sha2
 analysis source file (:func:`analysis_code_sha256`). After each checkpoint it writes
 ``curvature-{epoch:03d}.json`` and the updated aggregate ``result.json`` atomically (temp file,
 fsync, ``os.replace``, directory fsync) and calls the progress callback.
-The pin checks are in :mod:`stepscope.curvature.pins`; their public names stay importable from
-here.
+The pin checks are in :mod:`stepscope.curvature.pins`.
 
 Budget: before each checkpoint, with :math:`t` the elapsed work time and :math:`d_{\\max}` the
 largest snapshot duration so far, the panel stops with status ``budget_censored`` when
@@ -43,7 +42,10 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from stepscope._version import __version__
 from stepscope.curvature.analyze import analyze_curvature, probe_sha256
+from stepscope.curvature.eigen import top_eigenvalues
+from stepscope.curvature.estimators import trace
 from stepscope.curvature.pins import (
     _check_recorder_probe,
     _pinned_sha256,
@@ -51,24 +53,20 @@ from stepscope.curvature.pins import (
     _verify_pins,
     analysis_code_sha256,
     factory_source,
-    verify_source_file,
 )
 from stepscope.defaults import DEFAULT_SEED
 from stepscope.errors import Refusal
 from stepscope.history.files import atomic_write_json
 
-__all__ = [  # the pin checks stay importable from here (older imports)
+__all__ = [
     "DEFAULT_WORK_LIMIT_S",
     "PANEL_SCHEMA",
     "SAFETY_FACTOR",
     "SAFETY_MARGIN_S",
     "ProgressCallback",
-    "analysis_code_sha256",
-    "factory_source",
     "load_probe",
     "make_panel_pins",
     "run_curvature_panel",
-    "verify_source_file",
 ]
 
 PANEL_SCHEMA = "stepscope.curvature_panel.v1"
@@ -127,14 +125,10 @@ def _extras(
 ) -> dict[str, Any]:
     extras: dict[str, Any] = {}
     if hessian_top_k:
-        from stepscope.curvature.eigen import top_eigenvalues
-
         extras["hessian_top_eigenvalues"] = top_eigenvalues(
             model, x, y, k=hessian_top_k, kind="hessian", seed=seed, dtype=torch.float64
         ).to_dict()
     if trace_samples:
-        from stepscope.curvature.estimators import trace
-
         extras["hessian_trace_estimate"] = trace(
             model, x, y, kind="hessian", samples=trace_samples, seed=seed, dtype=torch.float64
         ).to_dict()
@@ -142,8 +136,6 @@ def _extras(
 
 
 def _version() -> str:
-    from stepscope._version import __version__
-
     return __version__
 
 

@@ -44,7 +44,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from stepscope.curvature.families import ce_logit_gradient, ce_logit_hessian
+from stepscope.curvature.families import ce_logit_hessian
+from stepscope.probe.crossentropy import ce_logit_gradient
 
 #: relative eigenvalue cutoff of H's retained support (times lambda_max(H))
 DEFAULT_SUPPORT_RTOL = 1e-10

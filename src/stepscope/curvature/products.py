@@ -25,8 +25,7 @@ The model is evaluated in ``eval()`` mode (dropout off, BatchNorm running statis
 loss is a deterministic function of :math:`\\theta`; parameters are read, never written.
 
 The shared base, :class:`~stepscope.curvature.base.CurvatureOperator` (batch validation,
-counting, timing) with the kind and loss vocabularies, is in :mod:`stepscope.curvature.base`;
-its names stay importable from here.
+counting, timing) with the kind and loss vocabularies, is in :mod:`stepscope.curvature.base`.
 
 Example
 -------
@@ -53,8 +52,6 @@ from torch import Tensor
 from stepscope._purity import float64_copy, preserved_state
 from stepscope.codec import parse_enum
 from stepscope.curvature.base import (
-    LOSS_CONVENTION,
-    PSD,
     CurvatureKind,
     CurvatureOperator,
     LossKind,
@@ -63,15 +60,10 @@ from stepscope.errors import Refusal
 from stepscope.probe.crossentropy import ce_hessian_product, ce_logit_gradient
 from stepscope.probe.outputs import OutputSelector
 
-__all__ = [  # the base's names stay importable from here (older imports)
-    "LOSS_CONVENTION",
-    "PSD",
-    "CurvatureKind",
-    "CurvatureOperator",
+__all__ = [
     "EmpiricalFisherOperator",
     "GGNOperator",
     "HessianOperator",
-    "LossKind",
     "make_operator",
     "probe_operator",
 ]

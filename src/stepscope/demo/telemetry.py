@@ -16,6 +16,8 @@ Example
 
 from __future__ import annotations
 
+import copy
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -24,6 +26,10 @@ from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
+
+from stepscope._purity import preserved_state
+from stepscope.history import HistoryWriter
+from stepscope.probe import plan_cadence, write_probe_record
 
 if TYPE_CHECKING:
     from stepscope.collect import HistoryCollector
@@ -47,12 +53,6 @@ def probe_cadence(
     The helper times the probe against real training steps of a *copy* of the model (the run
     itself is untouched) and never changes precision; its decision and timings are recorded.
     """
-    import copy
-    import tempfile
-
-    from stepscope._purity import preserved_state
-    from stepscope.history import HistoryWriter
-    from stepscope.probe import plan_cadence, write_probe_record
 
     if cfg.probe_every is not None:
         return cfg.probe_every, {"rule": "user", "cadence_steps": cfg.probe_every}

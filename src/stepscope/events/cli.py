@@ -5,8 +5,17 @@ Replays a history artifact through the same converter and trackers used during t
 
 Example
 -------
+>>> import tempfile
+>>> from stepscope.history import HistoryWriter
+>>> run = tempfile.mkdtemp() + "/a"
+>>> with HistoryWriter(run) as w:  # a tiny run: three training-loss scalars
+...     for step in range(3):
+...         w.write_scalar("loss", step, 1.0 / (step + 1))
 >>> from stepscope.cli import main
->>> main(["export", "runs/demo", "--jsonl", "runs/demo.jsonl"])  # needs a recorded run in runs/demo  # doctest: +SKIP
+>>> main(["export", run, "--jsonl", run + ".jsonl"])
+exported run a (id ...): 3 steps, 3 events (scalar 3)
+  x-axis: all
+  jsonl: ...a.jsonl
 0
 """
 
@@ -17,8 +26,15 @@ import json
 from pathlib import Path
 from typing import Any
 
-from stepscope.errors import Refusal
+from stepscope.errors import Refusal, require_extra
 from stepscope.events.coordinates import Axis
+from stepscope.events.export import export_run
+from stepscope.history import find_runs
+from stepscope.history.discover import runs_at
+from stepscope.history.files import atomic_write_json
+from stepscope.history.frames import to_arrow
+from stepscope.history.reader import HistoryReader
+from stepscope.progress import progress_bar
 
 EPILOG = """\
 examples:
@@ -99,12 +115,6 @@ def _parquet(run: str, out: str) -> None:
     """``--parquet DIR``: each run's tidy observation table (``Run.to_arrow()``) as
     ``DIR/observations.parquet``, or ``DIR/<run path>/observations.parquet`` for a folder of
     several runs (found as :func:`stepscope.history.find_runs` finds them)."""
-    from pathlib import Path
-
-    from stepscope.errors import require_extra
-    from stepscope.history import find_runs
-    from stepscope.history.frames import to_arrow
-    from stepscope.history.reader import HistoryReader
 
     pq = require_extra("pyarrow.parquet", "arrow", "stepscope export --parquet")
     runs = find_runs(run) or [Path(run)]  # none: the reader refuses history_artifact_missing
@@ -126,8 +136,6 @@ EXPORT_MARK = "stepscope-export.json"
 
 def _mark(run: Path, args: argparse.Namespace) -> dict[str, Any]:
     """What identifies one TensorBoard export of ``run`` with these options."""
-    from stepscope.history.reader import HistoryReader
-
     h = HistoryReader(run)
     return {
         "run": str(run.resolve()),
@@ -172,8 +180,6 @@ def _check_destinations(args: argparse.Namespace) -> None:
 
 
 def _export(args: argparse.Namespace) -> int:
-    from stepscope.history.discover import runs_at
-
     _check_destinations(args)
     runs = runs_at([args.run], "export")
     if args.parquet:
@@ -191,10 +197,6 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _export_one(run: Path, args: argparse.Namespace, jsonl: str | None) -> int:
-    from stepscope.events.export import export_run
-    from stepscope.history.files import atomic_write_json
-    from stepscope.progress import progress_bar
-
     tensorboard, mark = args.tensorboard, None
     if tensorboard is not None:
         mark = _mark(run, args)

@@ -59,14 +59,8 @@ from stepscope.events.event import (
 )
 from stepscope.events.payload import HistogramPayload
 from stepscope.history.batch import OBSERVED, ObservationBatch, member_of
-from stepscope.history.schema import (
-    GRADIENT_STREAMS,
-    Presence,
-    ScaleGrad,
-    SiteRecord,
-    StepBlockRecord,
-)
-from stepscope.history.vocab import is_estimate
+from stepscope.history.schema import SiteRecord, StepBlockRecord
+from stepscope.history.vocab import GRADIENT_STREAMS, Presence, ScaleGrad, is_estimate
 from stepscope.stats.layout import SPINE_FIELDS
 
 __all__ = ["SpineScalar", "event_prefix", "events_from_step", "spine_scalars"]

@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from stepscope.errors import Refusal
-from stepscope.history.schema import GRADIENT_STREAMS, Phase, ScaleGrad, Stream
+from stepscope.history.vocab import GRADIENT_STREAMS, Phase, ScaleGrad, Stream
 
 __all__ = ["NO_SUBJECT", "Axes", "Axis", "GradientStage", "Subject", "invalid_event"]
 

@@ -58,7 +58,7 @@ from stepscope.events.coordinates import (
     invalid_event,
 )
 from stepscope.events.payload import HistogramPayload, Verdict
-from stepscope.history.schema import Phase, ScaleGrad, Stream
+from stepscope.history.vocab import Phase, ScaleGrad, Stream
 
 __all__ = [
     "EventKind",

@@ -59,6 +59,8 @@ from typing import Any
 from stepscope.events.bus import EventBus
 from stepscope.events.convert import events_from_step
 from stepscope.events.tags import run_name
+from stepscope.events.trackers.tensorboard import TensorBoardTracker
+from stepscope.events.trackers.wandb import WandbTracker
 
 __all__ = ["LIVE_QUEUE_STEPS", "LiveCounts", "LiveStream", "LiveStreamWarning", "open_live"]
 
@@ -262,8 +264,6 @@ def open_live(settings: Any, record: Any, path: str | os.PathLike[str] | None) -
     trackers: list[Any] = []
     dest: dict[str, str] = {}
     if isinstance(tb, (str, os.PathLike)):
-        from stepscope.events.trackers.tensorboard import TensorBoardTracker
-
         tb_dir = _free_dir(Path(tb), name, bool(getattr(settings, "resume", False)))
         tb = TensorBoardTracker(tb_dir)
         tb.write_run_record(record.to_dict(), name)
@@ -271,8 +271,6 @@ def open_live(settings: Any, record: Any, path: str | os.PathLike[str] | None) -
     if tb is not None:
         trackers.append(tb)
     if wb is True:
-        from stepscope.events.trackers.wandb import WandbTracker
-
         wb = WandbTracker(  # read here: wandb reads its environment once per process
             project=os.environ.get("WANDB_PROJECT", "stepscope"),
             dir=os.environ.get("WANDB_DIR"),

@@ -65,7 +65,7 @@ from stepscope.events.event import (
 )
 from stepscope.events.payload import HistogramPayload
 from stepscope.events.views import nonfinite_counts
-from stepscope.history.schema import Phase, Stream
+from stepscope.history.vocab import Phase, Stream
 
 __all__ = [
     "DEFAULT_QUANTITIES",

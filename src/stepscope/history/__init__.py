@@ -4,35 +4,20 @@ Write with :class:`HistoryWriter`; read a run with :func:`stepscope.open_run` (t
 entry point, above this layer: it adds the run log's evaluations and clocks).
 """
 
-from stepscope.history.artifact import CloseReport, HistoryWriter
+from stepscope.history.artifact import HistoryWriter
 from stepscope.history.batch import ObservationBatch, batches_from_records
 from stepscope.history.discover import find_runs, is_run_dir, runs_at
 from stepscope.history.fingerprint import model_fingerprint
-from stepscope.history.merge import (
-    fold_micro_batches,
-    merge_batches,
-    merge_ranks,
-    merge_spine_rows,
-)
-from stepscope.history.reader import HistogramSeries, Series
+from stepscope.history.merge import fold_micro_batches, merge_batches, merge_ranks
+from stepscope.history.pending import CloseReport
 from stepscope.history.ring import RingBlock, RingPolicy, StepRing, coarsen_pair
-from stepscope.history.schema import (
-    FORMAT,
-    SCHEMA_VERSION,
-    ObservationRecord,
-    Phase,
-    Presence,
-    RunRecord,
-    ScaleGrad,
-    SiteRecord,
-    StepBlockRecord,
-    StepProvenance,
-    StepTruth,
-    Stream,
-    Tristate,
-)
+from stepscope.history.runrecord import FORMAT, SCHEMA_VERSION, RunRecord
+from stepscope.history.schema import ObservationRecord, SiteRecord, StepBlockRecord, StepTruth
+from stepscope.history.series import HistogramSeries, Series
 from stepscope.history.verify import VerifyReport
 from stepscope.history.versions import pick_run
+from stepscope.history.vocab import Phase, Presence, ScaleGrad, StepProvenance, Stream, Tristate
+from stepscope.stats.layout import merge_spine_rows
 
 __all__ = [
     "FORMAT",

@@ -55,9 +55,9 @@ from stepscope.history.pending import (
     check_unique,
     write_chunk,
 )
-from stepscope.history.schema import ObservationRecord, RunRecord, StepBlockRecord
+from stepscope.history.runrecord import RunRecord
+from stepscope.history.schema import ObservationRecord, StepBlockRecord
 from stepscope.history.segment import (
-    check_resume_facts,
     committed_artifact,
     lock_writer,
     make_run_dir,
@@ -71,7 +71,7 @@ from stepscope.history.sitetable import SiteTable
 from stepscope.stats import HistogramDescriptor
 from stepscope.stats.layout import SPINE_WIDTH
 
-__all__ = ["CloseReport", "HistoryWriter", "check_resume_facts"]
+__all__ = ["HistoryWriter"]
 
 
 class HistoryWriter(SiteTable):

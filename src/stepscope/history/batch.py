@@ -28,14 +28,8 @@ import numpy as np
 from stepscope.codec import parse_enum
 from stepscope.errors import Refusal
 from stepscope.history.inputs import exact_ints
-from stepscope.history.schema import (
-    GRADIENT_STREAMS,
-    ObservationRecord,
-    Phase,
-    Presence,
-    ScaleGrad,
-    Stream,
-)
+from stepscope.history.schema import ObservationRecord
+from stepscope.history.vocab import GRADIENT_STREAMS, Phase, Presence, ScaleGrad, Stream
 from stepscope.stats import Histogram, HistogramDescriptor, RunningStats
 from stepscope.stats.layout import N_COUNTS, REDUCTION_DTYPES, SPINE_WIDTH
 

@@ -2,8 +2,15 @@
 
 Example
 -------
+>>> import tempfile
+>>> from stepscope.history import HistoryWriter
+>>> run = tempfile.mkdtemp() + "/a"
+>>> with HistoryWriter(run) as w:  # a tiny run: three training-loss scalars
+...     for step in range(3):
+...         w.write_scalar("loss", step, 1.0 / (step + 1))
 >>> from stepscope.cli import main
->>> main(["verify", "runs/demo"])  # needs a recorded run in runs/demo  # doctest: +SKIP
+>>> main(["verify", run])
+ok: 2 chunks, ... checked in 1 commits
 0
 """
 
@@ -15,6 +22,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from stepscope.history.discover import runs_at
+from stepscope.history.merge import merge_ranks
+from stepscope.history.reader import HistoryReader
+from stepscope.history.vocab import Stream
 
 
 def register(subparsers: Any) -> None:
@@ -83,8 +95,6 @@ def show_payload(h: Any) -> dict[str, Any]:
     ``last``; ``None`` when empty), ``commits``, ``torn_tail_bytes``, ``sites``, ``streams``
     (rows, observed rows, histogram rows per stream), ``scalars`` (names) and ``sizes`` (bytes).
     """
-    from stepscope.history.schema import Stream
-
     steps = h.steps
     obs = h.table("observations")
     hist = h.table("histograms")
@@ -134,8 +144,6 @@ def show_payload(h: Any) -> dict[str, Any]:
 
 def _show_folder(folder: str, runs: list[Any], as_json: bool) -> int:
     """``stepscope show FOLDER``: one line per run found under it (or every payload as JSON)."""
-    from stepscope.history.reader import HistoryReader
-
     readers = [HistoryReader(run) for run in runs]
     if as_json:
         payloads = [show_payload(h) for h in readers]
@@ -163,9 +171,6 @@ def _show_folder(folder: str, runs: list[Any], as_json: bool) -> int:
 
 
 def _show(args: argparse.Namespace) -> int:
-    from stepscope.history.discover import runs_at
-    from stepscope.history.reader import HistoryReader
-
     runs = runs_at([args.run], "show")
     if runs != [Path(args.run)]:  # a folder of runs
         return _show_folder(args.run, runs, args.json)
@@ -217,9 +222,6 @@ def _show(args: argparse.Namespace) -> int:
 
 
 def _verify(args: argparse.Namespace) -> int:
-    from stepscope.history.discover import runs_at
-    from stepscope.history.reader import HistoryReader
-
     # the top-level CLI passes stepscope.open_run (evaluations and runlog.json checked too):
     # the same verification as open_run(path).verify(); this layer alone has the plain reader
     opener = getattr(args, "opener", None) or HistoryReader
@@ -262,9 +264,6 @@ def _verify_one(run: Path, opener: Any) -> int:
 
 
 def _merge(args: argparse.Namespace) -> int:
-    from stepscope.history.discover import runs_at
-    from stepscope.history.merge import merge_ranks
-
     runs = runs_at(args.runs, "merge")
     out = merge_ranks(runs, args.out)
     print(f"merged {len(runs)} rank artifacts into {out}")

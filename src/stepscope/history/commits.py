@@ -49,7 +49,7 @@ from stepscope.history.layout import (
     observation_dtype,
     parse_catalog,
 )
-from stepscope.history.schema import FORMAT, SCHEMA_VERSION, RunRecord
+from stepscope.history.runrecord import FORMAT, SCHEMA_VERSION, RunRecord
 from stepscope.history.verify import (
     VerifyReport,
     commit_inconsistencies,

@@ -19,7 +19,8 @@ import numpy as np
 
 from stepscope.errors import Refusal
 from stepscope.history.batch import OBSERVED, ObservationBatch, member_of
-from stepscope.history.schema import ObservationRecord, Phase, Presence, ScaleGrad, Stream
+from stepscope.history.schema import ObservationRecord
+from stepscope.history.vocab import Phase, Presence, ScaleGrad, Stream
 from stepscope.stats import Histogram, HistogramDescriptor, RunningStats
 from stepscope.stats.layout import REDUCTION_DTYPES
 

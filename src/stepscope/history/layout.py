@@ -26,16 +26,12 @@ from typing import Any
 import numpy as np
 
 from stepscope.errors import Refusal
-from stepscope.history.batch import REDUCTION_DTYPES, ObservationBatch, code_of, member_of
+from stepscope.history.batch import ObservationBatch, code_of, member_of
 from stepscope.history.inputs import as_stored
-from stepscope.history.schema import (
-    FORMAT,
-    SiteRecord,
-    StepBlockRecord,
-    StepProvenance,
-    StepTruth,
-    Tristate,
-)
+from stepscope.history.runrecord import FORMAT
+from stepscope.history.schema import SiteRecord, StepBlockRecord, StepTruth
+from stepscope.history.vocab import StepProvenance, Tristate
+from stepscope.stats.layout import REDUCTION_DTYPES
 
 TABLES = ("steps", "observations", "histograms", "scalars")
 STEP_DTYPE = np.dtype(

@@ -31,7 +31,7 @@ import numpy as np
 
 from stepscope.errors import Refusal
 from stepscope.history.batch import OBSERVED, ObservationBatch
-from stepscope.stats.layout import merge_spine_rows  # re-exported: history.merge_spine_rows
+from stepscope.stats.layout import merge_spine_rows
 
 PARTIAL = "merged_partial_coverage"  # a row observed on one side only
 HIST_PARTIAL = "histogram_partial_coverage"  # a histogram covers only part of its spine
@@ -158,6 +158,6 @@ def merge_ranks(
     their truth becomes unknown; user scalars keep their rank as ``rank{r}/{name}``. The merged
     run record lists its sources in ``extra["merged_ranks"]``.
     """
-    from stepscope.history.rankmerge import merge_rank_artifacts
+    from stepscope.history.rankmerge import merge_rank_artifacts  # lazy: import cycle
 
     return merge_rank_artifacts([Path(p) for p in paths], Path(out), durable=durable)

@@ -20,7 +20,8 @@ from stepscope.errors import Refusal
 from stepscope.history.batch import code_of
 from stepscope.history.files import atomic_write_bytes
 from stepscope.history.layout import SCALAR_DTYPE, encode_steps, narrow_histograms, npy_bytes
-from stepscope.history.schema import Presence, StepBlockRecord
+from stepscope.history.schema import StepBlockRecord
+from stepscope.history.vocab import Presence
 
 
 @dataclass(frozen=True)

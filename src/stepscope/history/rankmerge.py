@@ -2,11 +2,21 @@
 
 Example
 -------
->>> merge_rank_artifacts([Path("r0"), Path("r1")], Path("merged"))  # needs per-rank artifacts r0 and r1  # doctest: +SKIP
+>>> import tempfile
+>>> from stepscope.history import HistoryWriter, RunRecord
+>>> from stepscope.history.reader import HistoryReader
+>>> d = Path(tempfile.mkdtemp())
+>>> for rank in (0, 1):  # two ranks of one run, one loss each
+...     with HistoryWriter(d / f"r{rank}", RunRecord.new(run_id="job", rank=rank, world_size=2)) as w:
+...         w.write_scalar("loss", 0, 1.0 + rank)
+>>> merged = merge_rank_artifacts([d / "r0", d / "r1"], d / "merged")
+>>> HistoryReader(merged).scalars("rank1/loss").values.tolist()  # user scalars keep their rank
+[2.0]
 """
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import replace
 from pathlib import Path
 
@@ -107,8 +117,6 @@ def merge_rank_artifacts(paths: list[Path], out: Path, *, durable: bool = True) 
             for name, value in values.items():
                 w.write_scalar(name, step, value)
     if disagreements:
-        import warnings
-
         warnings.warn(
             f"{disagreements} step(s) differed or were missing across ranks; their cells carry "
             f"the disclosure {RANK_PARTIAL!r}.",

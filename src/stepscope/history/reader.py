@@ -43,29 +43,18 @@ import numpy as np
 from stepscope.codec import parse_enum
 from stepscope.errors import Refusal
 from stepscope.history.batch import OBSERVED, code_of, member_of
-from stepscope.history.commits import EVAL_LOG, MAX_JSON, CommittedArtifact
+from stepscope.history.commits import CommittedArtifact
 from stepscope.history.decode import records_from_rows
 from stepscope.history.files import sha256_file
 from stepscope.history.frames import series_label, site_int_refusal
 from stepscope.history.layout import TABLES, decode_steps, histogram_dtype, npy_load
-from stepscope.history.schema import (
-    ObservationRecord,
-    Phase,
-    SiteRecord,
-    StepBlockRecord,
-    Stream,
-)
+from stepscope.history.schema import ObservationRecord, SiteRecord, StepBlockRecord
 from stepscope.history.series import HistogramSeries, Series, check_steps
 from stepscope.history.verify import VerifyReport, check_chunk, check_codes
+from stepscope.history.vocab import Phase, Stream
 from stepscope.stats.layout import FIELD_INDEX, SPINE_FIELDS
 
-__all__ = [
-    "EVAL_LOG",
-    "MAX_JSON",
-    "HistogramSeries",
-    "Series",
-    "check_steps",
-]
+__all__: list[str] = []  # internal: users read runs with stepscope.open_run
 
 
 class HistoryReader(CommittedArtifact):

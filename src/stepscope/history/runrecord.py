@@ -15,11 +15,14 @@ True
 
 from __future__ import annotations
 
+import platform
 import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy
 
 from stepscope._version import __version__
 from stepscope.errors import Refusal
@@ -162,10 +165,7 @@ class RunRecord:
 
 def package_versions() -> dict[str, str]:
     """Versions of python, torch, numpy and stepscope in this process."""
-    import platform
-
-    import numpy
-    import torch  # its version only; history itself does not need torch
+    import torch  # lazy: history imports no torch; only its version is read here
 
     return {
         "python": platform.python_version(),

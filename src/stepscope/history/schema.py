@@ -1,8 +1,8 @@
 """The per-step history schema: four normalised record layers with a JSON round trip.
 
-* :class:`RunRecord` — one segment of a run: identity, resume ancestry, fingerprint, versions,
-  histogram descriptor, cadences, budgets, device, rank/world (in
-  :mod:`stepscope.history.runrecord`, importable from here).
+* :class:`~stepscope.history.runrecord.RunRecord` — one segment of a run: identity, resume ancestry, fingerprint, versions,
+  histogram descriptor, cadences, budgets, device, rank/world (defined in
+  :mod:`stepscope.history.runrecord`).
 * :class:`SiteRecord` — the stable *structural* identity of an observed site (qualified module
   name, module type, output signature): one catalog entry. Labels are display only. Topology
   drift ends a site (``ended_step``/``ended_reason``) and starts a new one under the same name;
@@ -31,7 +31,6 @@ from stepscope.codec import parse_enum
 from stepscope.errors import Refusal
 from stepscope.history.fields import _need, _opt
 from stepscope.history.inputs import as_stored, check_step, finite_or_none, natural_or_none
-from stepscope.history.runrecord import FORMAT, SCHEMA_VERSION, RunRecord, package_versions
 from stepscope.history.vocab import (
     GRADIENT_STREAMS,
     Phase,
@@ -43,22 +42,11 @@ from stepscope.history.vocab import (
 )
 from stepscope.stats import Histogram, RunningStats
 
-__all__ = [  # the run record's names stay importable from here (older imports)
-    "FORMAT",
-    "GRADIENT_STREAMS",
-    "SCHEMA_VERSION",
+__all__ = [
     "ObservationRecord",
-    "Phase",
-    "Presence",
-    "RunRecord",
-    "ScaleGrad",
     "SiteRecord",
     "StepBlockRecord",
-    "StepProvenance",
     "StepTruth",
-    "Stream",
-    "Tristate",
-    "package_versions",
 ]
 
 

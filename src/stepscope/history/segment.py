@@ -38,13 +38,8 @@ from stepscope.history.files import (
 )
 from stepscope.history.layout import catalog_dict
 from stepscope.history.reader import HistoryReader
-from stepscope.history.schema import (
-    FORMAT,
-    SCHEMA_VERSION,
-    RunRecord,
-    SiteRecord,
-    StepBlockRecord,
-)
+from stepscope.history.runrecord import FORMAT, SCHEMA_VERSION, RunRecord
+from stepscope.history.schema import SiteRecord, StepBlockRecord
 
 
 def check_resume_facts(parent: RunRecord, descriptor: dict[str, Any], run: RunRecord) -> None:
@@ -207,7 +202,7 @@ def lock_writer(path: Path) -> int | None:
     there is no ``fcntl`` (not POSIX: no lock, documented).
     """
     try:
-        import fcntl
+        import fcntl  # lazy: POSIX only (no lock elsewhere)
     except ImportError:  # pragma: no cover - not on POSIX: no lock, documented
         return None
     # read-only: flock needs no write access, and a read-only remount is not blocked by it

@@ -16,7 +16,7 @@ import numpy as np
 
 from stepscope.errors import Refusal
 from stepscope.history.frames import series_frame, series_text
-from stepscope.history.schema import Presence
+from stepscope.history.vocab import Presence
 from stepscope.stats import Histogram, HistogramDescriptor
 
 __all__ = ["HistogramSeries", "Series", "check_steps"]

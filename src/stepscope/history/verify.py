@@ -20,6 +20,7 @@ import numpy as np
 from stepscope.errors import Refusal
 from stepscope.history.files import MAX_DECLARED, check_dir, check_name, read_regular
 from stepscope.history.layout import COUNT_DTYPES, TABLES
+from stepscope.history.vocab import Phase, Presence, StepProvenance, Stream, Tristate
 from stepscope.stats.layout import REDUCTION_DTYPES
 
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
@@ -90,7 +91,6 @@ def check_codes(
     enum codes, site / scalar-name / disclosure ids and reduction dtypes. (Spine counts are
     checked where they become ints: :func:`stepscope.history.decode.records_from_rows`.)
     """
-    from stepscope.history.vocab import Phase, Presence, StepProvenance, Stream, Tristate
 
     def need(ok: np.ndarray | bool, what: str) -> None:
         if not np.all(ok):
@@ -177,8 +177,6 @@ def check_chunk(rows: np.ndarray, row: dict[str, Any], f: dict[str, Any]) -> Non
     increasing steps; an observation or histogram chunk holds only its entry's stream and sites
     within its ``site_lo..site_hi``. (The bytes' sha256 is checked before this.)
     """
-    from stepscope.history.vocab import Stream
-
     name = f["name"]
     if not len(rows):
         return

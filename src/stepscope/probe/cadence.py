@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from stepscope.budget import densest_cadence
+from stepscope.probe.sink import probe_scalar_rows
 
 if TYPE_CHECKING:
     from stepscope.probe.dense import DenseProbe
@@ -168,8 +169,6 @@ class ProbeTimings:
 
 
 def _rows_only(record: Any) -> Any:
-    from stepscope.probe.sink import probe_scalar_rows
-
     return probe_scalar_rows(record)
 
 

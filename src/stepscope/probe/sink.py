@@ -44,6 +44,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from stepscope.errors import Refusal
+from stepscope.events import Axes, EventSource, ScalarEvent, UnavailableEvent
+from stepscope.history.files import atomic_write_json
 from stepscope.probe.recorder import ProbeRecord
 
 if TYPE_CHECKING:
@@ -85,8 +87,6 @@ def probe_identity(record: ProbeRecord) -> dict[str, Any]:
 
 
 def _persist_identity(directory: Path, record: ProbeRecord) -> dict[str, Any]:
-    from stepscope.history.files import atomic_write_json
-
     identity = probe_identity(record)
     path = directory / IDENTITY_FILE
     if path.exists():
@@ -115,8 +115,6 @@ def probe_events(record: ProbeRecord) -> list[ObserverEvent]:
     Defined numbers become ``scalar`` events named like the rows; undefined ones (``None``)
     become ``unavailable`` events whose reason is ``undefined_or_absent`` (see the validity rows).
     """
-    from stepscope.events import Axes, EventSource, ScalarEvent, UnavailableEvent
-
     step = record.step
     axes = Axes(step.optimizer_step, step.examples_seen, step.epoch)
     probe = EventSource.PROBE

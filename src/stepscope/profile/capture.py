@@ -8,8 +8,8 @@ Example
 -------
 >>> import torch, stepscope as ss
 >>> result = ss.kernel_profile(torch.nn.Linear(4, 2), torch.randn(3, 4))
->>> [row.key for row in result.hot_path(by="cpu_time", top=3)]  # op names differ by machine  # doctest: +SKIP
-['aten::addmm', 'aten::linear', 'aten::t']
+>>> "aten::addmm" in {row.key for row in result.hot_path(by="cpu_time", top=3)}
+True
 """
 
 from __future__ import annotations
@@ -24,11 +24,11 @@ import torch
 
 from stepscope.errors import Refusal
 from stepscope.profile import compat
-from stepscope.profile.accounting import INTERNAL_PREFIX
 from stepscope.profile.kineto import join_events
 from stepscope.profile.results import ProfileResult, availability_of
 from stepscope.profile.session import session
 from stepscope.profile.trace import MAX_TRACE_BYTES, read_chrome_trace
+from stepscope.transfer import INTERNAL_PREFIX
 
 
 def _synchronize(args: tuple[Any, ...]) -> None:
@@ -127,9 +127,16 @@ def load_trace(path: str | os.PathLike[str], *, max_bytes: int = MAX_TRACE_BYTES
 
     Examples
     --------
-    >>> import stepscope as ss
-    >>> r = ss.profile.load_trace("trace.json.gz")  # needs a saved trace  # doctest: +SKIP
-    >>> r.hot_path(by="device_time", top=5)  # needs a saved trace  # doctest: +SKIP
+    >>> import tempfile, torch, stepscope as ss
+    >>> path = tempfile.mkdtemp() + "/trace.json"
+    >>> with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+    ...     _ = torch.nn.Linear(4, 2)(torch.randn(3, 4))
+    >>> prof.export_chrome_trace(path)
+    >>> r = ss.profile.load_trace(path)
+    >>> r.availability.value  # a CPU-only trace: no device events to join
+    'unavailable'
+    >>> "aten::addmm" in {row.key for row in r.hot_path(by="cpu_time", top=5)}
+    True
     """
     source = Path(path)
     loaded = read_chrome_trace(source, max_bytes=max_bytes)

@@ -17,6 +17,7 @@ import argparse
 import json
 
 from stepscope.profile.capture import load_trace
+from stepscope.profile.draw import draw
 from stepscope.profile.results import Availability
 
 EPILOG = """\
@@ -37,8 +38,6 @@ def _run(args: argparse.Namespace) -> int:
         joined = result.availability in (Availability.PARTIAL, Availability.JOINED)
         by = "device_time" if joined else "cpu_time"
     if args.draw:
-        from stepscope.profile.draw import draw
-
         draw(result, args.draw, color_by=by, size_by=by)
     if args.json:
         rows = result.hot_path(by=by, top=args.top)

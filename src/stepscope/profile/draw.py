@@ -182,10 +182,10 @@ def draw(
         )
     tree = call_tree(result)
     require_extra("matplotlib", "report", "stepscope.draw")
-    from matplotlib import colormaps
-    from matplotlib.cm import ScalarMappable
-    from matplotlib.colors import Normalize
-    from matplotlib.figure import Figure
+    from matplotlib import colormaps  # lazy: optional extra
+    from matplotlib.cm import ScalarMappable  # lazy: optional extra
+    from matplotlib.colors import Normalize  # lazy: optional extra
+    from matplotlib.figure import Figure  # lazy: optional extra
 
     total = tree.inclusive[size_m]
     boxes: list[tuple[CallNode, float, float]] = []  # node, x0, width (fractions of the root)
@@ -266,7 +266,7 @@ def draw(
             raise Refusal(
                 "profile_view_invalid", f"draw writes .svg or .png, not {out.name!r}.", []
             )
-        import matplotlib
+        import matplotlib  # lazy: optional extra
 
         buf = io.BytesIO()
         with matplotlib.rc_context({"svg.fonttype": "none"}):  # SVG labels stay real text
@@ -276,6 +276,6 @@ def draw(
 
 
 def _rect(xy: tuple[float, float], w: float, h: float, color: Any, edge: str) -> Any:
-    from matplotlib.patches import Rectangle
+    from matplotlib.patches import Rectangle  # lazy: optional extra
 
     return Rectangle(xy, w, h, facecolor=color, edgecolor=edge, linewidth=0.6)

@@ -200,9 +200,9 @@ class ProfileResult:
         --------
         >>> import torch, stepscope as ss
         >>> r = ss.kernel_profile(torch.nn.Linear(4, 2), torch.randn(3, 4))
-        >>> print(r.table(by="cpu_time", top=2))  # op names and timings differ by machine  # doctest: +SKIP
-        op                          calls  cpu self us cpu total us  dev self us dev total us  share
-        aten::addmm                     1         41.0         52.3          n/a          n/a  38.2%
+        >>> print(r.table(by="cpu_time", top=2))  # op names and timings differ by machine
+        op...calls  cpu self us cpu total us  dev self us dev total us...share
+        aten::...
         ...
         """
         rows = self.hot_path(by=by, top=top)

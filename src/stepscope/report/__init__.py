@@ -2,9 +2,15 @@
 
 Example
 -------
+>>> import tempfile
+>>> from stepscope.history import HistoryWriter
+>>> run = tempfile.mkdtemp() + "/a"
+>>> with HistoryWriter(run) as w:  # a tiny run: three training-loss scalars
+...     for step in range(3):
+...         w.write_scalar("loss", step, 1.0 / (step + 1))
 >>> import stepscope.report as rep
->>> rep.render_report(["runs/a"], "report.html")  # needs recorded runs  # doctest: +SKIP
-PosixPath('report.html')
+>>> rep.render_report([run], run + "/report.html").name
+'report.html'
 """
 
 from stepscope.report.histplot import histogram_plot

@@ -5,6 +5,9 @@ from __future__ import annotations
 import argparse
 
 from stepscope.errors import Refusal
+from stepscope.history.discover import runs_at
+from stepscope.progress import progress_bar
+from stepscope.report.html import render_report
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -45,10 +48,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _main(args: argparse.Namespace) -> int:
-    from stepscope.history.discover import runs_at
-    from stepscope.progress import progress_bar
-    from stepscope.report.html import render_report
-
     endpoints = None
     if args.endpoints:
         try:

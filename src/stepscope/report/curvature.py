@@ -8,9 +8,13 @@ stated. These are offline checkpoint diagnostics, never conflated with the probe
 
 Example
 -------
+>>> import tempfile
 >>> from pathlib import Path
->>> find_curvature_files(Path("runs/a"))  # needs recorded runs  # doctest: +SKIP
-[PosixPath('runs/a/curvature/curvature-000.json')]
+>>> run = Path(tempfile.mkdtemp())
+>>> (run / "curvature").mkdir()
+>>> _ = (run / "curvature" / "curvature-000.json").write_text("{}")
+>>> [p.name for p in find_curvature_files(run)]
+['curvature-000.json']
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ from typing import Any
 import numpy as np
 
 from stepscope.errors import Refusal
+from stepscope.history.files import read_regular  # regular file, bounded, no link followed
+from stepscope.report import data as D
 from stepscope.report.model import (
     Section,
     Table,
@@ -57,8 +63,6 @@ def _epoch_of(name: str) -> int:
 
 def load_checkpoint(path: Path) -> dict[str, Any]:
     """Read one curvature JSON; refuses ``report_input_invalid`` if it is not a panel file."""
-    from stepscope.history.files import read_regular  # regular file, bounded, no link followed
-
     try:
         doc = json.loads(read_regular(path, "curvature panel", max_bytes=64 << 20).decode())
     except (OSError, ValueError, RecursionError) as exc:
@@ -291,8 +295,7 @@ def precision_table(r: Run, docs: list[dict[str, Any]]) -> Table:
     ``probe_cross_entropy_mean`` / ``probe_accuracy_fraction``. A descriptive precision
     comparison of the same probe (sha256 shown), not a requirement of bitwise equality.
     """
-    from stepscope.probe.sink import read_probe_identity
-    from stepscope.report import data as D
+    from stepscope.probe.sink import read_probe_identity  # lazy: probe.sink imports torch
 
     identity = read_probe_identity(r.path) or {}
     rows: list[list[str]] = []

@@ -211,7 +211,7 @@ def curves_section(
 def _same_probe(members: list[Run]) -> bool:
     """Whether the runs' persisted probe identities agree (runs without ``probe.json`` — written
     before identities were persisted — are not held against it)."""
-    from stepscope.probe.sink import read_probe_identity
+    from stepscope.probe.sink import read_probe_identity  # lazy: probe.sink imports torch
 
     found = {(read_probe_identity(r.path) or {}).get("sha256") for r in members} - {None}
     return len(found) <= 1

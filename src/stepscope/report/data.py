@@ -16,10 +16,18 @@ Scalar-row conventions the report recognises (see ``docs/report.md``):
 
 Example
 -------
->>> import stepscope as ss
->>> h = ss.open_run("runs/demo")  # needs a recorded run in runs/demo  # doctest: +SKIP
->>> m = layer_quantities(h)["gradient_l2"]  # needs a recorded run in runs/demo  # doctest: +SKIP
->>> m.values.shape == (len(m.sites), len(m.steps))  # needs a recorded run in runs/demo  # doctest: +SKIP
+>>> import tempfile, torch, stepscope as ss
+>>> from stepscope import open_run
+>>> model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+>>> opt = torch.optim.SGD(model.parameters(), lr=0.1)
+>>> settings = ss.WatchSettings(output_dir=tempfile.mkdtemp() + "/a")
+>>> with ss.HistoryCollector(model, sites="Linear", settings=settings) as c:  # 3 recorded steps
+...     for _ in range(3):
+...         with c.step(opt, examples=16):
+...             loss = model(torch.randn(16, 4)).pow(2).mean()
+...             opt.zero_grad(); loss.backward(); opt.step()
+>>> m = layer_quantities(open_run(c.run_dir))["gradient_l2"]
+>>> m.values.shape == (len(m.sites), len(m.steps))
 True
 """
 
@@ -34,6 +42,7 @@ import numpy as np
 
 from stepscope.history.batch import OBSERVED
 from stepscope.history.reader import HistoryReader
+from stepscope.runlog.sink import read_eval_log
 from stepscope.stats import SPECIAL_FIELDS, SPINE_FIELDS
 
 _F = {name: i for i, name in enumerate(SPINE_FIELDS)}
@@ -326,7 +335,6 @@ def endpoint_steps(reader: HistoryReader, split: str) -> np.ndarray | None:
     """Steps of ``split``'s evaluations declared ``endpoint`` (``None``: no ``evals.log``)."""
     if not (reader.path / "evals.log").exists():
         return None
-    from stepscope.runlog.sink import read_eval_log
 
     steps = [r.optimizer_step for r in read_eval_log(reader) if r.split == split and r.endpoint]
     return np.unique(np.array(steps, dtype=np.int64))

@@ -6,9 +6,15 @@ accuracy would hide it.
 
 Example
 -------
+>>> import tempfile
 >>> from stepscope import open_run
->>> runs = [open_run("runs/a")]  # needs recorded runs  # doctest: +SKIP
->>> endpoints_section(runs, default_endpoints(runs)).key  # needs recorded runs  # doctest: +SKIP
+>>> from stepscope.history import HistoryWriter
+>>> run = tempfile.mkdtemp() + "/a"
+>>> with HistoryWriter(run) as w:  # a tiny run: three training-loss scalars
+...     for step in range(3):
+...         w.write_scalar("loss", step, 1.0 / (step + 1))
+>>> runs = [open_run(run)]
+>>> endpoints_section(runs, default_endpoints(runs)).key
 'endpoints'
 """
 
@@ -17,6 +23,7 @@ from __future__ import annotations
 import numpy as np
 
 from stepscope.report import data as D
+from stepscope.report.curves import PROBE_ACC, PROBE_CE
 from stepscope.report.model import (
     Note,
     Section,
@@ -28,7 +35,6 @@ from stepscope.report.model import (
     run_label,
 )
 from stepscope.report.plots import bar_plot, matrix_plot
-from stepscope.report.sections import PROBE_ACC, PROBE_CE
 from stepscope.run import Run
 
 
@@ -62,7 +68,7 @@ def endpoints_section(runs: list[Run], endpoints: list[int], every_seed: bool = 
     Open: the gap at the last endpoint; folded: the gap at every endpoint, then class counts and
     confusion matrices (one run per recipe unless ``every_seed``).
     """
-    from stepscope.probe.sink import read_probe_confusion
+    from stepscope.probe.sink import read_probe_confusion  # lazy: probe.sink imports torch
 
     sec = Section("endpoints", "Generalisation gap, predicted classes and confusion at endpoints")
     rows: list[list[str]] = []

@@ -7,9 +7,15 @@ them (each figure keeps its own x-axis line).
 
 Example
 -------
+>>> import tempfile
+>>> from stepscope.history import HistoryWriter
+>>> run = tempfile.mkdtemp() + "/a"
+>>> with HistoryWriter(run) as w:  # a tiny run: three training-loss scalars
+...     for step in range(3):
+...         w.write_scalar("loss", step, 1.0 / (step + 1))
 >>> from stepscope.report import render_report
->>> render_report(["runs/a", "runs/b"], "report.html")  # needs recorded runs  # doctest: +SKIP
-PosixPath('report.html')
+>>> render_report([run], run + "/report.html").name
+'report.html'
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from pathlib import Path
 
 from stepscope.errors import Refusal
 from stepscope.report.curvature import curvature_section
+from stepscope.report.curves import curves_section
 from stepscope.report.endpoints import default_endpoints, endpoints_section
 from stepscope.report.figure import PNG_SCALE
 from stepscope.report.model import NO_DATA, Item, Note, Section, Table, recipe_of, run_label
@@ -33,7 +40,6 @@ from stepscope.report.plots import Plot
 from stepscope.report.record import record_section
 from stepscope.report.sections import (
     branch_section,
-    curves_section,
     histograms_section,
     layers_section,
     moments_section,
@@ -282,8 +288,14 @@ def render_report(
 
     Examples
     --------
-    >>> render_report(["runs/demo"], "report.html", endpoints=[0, 99])  # needs recorded runs  # doctest: +SKIP
-    PosixPath('report.html')
+    >>> import tempfile
+    >>> from stepscope.history import HistoryWriter
+    >>> run = tempfile.mkdtemp() + "/a"
+    >>> with HistoryWriter(run) as w:  # a tiny run: three training-loss scalars
+    ...     for step in range(3):
+    ...         w.write_scalar("loss", step, 1.0 / (step + 1))
+    >>> render_report([run], run + "/report.html", endpoints=[0, 2]).name
+    'report.html'
     """
     if not runs:
         raise Refusal("report_input_invalid", "no runs were given.", ["pass at least one RUN"])

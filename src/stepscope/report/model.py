@@ -19,6 +19,7 @@ False
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 from stepscope.report.plots import Plot
@@ -148,6 +149,5 @@ def fmt_unix(seconds: float | None) -> str:
     """
     if not seconds:
         return "not recorded"
-    import time
 
     return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(seconds))

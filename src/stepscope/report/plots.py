@@ -37,13 +37,12 @@ from stepscope.report.figure import (
     FIG_WIDTH,
     FONT,
     MIN_FONT,
-    PNG_SCALE,
     encode_png,
     new_figure,
     style,
 )
 
-__all__ = ["LOG_DECADES", "MIN_FONT", "PNG_SCALE", "Plot", "Trace", "line_plot"]
+__all__ = ["LOG_DECADES", "Plot", "Trace", "line_plot"]
 
 _GAP_NOTE = "hatched = not observed (a gap, never a zero)"
 #: A log axis shows at most this many decades below its largest value.

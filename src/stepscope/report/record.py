@@ -6,9 +6,15 @@ seconds and their ``overhead_fraction``, :mod:`stepscope.runlog`), else from the
 
 Example
 -------
+>>> import tempfile
 >>> from stepscope import open_run
->>> record_section([open_run("runs/a")]).items[0].title  # needs recorded runs  # doctest: +SKIP
-'run record · a'
+>>> from stepscope.history import HistoryWriter
+>>> run = tempfile.mkdtemp() + "/a"
+>>> with HistoryWriter(run) as w:  # a tiny run: three training-loss scalars
+...     for step in range(3):
+...         w.write_scalar("loss", step, 1.0 / (step + 1))
+>>> record_section([open_run(run)]).details[0].title
+'run record · ...'
 """
 
 from __future__ import annotations
@@ -17,8 +23,10 @@ import json
 import os
 from typing import Any
 
+from stepscope.history.files import read_json  # the one safe reader: regular, bounded
 from stepscope.report.model import Item, Section, Table, fmt, fmt_unix, no_data, run_label
 from stepscope.run import Run
+from stepscope.runlog.sink import read_summary
 
 #: Keys of ``RunRecord.extra`` that may hold measured overhead (first found is shown).
 OVERHEAD_KEYS = ("measurements", "overhead", "measured_overhead")
@@ -87,7 +95,6 @@ def _telemetry_accounting(r: Run) -> Item | None:
     path = r.path / "telemetry.json"
     if not os.path.lexists(path):
         return None
-    from stepscope.history.files import read_json  # the one safe reader: regular, bounded
 
     doc = read_json(path, "telemetry record", max_bytes=1 << 20)
     rows: list[list[str]] = []
@@ -125,7 +132,6 @@ def _runlog_summary(r: Run) -> dict[str, Any] | None:
     """The clocks' summary (training/telemetry/elapsed seconds, overhead fraction), if written."""
     if not (r.path / "runlog.json").exists():
         return None
-    from stepscope.runlog.sink import read_summary
 
     summary = read_summary(r.path)
     return summary if isinstance(summary, dict) else None

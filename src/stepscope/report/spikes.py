@@ -9,8 +9,14 @@ collector's cadence. A run without a recorder, or where nothing fired, gets a no
 
 Example
 -------
+>>> import tempfile
 >>> from stepscope import open_run
->>> spikes_section([open_run("runs/a")]).key  # needs recorded runs  # doctest: +SKIP
+>>> from stepscope.history import HistoryWriter
+>>> run = tempfile.mkdtemp() + "/a"
+>>> with HistoryWriter(run) as w:  # a tiny run: three training-loss scalars
+...     for step in range(3):
+...         w.write_scalar("loss", step, 1.0 / (step + 1))
+>>> spikes_section([open_run(run)]).key
 'spikes'
 """
 

@@ -10,8 +10,9 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from stepscope.history.commits import EVAL_LOG
     from stepscope.runlog.clocks import ClockKind, ClockRow, StepClock
-    from stepscope.runlog.evals import EVAL_LOG, EvalRecord, check_count
+    from stepscope.runlog.evals import EvalRecord, check_count
     from stepscope.runlog.masks import withhold_inactive
     from stepscope.runlog.names import (
         CLOCK_ELAPSED,
@@ -23,13 +24,7 @@ if TYPE_CHECKING:
         branch_scalar,
     )
     from stepscope.runlog.pending import BranchActivity, Drained, PendingStep
-    from stepscope.runlog.runlog import (
-        RunLog,
-        clock_scalars,
-        make_eval,
-        write_clock_rows,
-        write_eval,
-    )
+    from stepscope.runlog.runlog import RunLog, clock_scalars, write_clock_rows
     from stepscope.runlog.sink import (
         DiskSink,
         MemorySink,
@@ -38,6 +33,7 @@ if TYPE_CHECKING:
         read_summary,
         write_summary,
     )
+    from stepscope.runlog.userlog import make_eval, write_eval
     from stepscope.runlog.view import BranchSeries, Clocks, ScalarSeries
 
 #: public name -> the module that defines it
@@ -45,7 +41,7 @@ _WHERE: dict[str, str] = {
     "ClockKind": "stepscope.runlog.clocks",
     "ClockRow": "stepscope.runlog.clocks",
     "StepClock": "stepscope.runlog.clocks",
-    "EVAL_LOG": "stepscope.runlog.evals",
+    "EVAL_LOG": "stepscope.history.commits",
     "EvalRecord": "stepscope.runlog.evals",
     "check_count": "stepscope.runlog.evals",
     "withhold_inactive": "stepscope.runlog.masks",
@@ -61,9 +57,9 @@ _WHERE: dict[str, str] = {
     "PendingStep": "stepscope.runlog.pending",
     "RunLog": "stepscope.runlog.runlog",
     "clock_scalars": "stepscope.runlog.runlog",
-    "make_eval": "stepscope.runlog.runlog",
+    "make_eval": "stepscope.runlog.userlog",
     "write_clock_rows": "stepscope.runlog.runlog",
-    "write_eval": "stepscope.runlog.runlog",
+    "write_eval": "stepscope.runlog.userlog",
     "DiskSink": "stepscope.runlog.sink",
     "MemorySink": "stepscope.runlog.sink",
     "StepSink": "stepscope.runlog.sink",

@@ -36,7 +36,6 @@ import numpy as np
 from stepscope.codec import float_from_json, json_float
 from stepscope.errors import Refusal
 from stepscope.history.inputs import natural_or_none
-from stepscope.history.reader import EVAL_LOG as EVAL_LOG  # the artifact names the file
 from stepscope.runlog.names import HASH_WIDTH, METRIC_WIDTH, SPLIT_WIDTH, check_label
 
 CONFUSION_METRIC = "confusion"

@@ -34,7 +34,7 @@ import numpy as np
 
 from stepscope.history import ObservationBatch, Presence, SiteRecord
 from stepscope.history.batch import code_of
-from stepscope.history.schema import GRADIENT_STREAMS
+from stepscope.history.vocab import GRADIENT_STREAMS
 
 NOT_SCHEDULED = code_of(Presence.NOT_SCHEDULED)
 

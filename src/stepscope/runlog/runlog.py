@@ -50,7 +50,7 @@ from stepscope.runlog.clocks import ClockRow, StepClock
 from stepscope.runlog.names import CLOCK_ELAPSED, CLOCK_TELEMETRY, CLOCK_TRAINING
 from stepscope.runlog.pending import PendingStep
 from stepscope.runlog.sink import DiskSink, MemorySink, StepSink, write_summary
-from stepscope.runlog.userlog import UserLog, make_eval, write_eval  # noqa: F401  (re-exported)
+from stepscope.runlog.userlog import UserLog
 from stepscope.runlog.view import RunView
 
 _UNKNOWN_TRUTH = StepTruth()  # frozen: one shared record

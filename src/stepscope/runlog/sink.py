@@ -38,8 +38,16 @@ import numpy as np
 
 from stepscope.errors import Refusal
 from stepscope.history import StepBlockRecord
+from stepscope.history.commits import EVAL_LOG
+from stepscope.history.files import (
+    append_log_row,
+    atomic_write_json,
+    json_sha256,
+    log_extent,
+    read_json,
+)
 from stepscope.history.layout import SCALAR_DTYPE
-from stepscope.runlog.evals import EVAL_LOG, EvalRecord
+from stepscope.runlog.evals import EvalRecord
 
 SUMMARY_FILE = "runlog.json"
 
@@ -113,15 +121,11 @@ class DiskSink(StepSink):
 
     def _rows_before(self) -> int:
         if self._next_n is None:
-            from stepscope.history.files import log_extent
-
             self._next_n = log_extent(self.path / EVAL_LOG)["rows"]
         return self._next_n
 
     def flush(self) -> int:
         """Append the kept-back evaluation lines in order; returns how many are still unwritten."""
-        from stepscope.history.files import append_log_row
-
         while self.unwritten:
             try:
                 row = {**self.unwritten[0], "n": self._rows_before()}  # its position: gaps show
@@ -244,7 +248,6 @@ def write_summary(directory: str | os.PathLike[str] | None, summary: dict[str, A
     """
     if directory is None:
         return
-    from stepscope.history.files import atomic_write_json, json_sha256
 
     body = {k: v for k, v in summary.items() if k != "sha256"}
     atomic_write_json(Path(directory) / SUMMARY_FILE, {**body, "sha256": json_sha256(body)})
@@ -260,7 +263,6 @@ def read_summary(directory: str | os.PathLike[str]) -> dict[str, Any] | None:
     path = Path(directory) / SUMMARY_FILE
     if not os.path.lexists(path):
         return None
-    from stepscope.history.files import json_sha256, read_json
 
     summary = read_json(path, "run-log summary", max_bytes=1 << 20)
     claimed = summary.pop("sha256", None)

@@ -33,6 +33,7 @@ from stepscope.runlog.names import (
     branch_scalar,
     parse_branch_scalar,
 )
+from stepscope.runlog.sink import read_eval_log, read_summary
 
 
 @dataclass(frozen=True)
@@ -102,8 +103,6 @@ class RunView:
     """
 
     def __init__(self, source: Any) -> None:
-        from stepscope.runlog.sink import read_eval_log, read_summary
-
         if hasattr(source, "scalar_rows"):
             self._blocks = source.step_blocks()
             self._scalars, self._names = source.scalar_rows()

@@ -21,11 +21,11 @@ from stepscope.stats.spine import RunningStats
 from stepscope.stats.text import render_histogram, render_spine
 
 if TYPE_CHECKING:  # what the lazy table below resolves to, spelled out for type checkers
+    from stepscope.stats.binning import reduce_histograms as reduce_histograms
     from stepscope.stats.protocol import BUILTIN_STATS as BUILTIN_STATS
     from stepscope.stats.protocol import StreamingStat as StreamingStat
     from stepscope.stats.protocol import aggregate as aggregate
     from stepscope.stats.reduce import merge_spine_rows as merge_spine_rows
-    from stepscope.stats.reduce import reduce_histograms as reduce_histograms
     from stepscope.stats.reduce import reduce_spines as reduce_spines
     from stepscope.stats.reduce import spines_into as spines_into
     from stepscope.stats.spinerow import spine_and_histogram_into as spine_and_histogram_into
@@ -38,7 +38,7 @@ _LAZY: dict[str, str] = {
     "aggregate": "stepscope.stats.protocol",
     # numpy rows and torch rows (stepscope.stats.layout.merge_spine_rows is the numpy-only one)
     "merge_spine_rows": "stepscope.stats.reduce",
-    "reduce_histograms": "stepscope.stats.reduce",
+    "reduce_histograms": "stepscope.stats.binning",
     "reduce_spines": "stepscope.stats.reduce",
     "spine_and_histogram_into": "stepscope.stats.spinerow",
     "spine_into": "stepscope.stats.spinerow",

@@ -62,8 +62,8 @@ def disable(exc: BaseException) -> None:
 @functools.lru_cache(maxsize=2)
 def _kernel(interpret: bool):
     """Build the kernel (``interpret`` keys the cache: Triton reads the flag at decoration)."""
-    import triton
-    import triton.language as tl
+    import triton  # lazy: optional extra
+    import triton.language as tl  # lazy: optional extra
 
     @triton.jit
     def spine_hist(

@@ -126,7 +126,7 @@ class Histogram:
     def update(self, tensor: torch.Tensor) -> None:
         """Count every element of ``tensor`` (in place)."""
         # imported here, not above: the value class loads without torch (history decodes into it)
-        from stepscope.stats.binning import reduce_histograms
+        from stepscope.stats.binning import reduce_histograms  # lazy: binning imports torch
 
         row = reduce_histograms([tensor], self.descriptor)[0].cpu().numpy()
         self._add_vector(row)

@@ -11,13 +11,13 @@ C kernel is unavailable, a pure-torch path computes the same quantities with dev
 ``.item()``, no data-dependent shapes). Both paths are exact for every count and histogram bin.
 The row layout (:data:`SPINE_FIELDS`, :data:`SPINE_WIDTH`, ...) and the numpy merge live in the
 torch-free :mod:`stepscope.stats.layout`, one tensor's row written in place (:func:`spine_into`,
-:func:`spine_and_histogram_into`, the kernel dispatch) in :mod:`stepscope.stats.spinerow`; they
-are re-exported here.
+:func:`spine_and_histogram_into`, the kernel dispatch) in :mod:`stepscope.stats.spinerow`.
 
 Example
 -------
 >>> import torch
->>> from stepscope.stats.reduce import reduce_spines, SPINE_FIELDS
+>>> from stepscope.stats.layout import SPINE_FIELDS
+>>> from stepscope.stats.reduce import reduce_spines
 >>> rows = reduce_spines([torch.tensor([1.0, -2.0, float("nan")]), torch.zeros(4)])
 >>> dict(zip(SPINE_FIELDS, rows[0].tolist()))["nan"], rows[1, 2].item()
 (1.0, 4.0)
@@ -34,42 +34,21 @@ import torch
 from stepscope.errors import Refusal
 from stepscope.stats import _native
 from stepscope.stats._backend import F32, F64, native_library, prepare
-from stepscope.stats.binning import format_for, reduce_histograms, slot_tables
+from stepscope.stats.binning import format_for, slot_tables
 from stepscope.stats.descriptor import HistogramDescriptor
-from stepscope.stats.layout import (
-    COUNT_FIELDS,
-    FIELD_INDEX,
-    FLOAT_FIELDS,
-    N_COUNTS,
-    REDUCTION_DTYPE,
-    SPINE_FIELDS,
-    SPINE_WIDTH,
-    merge_rows_with,
-)
+from stepscope.stats.layout import SPINE_WIDTH, merge_rows_with
 from stepscope.stats.layout import merge_spine_rows as merge_numpy_rows
 from stepscope.stats.spinerow import (
     _device_spine,
-    native_spine_kernels,
     spine_and_histogram_into,
     spine_into,
 )
 
-__all__ = [  # the layout and single-row names stay importable from here (older imports)
-    "COUNT_FIELDS",
-    "FIELD_INDEX",
-    "FLOAT_FIELDS",
-    "N_COUNTS",
-    "REDUCTION_DTYPE",
-    "SPINE_FIELDS",
-    "SPINE_WIDTH",
+__all__ = [
     "host_spine",
     "merge_spine_into",
     "merge_spine_rows",
-    "native_spine_kernels",
-    "reduce_histograms",
     "reduce_spines",
-    "spine_and_histogram_into",
-    "spine_into",
     "spines_into",
 ]
 
@@ -281,6 +260,7 @@ def merge_spine_into(row: torch.Tensor, part: torch.Tensor, backend: str = "auto
     Examples
     --------
     >>> import torch
+    >>> from stepscope.stats.layout import SPINE_FIELDS
     >>> a = reduce_spines([torch.tensor([1.0, 2.0])])[0]
     >>> merge_spine_into(a, reduce_spines([torch.tensor([3.0])])[0])
     >>> a[0].item(), a[SPINE_FIELDS.index("mean")].item()

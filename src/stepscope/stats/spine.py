@@ -48,7 +48,7 @@ from stepscope.stats.layout import (
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["COUNT_FIELDS", "FLOAT_FIELDS", "RunningStats"]
+__all__ = ["RunningStats"]
 
 
 def _exact(value: int) -> int | float:
@@ -169,7 +169,7 @@ class RunningStats:
     def update(self, tensor: torch.Tensor) -> None:
         """Fold every element of ``tensor`` into the spine (in place)."""
         # imported here, not above: the value class loads without torch (history decodes into it)
-        from stepscope.stats.reduce import host_spine
+        from stepscope.stats.reduce import host_spine  # lazy: reduce imports torch
 
         row, int_extremes = host_spine(tensor)
         part = RunningStats.from_vector(row, reduction_dtype=self.reduction_dtype)

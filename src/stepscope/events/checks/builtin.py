@@ -33,7 +33,7 @@ from typing import TypeGuard
 from stepscope.events.checks.base import Check, CheckAction, Finding
 from stepscope.events.convert import SpineScalar
 from stepscope.events.event import EventSource, ObserverEvent, ScalarEvent, UnavailableEvent
-from stepscope.history.schema import Phase, Stream
+from stepscope.history.vocab import Phase, Stream
 
 __all__ = ["GradientNormCheck", "NonFiniteCheck", "UpdateRatioCheck", "ZeroFractionCheck"]
 

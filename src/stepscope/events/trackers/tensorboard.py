@@ -86,8 +86,8 @@ def use_fast_record_checksums() -> bool:
     event files are byte-identical; only the time changes. Idempotent.
     """
     try:
-        import crc32c
-        from tensorboard.summary.writer import record_writer
+        import crc32c  # lazy: optional extra
+        from tensorboard.summary.writer import record_writer  # lazy: optional extra
     except ImportError:
         return False
     if getattr(record_writer.masked_crc32c, "stepscope_fast", False):
