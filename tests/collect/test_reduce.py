@@ -9,6 +9,7 @@ import torch
 from stepscope.collect.sites import SiteRow
 from stepscope.collect.staging import Reducer
 from stepscope.collect.step import StepState
+from stepscope.collect.write import host_copy
 from stepscope.stats import SPINE_FIELDS, HistogramDescriptor
 
 CPU = torch.device("cpu")
@@ -24,7 +25,7 @@ def _rows(n: int) -> list[SiteRow]:
 
 
 def _spine(reducer: Reducer, row: int) -> dict[str, float]:
-    spines, _ = reducer.to_host(False)[CPU]
+    spines, _ = host_copy(reducer.stagings, False)[CPU]
     return dict(zip(SPINE_FIELDS, spines[row].tolist()))
 
 
@@ -138,7 +139,7 @@ def _stage(pairs, monkeypatch=None, native=True):
             "stepscope.collect.staging.Staging._native_many", lambda *a, **k: False
         )
     reducer.reduce_many("parameter", pairs)
-    spines, _ = reducer.to_host(False)[CPU]
+    spines, _ = host_copy(reducer.stagings, False)[CPU]
     return spines, reducer.stagings[CPU].fired.copy(), state
 
 
@@ -180,7 +181,7 @@ def test_tensors_the_one_call_cannot_take_go_row_by_row_with_the_same_numbers(mo
         state = _state()
         reducer = Reducer(2, HistogramDescriptor(), "auto", lambda state=state: state)
         reducer.reduce_many("parameter", pairs)
-        spines, _ = reducer.to_host(False)[CPU]
+        spines, _ = host_copy(reducer.stagings, False)[CPU]
         assert reducer.stagings[CPU].fired.tolist() == [1, 1], name
         sparse = odd.layout is torch.sparse_coo  # its stored values are reduced (disclosed)
         want = _oracle(odd.coalesce().values() if sparse else odd)

@@ -3,9 +3,10 @@
 Preallocated per-device staging buffers: one row per (stream, site), one host copy per phase.
 
 Hooks write fixed-width reduction rows into a buffer that lives on the observed tensors' device;
-nothing leaves the device until :meth:`Staging.to_host` copies the whole buffer at the step
-boundary. The number of host transfers per step is therefore independent of the number of sites
-(a test counts calls of :func:`stepscope.transfer.to_host`, the one copy every layer uses).
+nothing leaves the device until the step boundary copies the whole buffer
+(:func:`stepscope.collect.write.host_copy`). The number of host transfers per step is therefore
+independent of the number of sites (a test counts calls of :func:`stepscope.transfer.to_host`,
+the one copy every layer uses).
 
 Reductions: a hooked tensor becomes a staged row, and telemetry never raises.
 
@@ -68,7 +69,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from stepscope import transfer
 from stepscope.collect.distributed import local_part
 from stepscope.collect.sites import SiteRow
 from stepscope.collect.step import StepState
@@ -254,12 +254,6 @@ class Staging:
             spines_into(tensors, self.spines, rows, self.backend)
         self.fired[rows] += 1
 
-    def to_host(self, with_histograms: bool) -> tuple[np.ndarray, np.ndarray | None]:
-        """Copy the spine buffer (and the histogram buffer on histogram steps) to the host."""
-        spines = transfer.to_host(self.spines)  # looked up at each call (tests patch it)
-        hist = transfer.to_host(self.hist) if with_histograms and self.hist_fired.any() else None
-        return spines, hist
-
 
 def by_device(pairs: list[tuple[int, torch.Tensor]]) -> dict[torch.device, tuple[list, list]]:
     """Group ``(row, tensor)`` pairs by the tensor's device (detached), in order."""
@@ -315,12 +309,6 @@ class Reducer:
         """Empty every buffer (a step begins)."""
         for st in self.stagings.values():
             st.reset()
-
-    def to_host(
-        self, with_histograms: bool
-    ) -> dict[torch.device, tuple[np.ndarray, np.ndarray | None]]:
-        """Every buffer's rows on the host: one copy per buffer (and per histogram buffer)."""
-        return {dev: st.to_host(with_histograms) for dev, st in self.stagings.items()}
 
     def reduce(self, row: SiteRow, tensor: torch.Tensor) -> None:
         """Reduce ``tensor`` into ``row`` when the row's stream is due this step.

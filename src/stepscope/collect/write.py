@@ -58,11 +58,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from stepscope import transfer
 from stepscope.collect.activations import ActivationSites
 from stepscope.collect.cadence import Cadence, WarmupMeter
 from stepscope.collect.settings import WatchSettings
 from stepscope.collect.sites import SiteCatalog, SiteRow
-from stepscope.collect.staging import Reducer
+from stepscope.collect.staging import Reducer, Staging
 from stepscope.collect.step import StepState, as_scale, scale_grad_of
 from stepscope.errors import Refusal
 from stepscope.events.convert import events_from_step
@@ -187,7 +188,7 @@ class StepBoundary:
         self.sites.register_not_run(state)  # never ran so far: recorded site_absent
         hist_step = any(state.hist_due.values())
         any_due = any(state.spine_due.values())  # nothing due: no copy at all this step
-        host = self.reducer.to_host(hist_step) if any_due else {}
+        host = host_copy(self.reducer.stagings, hist_step) if any_due else {}
         # nothing logged this step (the common case): nothing to drain
         drained = self.pending.drain(state.step) if self.pending else NOTHING_LOGGED
         scalars = dict(drained.scalars)
@@ -300,6 +301,21 @@ class StepBoundary:
 
 
 # ------------------------------------------------------------------ (batch assembly)
+def host_copy(
+    stagings: Mapping[Any, Staging], with_histograms: bool
+) -> dict[Any, tuple[np.ndarray, np.ndarray | None]]:
+    """Every staging buffer's rows on the host: one copy of its spine buffer (and of its
+    histogram buffer on histogram steps when a histogram row fired), through
+    :func:`stepscope.transfer.to_host`, the one copy every layer uses (looked up at each call:
+    tests count it)."""
+    out = {}
+    for dev, st in stagings.items():
+        spines = transfer.to_host(st.spines)
+        hist = transfer.to_host(st.hist) if with_histograms and st.hist_fired.any() else None
+        out[dev] = (spines, hist)
+    return out
+
+
 def step_truth(
     state: StepState,
     scaler: Any,
