@@ -5,12 +5,8 @@ Replays a history artifact through the same converter and trackers used during t
 
 Example
 -------
->>> import tempfile
->>> from stepscope.history import HistoryWriter
->>> run = tempfile.mkdtemp() + "/a"
->>> with HistoryWriter(run) as w:  # a tiny run: three training-loss scalars
-...     for step in range(3):
-...         w.write_scalar("loss", step, 1.0 / (step + 1))
+>>> from stepscope.history.sample import sample_run
+>>> run = sample_run()  # a tiny run: three training-loss scalars
 >>> from stepscope.cli import main
 >>> main(["export", run, "--jsonl", run + ".jsonl"])
 exported run a (id ...): 3 steps, 3 events (scalar 3)

@@ -19,12 +19,8 @@ scalar logged at a step without a step block gets a block with unknown ``example
 
 Example
 -------
->>> import tempfile
->>> from stepscope.history import HistoryWriter
->>> run = tempfile.mkdtemp() + "/a"
->>> with HistoryWriter(run) as w:  # a tiny run: three training-loss scalars
-...     for step in range(3):
-...         w.write_scalar("loss", step, 1.0 / (step + 1))
+>>> from stepscope.history.sample import sample_run
+>>> run = sample_run()  # a tiny run: three training-loss scalars
 >>> report = export_run(run, jsonl=run + ".jsonl")
 >>> report.steps, report.axis  # no step blocks were written: the x-axis is every row's step
 (3, 'all')

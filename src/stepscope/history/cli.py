@@ -2,12 +2,8 @@
 
 Example
 -------
->>> import tempfile
->>> from stepscope.history import HistoryWriter
->>> run = tempfile.mkdtemp() + "/a"
->>> with HistoryWriter(run) as w:  # a tiny run: three training-loss scalars
-...     for step in range(3):
-...         w.write_scalar("loss", step, 1.0 / (step + 1))
+>>> from stepscope.history.sample import sample_run
+>>> run = sample_run()  # a tiny run: three training-loss scalars
 >>> from stepscope.cli import main
 >>> main(["verify", run])
 ok: 2 chunks, ... checked in 1 commits

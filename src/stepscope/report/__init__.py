@@ -2,12 +2,8 @@
 
 Example
 -------
->>> import tempfile
->>> from stepscope.history import HistoryWriter
->>> run = tempfile.mkdtemp() + "/a"
->>> with HistoryWriter(run) as w:  # a tiny run: three training-loss scalars
-...     for step in range(3):
-...         w.write_scalar("loss", step, 1.0 / (step + 1))
+>>> from stepscope.history.sample import sample_run
+>>> run = sample_run()  # a tiny run: three training-loss scalars
 >>> import stepscope.report as rep
 >>> rep.render_report([run], run + "/report.html").name
 'report.html'

@@ -7,12 +7,8 @@ them (each figure keeps its own x-axis line).
 
 Example
 -------
->>> import tempfile
->>> from stepscope.history import HistoryWriter
->>> run = tempfile.mkdtemp() + "/a"
->>> with HistoryWriter(run) as w:  # a tiny run: three training-loss scalars
-...     for step in range(3):
-...         w.write_scalar("loss", step, 1.0 / (step + 1))
+>>> from stepscope.history.sample import sample_run
+>>> run = sample_run()  # a tiny run: three training-loss scalars
 >>> from stepscope.report import render_report
 >>> render_report([run], run + "/report.html").name
 'report.html'
@@ -288,12 +284,8 @@ def render_report(
 
     Examples
     --------
-    >>> import tempfile
-    >>> from stepscope.history import HistoryWriter
-    >>> run = tempfile.mkdtemp() + "/a"
-    >>> with HistoryWriter(run) as w:  # a tiny run: three training-loss scalars
-    ...     for step in range(3):
-    ...         w.write_scalar("loss", step, 1.0 / (step + 1))
+    >>> from stepscope.history.sample import sample_run
+    >>> run = sample_run()  # a tiny run: three training-loss scalars
     >>> render_report([run], run + "/report.html", endpoints=[0, 2]).name
     'report.html'
     """

@@ -6,13 +6,9 @@ seconds and their ``overhead_fraction``, :mod:`stepscope.runlog`), else from the
 
 Example
 -------
->>> import tempfile
 >>> from stepscope import open_run
->>> from stepscope.history import HistoryWriter
->>> run = tempfile.mkdtemp() + "/a"
->>> with HistoryWriter(run) as w:  # a tiny run: three training-loss scalars
-...     for step in range(3):
-...         w.write_scalar("loss", step, 1.0 / (step + 1))
+>>> from stepscope.history.sample import sample_run
+>>> run = sample_run()  # a tiny run: three training-loss scalars
 >>> record_section([open_run(run)]).details[0].title
 'run record · ...'
 """

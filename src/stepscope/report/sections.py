@@ -8,13 +8,9 @@ curves section (:func:`~stepscope.report.curves.curves_section`,
 
 Example
 -------
->>> import tempfile
 >>> from stepscope import open_run
->>> from stepscope.history import HistoryWriter
->>> run = tempfile.mkdtemp() + "/a"
->>> with HistoryWriter(run) as w:  # a tiny run: three training-loss scalars
-...     for step in range(3):
-...         w.write_scalar("loss", step, 1.0 / (step + 1))
+>>> from stepscope.history.sample import sample_run
+>>> run = sample_run()  # a tiny run: three training-loss scalars
 >>> runs = [open_run(run)]
 >>> branch_section(runs).items[0].text  # no branch/<b>/<q> rows were recorded
 'no data recorded: branch activity ...'

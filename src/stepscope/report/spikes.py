@@ -9,13 +9,9 @@ collector's cadence. A run without a recorder, or where nothing fired, gets a no
 
 Example
 -------
->>> import tempfile
 >>> from stepscope import open_run
->>> from stepscope.history import HistoryWriter
->>> run = tempfile.mkdtemp() + "/a"
->>> with HistoryWriter(run) as w:  # a tiny run: three training-loss scalars
-...     for step in range(3):
-...         w.write_scalar("loss", step, 1.0 / (step + 1))
+>>> from stepscope.history.sample import sample_run
+>>> run = sample_run()  # a tiny run: three training-loss scalars
 >>> spikes_section([open_run(run)]).key
 'spikes'
 """
