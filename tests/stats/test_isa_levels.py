@@ -6,7 +6,8 @@ another machine picks (a fresh clone's suite once failed on an AVX2-only CPU: th
 histogram path and the per-tensor path gave different float sums on the v3 clone). Here
 ``STEPSCOPE_KERNEL_ISA`` builds each level this CPU can run, and in a child process per level
 
-- the kernels' own equivalence tests (fused vs per-tensor, C vs pure torch) pass, and
+- the kernels' own equivalence tests (fused vs per-tensor, C vs pure torch) and the collector's
+  boundary equivalence test (fast and plain step boundaries store the same bytes) pass, and
 - the spines and histograms of adversarial tensors hash to the same bytes on every level with
   FMA (x86-64-v3, x86-64-v4: the same fixed lanes, the same fused multiply-adds) as the
   dispatching (packaged) library's; the baseline clone, which has no FMA, differs from them only
@@ -100,7 +101,13 @@ def test_every_fma_level_hashes_to_the_dispatching_librarys_bytes(tmp_path):
 
 def test_the_kernels_equivalence_and_accuracy_tests_pass_on_every_level(tmp_path):
     levels = _levels()
-    files = ["tests/stats/test_multitensor.py", "tests/stats/test_exactness.py"]
+    # and the collector's fast and plain step boundaries store the same bytes (the test that
+    # once failed on an AVX2-only CPU: the native many-row and per-row paths on the v3 clone)
+    files = [
+        "tests/stats/test_multitensor.py",
+        "tests/stats/test_exactness.py",
+        "tests/collect/test_boundary_equivalence.py",
+    ]
     for level in levels[:-1]:  # the top one is what the packaged library runs in this suite
         done = _run(
             ["-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *files], _env(tmp_path, level)

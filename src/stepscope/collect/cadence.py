@@ -56,6 +56,7 @@ import statistics
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 import torch
@@ -148,7 +149,8 @@ class DueTable:
 
     With int cadences the pattern repeats every ``lcm`` of the periods, so each residue is
     computed once (at most :attr:`MAX_PERIOD` of them); a predicate cadence is asked at every
-    step. :meth:`at` returns fresh dicts, equal to asking each :class:`Cadence`.
+    step. :meth:`at` returns dicts equal to asking each :class:`Cadence`; with int cadences they
+    are shared, read-only, between the steps of one residue (a quiet step builds nothing).
 
     >>> cadences = {"activation": Cadence(10, 100), "gradient": Cadence(5, 0)}
     >>> table = DueTable(cadences, ("activation", "gradient"))
@@ -168,24 +170,25 @@ class DueTable:
         fixed = periods and not any(callable(v) for v in schedules)
         period = math.lcm(*periods) if fixed else 0
         self.period = period if 0 < period <= self.MAX_PERIOD else 0
-        self._seen: dict[int, tuple[dict[str, bool], dict[str, bool]]] = {}
+        self._seen: dict[int, tuple[Mapping[str, bool], Mapping[str, bool]]] = {}
 
     def matches(self, cadences: Mapping[str, Cadence]) -> bool:
         """Whether this table answers for ``cadences`` (the same, or equal, cadences)."""
         return tuple(map(cadences.get, self.streams)) == self.values
 
-    def _ask(self, step: int) -> tuple[dict[str, bool], dict[str, bool]]:
+    def _ask(self, step: int) -> tuple[Mapping[str, bool], Mapping[str, bool]]:
         spine = {s: c.spine_due(step) for s, c in self.cadences}
-        return spine, {s: c.histogram_due(step) for s, c in self.cadences}
+        hist = {s: c.histogram_due(step) for s, c in self.cadences}
+        return MappingProxyType(spine), MappingProxyType(hist)
 
-    def at(self, step: int) -> tuple[dict[str, bool], dict[str, bool]]:
+    def at(self, step: int) -> tuple[Mapping[str, bool], Mapping[str, bool]]:
         """``(spine_due, hist_due)`` by stream at ``step``."""
         if not self.period:
             return self._ask(step)
         seen = self._seen.get(step % self.period)
         if seen is None:
             seen = self._seen[step % self.period] = self._ask(step)
-        return dict(seen[0]), dict(seen[1])
+        return seen
 
 
 def resolve_cadence(

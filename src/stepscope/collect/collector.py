@@ -352,6 +352,9 @@ class HistoryCollector(UserLog):
         )
         due = state.spine_due
         state.activations_quiet = not (due.get("activation") or due.get("activation_grad"))
+        state.optimizer_quiet = not (
+            due.get("gradient") or due.get("parameter") or due.get("update")
+        )
         # model surgery is looked for before steps that record rows: a step with nothing due
         # records none, so a change is found (and its site ended) at the next step with some
         any_due = any(due.values())  # histogram steps are spine steps
@@ -402,16 +405,20 @@ class HistoryCollector(UserLog):
         """
         t_enter = time.perf_counter()
         self._check_open()
-        examples, epoch = check_count(examples, "examples"), check_count(epoch, "epoch")
+        if examples.__class__ is not int or examples < 0:  # (a plain count: checked at once)
+            examples = check_count(examples, "examples")
+        if epoch is not None:
+            epoch = check_count(epoch, "epoch")
         if self._open.in_transaction:
             raise Refusal(
                 "step_transaction_nested", "a step transaction is already open", ["close it first"]
             )
         given: Any = [] if optimizer is None else optimizer
         opts = list(given) if isinstance(given, (list, tuple)) else [given]
-        self._misuse.check_optimizers(opts, self.streams)
-        self._steps.open_transaction(opts)
-        self._flight_optimizers()
+        if not self._steps.same_transaction(opts):  # new optimizers: checked and watched once
+            self._misuse.check_optimizers(opts, self.streams)
+            self._steps.open_transaction(opts)
+            self._flight_optimizers()
         state = self._current()
         if not state.structure_checked:
             self._check_structure()

@@ -246,7 +246,9 @@ class OptimizerWatch:
 
     def refresh(self) -> None:
         """Recompute ownership when the optimizer's parameter list changed (add_param_group)."""
-        count = sum(len(g["params"]) for g in self.optimizer.param_groups)
+        count = 0
+        for g in self.optimizer.param_groups:  # (a loop: every step's hooks ask)
+            count += len(g["params"])
         if count == self._owned_count:
             return
         self._owned_count = count
@@ -313,6 +315,7 @@ class OptimizerSteps:
         self.reducer = reducer
         self.explicit_only = explicit_only  # bare optimizer steps are not steps
         self.stray_step: int | None = None  # a bare optimizer step after explicit ones
+        self._last_opened: tuple[Any, ...] | None = None  # the last transaction's optimizers
         self.watches: dict[int, OptimizerWatch] = {}
         self.updates = UpdateSampler(reducer.backend)
         self.implicit: ImplicitIterations | None = None  # the implicit spelling's iterations
@@ -361,7 +364,7 @@ class OptimizerSteps:
     def remove(self) -> None:
         """Remove every hook (idempotent)."""
         implicit, watches = self.implicit, self.watches
-        self.implicit, self.watches = None, {}
+        self.implicit, self.watches, self._last_opened = None, {}, None
         if implicit is not None:
             implicit.remove()
         for watch in watches.values():
@@ -382,6 +385,22 @@ class OptimizerSteps:
         self.explicit_only = True
         for opt in optimizers:
             self.attach(opt)
+        self._last_opened = tuple(optimizers)
+
+    def same_transaction(self, optimizers: Sequence[Any]) -> bool:
+        """Whether ``optimizers`` are exactly those of the last :meth:`open_transaction` (then
+        it opened this transaction already: nothing new to check or watch, no stray step).
+
+        Every step of a training loop passes the same optimizer: its transaction costs a
+        comparison. A stray bare step in between makes this ``False`` (the next
+        :meth:`open_transaction` refuses it)."""
+        last = self._last_opened
+        if last is None or self.stray_step is not None or len(last) != len(optimizers):
+            return False
+        for a, b in zip(last, optimizers):
+            if a is not b:
+                return False
+        return True
 
     def close_transaction(self, scaler: Any, state: StepState) -> None:
         """A transaction body ended: read the rows of parameters no optimizer stepped
@@ -406,6 +425,18 @@ class OptimizerSteps:
         if state is None or self._outside_transaction():
             return None
         t0, charged = time.perf_counter(), state.telemetry_s
+        if (
+            state.optimizer_quiet
+            and closure is None
+            and not state.optimizer_steps
+            and len(self.watches) == 1
+        ):  # a quiet step's only optimizer step: nothing is read, the scaling is noted
+            state.optimizer_steps[id(watch)] = 1
+            if not state.grads_taken:
+                self.take_gradients(watch.owned("gradient"), self._scale_status())
+            state.hook_calls += 1
+            state.hook_s += time.perf_counter() - t0
+            return None
         try:
             return self._pre_step(state, watch, closure)
         finally:  # the hook's own Python, beyond the reductions it charged (auto cadence)
@@ -566,10 +597,11 @@ class OptimizerSteps:
         if state is None or "gradient" not in self.streams:
             return
         if not state.spine_due["gradient"]:  # nothing is read; the step's scaling is still noted
-            if not state.grads_taken and any(
-                r.param is not None and r.param.grad is not None for r in rows
-            ):
-                state.grads_taken, state.scale_grad = True, phase_scale
+            if not state.grads_taken:
+                for r in rows:
+                    if r.param is not None and r.param.grad is not None:
+                        state.grads_taken, state.scale_grad = True, phase_scale
+                        break
             return
         pairs = []
         for row in rows:

@@ -41,7 +41,7 @@ Example
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -58,8 +58,8 @@ class StepState:
     """What the current step has seen so far (host-side bookkeeping only)."""
 
     step: int
-    spine_due: dict[str, bool]
-    hist_due: dict[str, bool]
+    spine_due: Mapping[str, bool]  # read-only: shared by the steps of one cadence residue
+    hist_due: Mapping[str, bool]
     explicit: bool = False
     stepped: bool = False
     grads_taken: bool = False
@@ -74,6 +74,7 @@ class StepState:
     carried_s: float = 0.0  # the previous step's write/commit/publish, charged to this step
     stream_s: dict[str, float] = field(default_factory=dict)  # reduction seconds per stream
     activations_quiet: bool = False  # neither activation stream is due: hooks return at once
+    optimizer_quiet: bool = False  # no gradient, parameter or update spine is due
     hook_s: float = 0.0  # seconds inside the collector's hooks not charged as telemetry
     hook_calls: int = 0  # module and optimizer hook calls (each also pays torch's dispatch)
     unsupported: dict[int, str] = field(default_factory=dict)  # row index -> reason

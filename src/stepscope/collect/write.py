@@ -53,7 +53,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -115,9 +115,8 @@ PHASE: dict[str, Phase] = {
 NOTHING_LOGGED = Drained()
 
 
-@dataclass(frozen=True)
-class WrittenStep:
-    """What :meth:`StepBoundary.write` wrote for one step."""
+class WrittenStep(NamedTuple):
+    """What :meth:`StepBoundary.write` wrote for one step (a tuple: built at every step)."""
 
     block: StepBlockRecord
     batches: list[ObservationBatch]
@@ -191,10 +190,10 @@ class StepBoundary:
         host = host_copy(self.reducer.stagings, hist_step) if any_due else {}
         # nothing logged this step (the common case): nothing to drain
         drained = self.pending.drain(state.step) if self.pending else NOTHING_LOGGED
-        scalars = dict(drained.scalars)
-        inactive = {a.name for a in drained.activity if not a.ran}
+        scalars = dict(drained.scalars) if drained.scalars else {}
         batches: list[ObservationBatch] = []
         if any_due:  # nothing due: no batch (none is assembled)
+            inactive = {a.name for a in drained.activity if not a.ran}
             batches = assemble_batches(
                 state,
                 self.streams,
@@ -208,13 +207,13 @@ class StepBoundary:
             batches = withhold_inactive(batches, self.store.catalog.sites, inactive)
         if examples_seen is not None:  # None: unknown since a resume (never restarted at 0)
             examples_seen += state.examples or 0
-        block = StepBlockRecord(
-            optimizer_step=state.step,
-            examples_seen=examples_seen if state.examples is not None else None,
-            epoch=state.epoch,
-            provenance=provenance,
-            truth=step_truth(state, scaler, provenance, optimizer_known, self._truths),
-            wall_time=time.time(),
+        block = StepBlockRecord.trusted(
+            state.step,
+            examples_seen if state.examples is not None else None,
+            state.epoch,
+            provenance,
+            step_truth(state, scaler, provenance, optimizer_known, self._truths),
+            time.time(),
         )
         # clocks before the write: a host-clock row travels in the block's scalars (and live
         # events); the write and publish count in the next step's telemetry
@@ -245,11 +244,11 @@ class StepBoundary:
             )
             cadences = self.meter.cadences
             scalars = {**scalars, **rows}
-        late = [r for r in clock_rows if r.step != state.step]  # CUDA: resolved late
         self.sink.write_step(block, batches, scalars)
         for name, at, value in drained.dated:  # logged for other steps
             self.sink.write_scalar(name, at, value)
-        write_clock_rows(self.sink, late)
+        if len(clock_rows) != len(own):  # CUDA: rows of earlier steps resolved late
+            write_clock_rows(self.sink, [r for r in clock_rows if r.step != state.step])
         return WrittenStep(
             block,
             batches,
@@ -291,12 +290,15 @@ class StepBoundary:
 
         ``merged``: rank 0 of a live merge publishes the ranks' merged rows instead of its own.
         """
+        bus = self.settings.event_bus
+        active = bus is not None and bus.active
+        if self.live is None and not active:  # no subscriber (the default): nothing to build
+            return
         sites, descriptor = self.store.catalog.sites, self.settings.descriptor
         block, batches = merged or (written.block, written.batches)
         if self.live is not None:  # queued for the streaming thread; never waits
             self.live.submit(block, batches, sites, descriptor, written.scalars)
-        bus = self.settings.event_bus
-        if bus is not None and bus.active:
+        if bus is not None and active:
             bus.publish(events_from_step(block, batches, sites, descriptor, written.scalars))
 
 

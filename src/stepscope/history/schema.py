@@ -175,6 +175,35 @@ class StepBlockRecord:
         if not isinstance(self.truth, StepTruth):
             raise Refusal("history_write_invalid", f"truth {self.truth!r} is not a StepTruth.")
 
+    @classmethod
+    def trusted(
+        cls,
+        optimizer_step: int,
+        examples_seen: int | None,
+        epoch: int | None,
+        provenance: StepProvenance,
+        truth: StepTruth,
+        wall_time: float,
+    ) -> StepBlockRecord:
+        """A block from a producer whose every field is already of its checked kind (the
+        collector's step boundary: counts checked where the user gave them, an enum, a
+        :class:`StepTruth`, ``time.time()``), built without re-checking them (every step).
+
+        >>> b = StepBlockRecord.trusted(3, 48, None, StepProvenance.EXPLICIT, StepTruth(), 1.0)
+        >>> b == StepBlockRecord(3, 48, None, StepProvenance.EXPLICIT, StepTruth(), 1.0)
+        True
+        """
+        block = object.__new__(cls)
+        block.__dict__.update(
+            optimizer_step=optimizer_step,
+            examples_seen=examples_seen,
+            epoch=epoch,
+            provenance=provenance,
+            truth=truth,
+            wall_time=wall_time,
+        )
+        return block
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe dictionary."""
         return {
