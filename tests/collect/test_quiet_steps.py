@@ -18,7 +18,7 @@ import torch
 import stepscope as ss
 
 #: stepscope functions one quiet step may call (108 before the trim, 78 after it)
-QUIET_CALL_BUDGET = 80
+QUIET_CALL_BUDGET = 78
 
 
 def _mlp(pairs: int, width: int) -> torch.nn.Module:
