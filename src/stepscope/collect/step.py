@@ -53,7 +53,7 @@ __all__ = ["OpenStep", "TelemetryWindow"]
 # ------------------------------------------------------------------ (stepstate)
 
 
-@dataclass
+@dataclass(slots=True)
 class StepState:
     """What the current step has seen so far (host-side bookkeeping only)."""
 

@@ -184,7 +184,8 @@ class StepBoundary:
         """Write the step of ``state``; ``started`` is ``perf_counter()`` when its boundary began
         (the boundary's own seconds are telemetry) and ``examples_seen`` the count before it."""
         in_window = state.telemetry_s - state.window_from
-        self.sites.register_not_run(state)  # never ran so far: recorded site_absent
+        if self.sites.compiled or not state.activations_quiet:  # (else nothing to register)
+            self.sites.register_not_run(state)  # never ran so far: recorded site_absent
         hist_step = any(state.hist_due.values())
         any_due = any(state.spine_due.values())  # nothing due: no copy at all this step
         host = host_copy(self.reducer.stagings, hist_step) if any_due else {}

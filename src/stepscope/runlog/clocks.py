@@ -47,7 +47,7 @@ import enum
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -59,9 +59,9 @@ class ClockKind(str, enum.Enum):
     CUDA_EVENT = "cuda_event"
 
 
-@dataclass(frozen=True)
-class ClockRow:
-    """The clocks of one step (seconds): this step's, and cumulative at its end."""
+class ClockRow(NamedTuple):
+    """The clocks of one step (seconds): this step's, and cumulative at its end (a tuple:
+    one is made at every step)."""
 
     step: int
     training_seconds: float  # this step
@@ -71,7 +71,7 @@ class ClockRow:
     elapsed_seconds: float  # since the run started, at the end of this step
 
 
-@dataclass
+@dataclass(slots=True)
 class _Open:
     step: int
     host_start: float
