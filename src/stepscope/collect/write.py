@@ -666,6 +666,7 @@ def open_store(
             commit_seconds=s.commit_seconds,
             durable=s.durable,
             ring=ring,
+            background=s.background_writer,
         )
     except Refusal as err:
         if err.code != "history_run_exists":
