@@ -175,6 +175,8 @@ class WatchSettings:
         step is not waited for: its block and scalars are kept, its cells recorded
         ``budget_dropped`` disclosed ``writer_behind`` (``collector.close_report.behind_steps``).
         Interpreter exit flushes (``atexit``); see ``docs/history.md``, "Background writer".
+        With a ``flight_recorder`` the commits stay on the training thread (the recorder saves
+        its window at each commit it sees there).
     extra
         JSON-safe fields copied into the run record.
     output_keys
