@@ -111,7 +111,11 @@ def _reader_output(path) -> dict:
             if k in rows.dtype.names
         ]
         rows = rows[np.lexsort([*keys, rows["step"]])]
-        out[f"table:{table}"] = (str(rows.dtype), len(rows), rows.tobytes())  # NaN spines compare as bytes
+        out[f"table:{table}"] = (
+            str(rows.dtype),
+            len(rows),
+            rows.tobytes(),
+        )  # NaN spines compare as bytes
     assert h.verify().ok
     return out
 
