@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 import stepscope as ss
 from stepscope.errors import Refusal
@@ -358,3 +359,65 @@ def test_interpreter_exit_without_close_flushes_every_step(tmp_path):
         assert h.scalars("x").values.tolist() == [float(s) for s in range(40)]
         np.testing.assert_array_equal(h.series("s1", "activation", "sum").values, range(40))
         assert h.verify().ok and h.sealed  # closed by the exit hook: its log is sealed
+
+
+def _train(settings, n_steps: int = 8, calls: list | None = None):
+    """Train a small model ``n_steps`` steps; returns the closed collector and the names of the
+    threads its creation started. ``calls`` gets ``"train"`` / ``"close"`` marks."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    before = set(threading.enumerate())
+    c = ss.HistoryCollector(model, cadence=1, settings=settings)
+    started = {t.name for t in set(threading.enumerate()) - before}
+    if calls is not None:
+        calls.append("train")  # the artifact is created: what follows is the training loop
+    for _ in range(n_steps):
+        with c.step(opt, examples=2):
+            model(torch.randn(2, 4)).square().mean().backward()
+            opt.step()
+            opt.zero_grad()
+            c.log("loss", 1.0)
+    if calls is not None:
+        calls.append("close")
+    c.close()
+    return c, started
+
+
+def test_the_collector_writes_through_the_background_writer_by_default(tmp_path, monkeypatch):
+    assert ss.WatchSettings().background_writer is True
+    with pytest.raises(TypeError, match="background_writer"):
+        ss.WatchSettings(background_writer="yes")
+    calls: list = []
+    real = os.fsync
+
+    def fsync(fd):
+        calls.append(threading.current_thread().name)
+        return real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    path = tmp_path / "run"
+    settings = ss.WatchSettings(output_dir=str(path), commit_steps=2, commit_seconds=None)
+    c, started = _train(settings, calls=calls)
+    monkeypatch.undo()
+    assert started == {WRITER_THREAD} and c.writer.background
+    assert c.close_report.ok and c.close_report.behind_steps == 0
+    during = calls[calls.index("train") + 1 : calls.index("close")]
+    assert set(during) <= {WRITER_THREAD}  # no fsync on the training thread
+    after = calls[calls.index("close") + 1 :]
+    assert WRITER_THREAD in during + after  # the commits' fsyncs: on the writer thread
+    h = ss.open_run(path)
+    assert h.steps.tolist() == list(range(8)) and h.scalars("loss").values.tolist() == [1.0] * 8
+
+
+def test_the_collector_commits_on_the_training_thread_when_asked(tmp_path):
+    off = ss.WatchSettings(output_dir=str(tmp_path / "off"), background_writer=False)
+    c, started = _train(off)
+    assert WRITER_THREAD not in started and not c.writer.background
+    recorder = ss.WatchSettings(
+        output_dir=str(tmp_path / "fr"), flight_recorder=ss.FlightRecorder(window=8)
+    )
+    c, started = _train(recorder)  # its window is saved at the commits it sees
+    assert WRITER_THREAD not in started and not c.writer.background
+    for name in ("off", "fr"):
+        assert ss.open_run(tmp_path / name).steps.tolist() == list(range(8))

@@ -149,9 +149,9 @@ class DiskSink(StepSink):
         disk fault.
 
         Returns the writer's :class:`~stepscope.history.artifact.CloseReport`
-        (``uncommitted_steps``, ``dropped_steps``, ``faults``), with an evaluation line that
-        could not be written counted in ``faults``. ``runlog.json`` is a convenience: failing to
-        write it is ignored.
+        (``uncommitted_steps``, ``dropped_steps``, ``behind_steps``, ``faults``), with an
+        evaluation line that could not be written counted in ``faults``. ``runlog.json`` is a
+        convenience: failing to write it is ignored.
         """
         try:
             self.flush()  # never raises a fault (kept back and counted); the writer closes anyway
