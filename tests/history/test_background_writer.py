@@ -421,3 +421,30 @@ def test_the_collector_commits_on_the_training_thread_when_asked(tmp_path):
     assert WRITER_THREAD not in started and not c.writer.background
     for name in ("off", "fr"):
         assert ss.open_run(tmp_path / name).steps.tolist() == list(range(8))
+
+
+def _growing(path, background: bool) -> None:
+    """Every step registers a new site and a new disclosure set while the thread commits."""
+    w = HistoryWriter(path, commit_steps=1, commit_seconds=None, background=background)
+    ids = []
+    for step in range(40):
+        ids.append(w.register_site(f"grown{step}", "torch.nn.Linear", f"f32[{step + 1}]"))
+        b = ObservationBatch.observed(
+            "activation", "forward", ids, _spines(step, len(ids)), disclosures=(f"note{step}",)
+        )
+        scalars = {"loss": float(step), f"scalar{step % 7}": float(step)}
+        w.write_step(StepBlockRecord(step), [b], scalars=scalars)
+        w.write_scalar("lr", step, 0.5)
+    assert w.close().ok
+
+
+def test_sites_registered_while_the_thread_writes_the_catalog_are_all_cataloged(tmp_path):
+    for mode in (False, True):
+        _growing(tmp_path / f"bg{mode}", mode)
+    bg, sync = ss.open_run(tmp_path / "bgTrue"), ss.open_run(tmp_path / "bgFalse")
+    assert bg.verify().ok  # every index row's catalog names its sites and disclosure sets
+    assert [s.name for s in bg.sites] == [s.name for s in sync.sites]
+    assert bg.disclosures == sync.disclosures
+    assert _reader_output(tmp_path / "bgTrue") == _reader_output(tmp_path / "bgFalse")
+    last = bg.series("grown39", "activation", "sum")
+    assert last.steps.tolist() == [39]
