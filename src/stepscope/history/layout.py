@@ -175,7 +175,17 @@ def encode_batch(
 
 
 def check_histogram_width(batch: ObservationBatch, hist_dtype: np.dtype) -> None:
-    """Refuse ``sketch_descriptor_mismatch`` for histogram rows of another width than the run's."""
+    """Refuse ``sketch_descriptor_mismatch`` for histogram rows of another width than the run's.
+
+    >>> import numpy as np
+    >>> b = ObservationBatch.observed("activation", "forward", [0], np.zeros((1, 15)),
+    ...     hist_rows=[0], histograms=np.zeros((1, 8), np.int64))
+    >>> check_histogram_width(b, histogram_dtype(8))  # the run's width: nothing to say
+    >>> check_histogram_width(b, histogram_dtype(16))
+    Traceback (most recent call last):
+    ...
+    stepscope.errors.RefusalInputError: [sketch_descriptor_mismatch] histogram rows have width 8, ...
+    """
     if batch.histograms is None or batch.n_histograms == 0:
         return
     if batch.histograms.shape[1] != hist_dtype["counts"].shape[0]:

@@ -113,7 +113,16 @@ DROPPED = code_of(Presence.BUDGET_DROPPED)
 
 def drop_payloads(obs: np.ndarray, sel: np.ndarray, disclosure: int) -> None:
     """Turn the observation rows ``sel`` into ``budget_dropped`` rows disclosed ``disclosure``
-    (spine NaN, no reduction dtype; their key and ``scale_grad`` are kept), in place."""
+    (spine NaN, no reduction dtype; their key and ``scale_grad`` are kept), in place.
+
+    >>> from stepscope.history.layout import observation_dtype
+    >>> rows = np.zeros(3, observation_dtype(15))
+    >>> drop_payloads(rows, np.array([False, True, True]), disclosure=4)
+    >>> (rows["presence"] == DROPPED).tolist(), rows["disclosure"].tolist()
+    ([False, True, True], [0, 4, 4])
+    >>> bool(np.isnan(rows["spine"][1:]).all())
+    True
+    """
     obs["presence"][sel] = DROPPED
     obs["spine"][sel] = np.nan
     obs["disclosure"][sel] = disclosure
@@ -141,7 +150,14 @@ class PendingRows:
 
     def add_dropped(self, stream: str, obs: np.ndarray, step: int, disclosure: int) -> None:
         """Keep one encoded batch of ``step`` as ``budget_dropped`` rows with ``disclosure``
-        (a step counted elsewhere: :meth:`drop_oldest_payloads` does not count it again)."""
+        (a step counted elsewhere: :meth:`drop_oldest_payloads` does not count it again).
+
+        >>> from stepscope.history.layout import observation_dtype
+        >>> p = PendingRows()
+        >>> p.add_dropped("activation", np.zeros(2, observation_dtype(15)), step=7, disclosure=0)
+        >>> p.obs["activation"][0]["presence"].tolist() == [DROPPED] * 2, p.dropped_seen
+        (True, {7})
+        """
         drop_payloads(obs, np.ones(len(obs), bool), disclosure)
         self.add(stream, obs, None)
         self.dropped_seen.add(step)
