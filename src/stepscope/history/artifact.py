@@ -268,6 +268,7 @@ class HistoryWriter(SiteTable):
         self._last_commit = time.monotonic()
         self._fault_lock = threading.Lock()
         self._unwarned: list[Refusal] = []  # faults to warn about on the caller's thread
+        self._thread_error: BaseException | None = None  # raised on the writer thread, unreported
         self._thread: threading.Thread | None = None
         if background:
             self._start_thread()
@@ -627,8 +628,6 @@ class HistoryWriter(SiteTable):
         self._thread = threading.Thread(target=self._run, name=WRITER_THREAD, daemon=True)
         self._thread.start()
         _OPEN.add(self)
-
-    _thread_error: BaseException | None = None  # raised by the writer thread, not yet reported
 
     def _enqueue(self, item: _Queued) -> None:
         with self._cond:
