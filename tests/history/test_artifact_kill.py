@@ -11,6 +11,8 @@ import pytest
 
 from stepscope import open_run
 from stepscope.history import HistoryWriter, ObservationBatch, StepBlockRecord
+from stepscope.history.batch import code_of
+from stepscope.history.vocab import Presence
 
 N_SITES = 4
 TRIALS = 30
@@ -172,4 +174,69 @@ def test_sigkill_during_recovery_after_a_disk_fault_leaves_a_committed_prefix(tm
         assert w2.committed_step == (steps[-1] if steps else None)
         w2.close()
         assert open_run(path).steps.tolist() == steps
+    assert len(lengths) > 3, lengths
+
+
+BACKGROUND_TRIALS = 12
+
+
+def _background_child(path, commit_steps, fd):
+    """Like ``_child`` with the background writer: reports ``committed_step`` as it advances
+    (the writer thread commits; ``write_step`` only queues)."""
+    w = HistoryWriter(path, commit_steps=commit_steps, commit_seconds=None, background=True)
+    ids = [w.register_site(f"s{i}", "t", "sig") for i in range(N_SITES)]
+    os.write(fd, struct.pack("<q", -1))  # ready
+    reported = None
+    for step in range(100_000):
+        b = ObservationBatch.observed("activation", "forward", ids, _spines(step))
+        w.write_step(StepBlockRecord(step), [b], scalars={"x": float(step)})
+        committed = w.committed_step  # set by the thread once the commit is durable
+        if committed is not None and committed != reported:
+            os.write(fd, struct.pack("<q", committed))
+            reported = committed
+        time.sleep(0.0005)  # a training step's worth of time: the thread mostly keeps up
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_sigkill_of_a_background_writer_keeps_every_step_it_reported_committed(tmp_path):
+    ctx = multiprocessing.get_context("fork")
+    rng = np.random.default_rng(20261203)
+    lengths = set()
+    for trial in range(BACKGROUND_TRIALS):
+        path = tmp_path / f"run{trial}"
+        commit_steps = int(rng.integers(1, 6))
+        r, w = os.pipe()
+        proc = ctx.Process(target=_background_child, args=(path, commit_steps, w), daemon=True)
+        proc.start()
+        os.close(w)
+        assert os.read(r, 8) == struct.pack("<q", -1)
+        time.sleep(float(rng.uniform(0.0, 0.4)))
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.join()
+        os.set_blocking(r, False)
+        committed = _reported(r)
+        os.close(r)
+
+        h = open_run(path)
+        assert h.verify().ok
+        steps = h.steps.tolist()
+        assert steps == list(range(len(steps)))  # a prefix
+        assert committed == sorted(committed)
+        assert len(steps) - 1 >= (committed[-1] if committed else -1)  # nothing reported is lost
+        if steps:
+            assert h.scalars("x").values.tolist() == [float(t) for t in steps]
+        for i in range(N_SITES if steps else 0):
+            s = h.series(f"s{i}", "activation", "sum")
+            ok = s.valid  # observed: exactly the value written; else disclosed, never wrong
+            np.testing.assert_array_equal(s.values[ok], [_spines(t)[i, 10] for t in h.steps[ok]])
+            assert (s.presence_names()[~ok] == "budget_dropped").all()
+        rows = h.table("observations")
+        late = rows["presence"] == code_of(Presence.BUDGET_DROPPED)
+        assert {h.disclosures[d] for d in rows["disclosure"][late]} <= {("writer_behind",)}
+        lengths.add(len(steps))
+        if trial % 4 == 0:  # a resumed writer continues right after the committed prefix
+            w2 = HistoryWriter(path, resume=True, commit_steps=1, background=True)
+            assert w2.committed_step == (steps[-1] if steps else None)
+            w2.close()
+            assert open_run(path).steps.tolist() == steps
     assert len(lengths) > 3, lengths

@@ -4,7 +4,8 @@ The faults are real: a small tmpfs is mounted (root only), filled to ENOSPC with
 remounted read-only in the middle of training, then freed. Without root the same contract is
 checked through a fault-injecting layer (``os.pwrite``/``os.replace`` raising ``ENOSPC``).
 The oracle is an unobserved twin of the model trained on the same data: the recorded parameter
-sums must be the twin's at every committed step.
+sums must be the twin's at every committed step. Every test runs with the background writer (the
+collector's default: the faults meet the writer thread) and with the synchronous writer.
 """
 
 import errno
@@ -12,6 +13,7 @@ import os
 import warnings
 
 import numpy as np
+import pytest
 import torch
 
 import stepscope as ss
@@ -21,6 +23,12 @@ from stepscope.history.vocab import Presence
 from stepscope.run import open_run  # the reader with the run log's evals.log
 
 STEPS, FAULT_AT, HEAL_AT = 24, 6, 15
+
+
+@pytest.fixture(params=[True, False], ids=["background", "synchronous"])
+def background(request):
+    """``WatchSettings.background_writer`` of the run under test."""
+    return request.param
 
 
 def _model() -> torch.nn.Module:
@@ -54,6 +62,7 @@ def _train(path, fault, heal, **settings):
         warnings.simplefilter("always")
         for step in range(STEPS):
             if step == FAULT_AT:
+                c.writer.commit()  # what the writer thread may still be committing: done first
                 committed_before_fault = c.writer.committed_step
                 fault()
             if step == HEAL_AT:
@@ -99,20 +108,26 @@ def _check_complete(path, c, sums, committed_before_fault, faults, capsys):
     assert capsys.readouterr().out.startswith("ok:")
 
 
-def test_a_full_disk_mid_training_loses_nothing_and_recovers(tmpfs, capsys):
+def test_a_full_disk_mid_training_loses_nothing_and_recovers(tmpfs, capsys, background):
     mnt = tmpfs.mount("3m")
     run = mnt / "run"
     c, sums, before, faults = _train(
-        run, lambda: tmpfs.fill(mnt), lambda: (mnt / "ballast").unlink()
+        run,
+        lambda: tmpfs.fill(mnt),
+        lambda: (mnt / "ballast").unlink(),
+        background_writer=background,
     )
     _check_complete(run, c, sums, before, faults, capsys)
 
 
-def test_a_read_only_remount_mid_training_loses_nothing_and_recovers(tmpfs, capsys):
+def test_a_read_only_remount_mid_training_loses_nothing_and_recovers(tmpfs, capsys, background):
     mnt = tmpfs.mount("3m")
     run = mnt / "run"
     c, sums, before, faults = _train(
-        run, lambda: tmpfs.remount(mnt, "ro"), lambda: tmpfs.remount(mnt, "rw")
+        run,
+        lambda: tmpfs.remount(mnt, "ro"),
+        lambda: tmpfs.remount(mnt, "rw"),
+        background_writer=background,
     )
     _check_complete(run, c, sums, before, faults, capsys)
 
@@ -140,7 +155,7 @@ class _InjectedFaults:
 
 
 def test_injected_faults_leave_torn_appends_that_never_poison_later_rows(
-    tmp_path, monkeypatch, capsys
+    tmp_path, monkeypatch, capsys, background
 ):
     inj = _InjectedFaults(monkeypatch)
     run = tmp_path / "run"
@@ -151,17 +166,21 @@ def test_injected_faults_leave_torn_appends_that_never_poison_later_rows(
     def heal():
         inj.on = False
 
-    c, sums, before, faults = _train(run, fault, heal)
+    c, sums, before, faults = _train(run, fault, heal, background_writer=background)
     _check_complete(run, c, sums, before, faults, capsys)
 
 
 def test_past_the_pending_bound_steps_are_disclosed_dropped_never_silently_lost(
-    tmp_path, monkeypatch, capsys
+    tmp_path, monkeypatch, capsys, background
 ):
     inj = _InjectedFaults(monkeypatch)
     run = tmp_path / "run"
     c, _sums, _before, _faults = _train(
-        run, lambda: setattr(inj, "on", True), lambda: setattr(inj, "on", False), ram_capacity=4
+        run,
+        lambda: setattr(inj, "on", True),
+        lambda: setattr(inj, "on", False),
+        ram_capacity=4,
+        background_writer=background,
     )
     report = c.close_report
     assert report.dropped_steps > 0 and report.uncommitted_steps == 0 and not report.ok
@@ -180,10 +199,14 @@ def test_past_the_pending_bound_steps_are_disclosed_dropped_never_silently_lost(
     assert h.verify().ok
 
 
-def test_close_on_a_disk_that_never_heals_reports_instead_of_raising(tmp_path, monkeypatch):
+def test_close_on_a_disk_that_never_heals_reports_instead_of_raising(
+    tmp_path, monkeypatch, background
+):
     inj = _InjectedFaults(monkeypatch)
     run = tmp_path / "run"
-    c, _s, before, faults = _train(run, lambda: setattr(inj, "on", True), lambda: None)
+    c, _s, before, faults = _train(
+        run, lambda: setattr(inj, "on", True), lambda: None, background_writer=background
+    )
     report = c.close_report
     assert report.uncommitted_steps > 0 and report.faults and len(faults) == 1
     inj.on = False

@@ -10,7 +10,9 @@ reports each committed step over a pipe only after ``commit()`` returned):
 * the same command recovers it: a resume (or a fresh writer on a half-created run) appends a step
   and the result opens with every reported step.
 
-Every kill point of the scenario is visited (a few dozen forks, a few seconds).
+Every kill point of the scenario is visited (a few dozen forks, a few seconds), with the
+synchronous writer and with the background writer (whose commits, and so whose kills, happen on
+its ``stepscope-writer`` thread).
 """
 
 import multiprocessing
@@ -38,26 +40,39 @@ def _batch(w, ids, step):
     return ObservationBatch.observed("activation", "forward", ids, spine)
 
 
-def _scenario(path, fd):
+def _scenario(path, fd, background=False):
+    """Create, commit, close, resume, commit, close. With the background writer the commits
+    are the explicit ``commit()`` calls (their file operations on the writer thread, while the
+    caller waits), so every run makes the same operations in the same order."""
+
     def report(step):
         os.write(fd, struct.pack("<q", step))
 
-    w = HistoryWriter(path, commit_steps=2, commit_seconds=None)
+    def write(w, step, ids, every):
+        committed = w.write_step(StepBlockRecord(step), [_batch(w, ids, step)])
+        if background and (step + 1) % every == 0:
+            committed = w.commit() is not None
+        return committed
+
+    kw = {"commit_seconds": None, "background": background}
+    w = HistoryWriter(path, commit_steps=1000 if background else 2, **kw)
     ids = [w.register_site(f"s{i}", "t", "x") for i in range(2)]
     for step in range(4):
-        if w.write_step(StepBlockRecord(step), [_batch(w, ids, step)]):
+        if write(w, step, ids, 2):
             for s in range(step + 1):
                 report(s)
     w.close()
     report(3)
-    w = HistoryWriter(path, resume=True, resume_at_step=4, commit_steps=1, commit_seconds=None)
+    w = HistoryWriter(
+        path, resume=True, resume_at_step=4, commit_steps=1000 if background else 1, **kw
+    )
     for step in (4, 5):
-        w.write_step(StepBlockRecord(step), [_batch(w, [0, 1], step)])
+        write(w, step, [0, 1], 1)
         report(step)
     w.close()
 
 
-def _child(path, fd, kill_at):
+def _child(path, fd, kill_at, background=False):
     count = [0]
     for name in OPS:
         real = getattr(os, name)
@@ -70,13 +85,13 @@ def _child(path, fd, kill_at):
 
         setattr(os, name, wrapped)
     real_write = os.write
-    _scenario(path, fd)
+    _scenario(path, fd, background)
     real_write(fd, struct.pack("<q", -count[0] - 1))  # finished: how many operations it made
 
 
-def _run(ctx, path, kill_at):
+def _run(ctx, path, kill_at, background=False):
     r, w = os.pipe()
-    p = ctx.Process(target=_child, args=(path, w, kill_at), daemon=True)
+    p = ctx.Process(target=_child, args=(path, w, kill_at, background), daemon=True)
     p.start()
     os.close(w)
     data = b""
@@ -95,18 +110,19 @@ def _values(h):
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
-def test_a_kill_at_every_file_operation_loses_no_committed_step_and_recovers(tmp_path):
+@pytest.mark.parametrize("background", [False, True], ids=["synchronous", "background"])
+def test_a_kill_at_every_file_operation_loses_no_committed_step_and_recovers(tmp_path, background):
     if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK):  # fsync is free on tmpfs
         tmp_path = Path(tempfile.mkdtemp(dir="/dev/shm", prefix="stepscope-kill-"))
     ctx = multiprocessing.get_context("fork")
-    got, code = _run(ctx, tmp_path / "full", 0)
+    got, code = _run(ctx, tmp_path / "full", 0, background)
     assert code == 0 and got[-1] < 0
     total = -got[-1] - 1
     assert total > 20  # the scenario makes every kind of operation several times
     failures = []
     for n in range(1, total + 1):
         path = tmp_path / f"k{n}"
-        reported, code = _run(ctx, path, n)
+        reported, code = _run(ctx, path, n, background)
         assert code == -signal.SIGKILL, (n, code)
         committed = sorted(set(v for v in reported if v >= 0))
         try:

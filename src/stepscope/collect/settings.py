@@ -50,7 +50,8 @@ def _check_types(s: Any) -> None:
     """Plain ``TypeError`` for a field of the wrong type (never a silent coercion)."""
     ints = ("ram_capacity", "update_sample_size", "update_seed", "commit_steps")
     checks: list[tuple[str, tuple[type, ...], str]] = [(f, (int,), "an int") for f in ints]
-    checks += [(f, (bool,), "a bool") for f in ("resume", "durable", "in_memory")]
+    bools = ("resume", "durable", "in_memory", "background_writer")
+    checks += [(f, (bool,), "a bool") for f in bools]
     checks += [(f, (str,), "a str") for f in ("ram_policy", "kernel_backend")]
     checks += [("extra", (Mapping,), "a mapping"), ("output_keys", (Mapping,), "a mapping")]
     for name, kinds, what in checks:
@@ -164,6 +165,18 @@ class WatchSettings:
         ``"auto"``, ``"c"`` or ``"torch"`` (see :func:`stepscope.stats.backend_info`).
     durable
         ``fsync`` artifact files (turn off only for throwaway benchmarks).
+    background_writer
+        Encode and commit the artifact on a background thread (``stepscope-writer``), so no
+        file is written or fsynced on the training thread (default ``True``; ``False``: the
+        commit runs inside the step, as before). The durability window is the same: a
+        ``kill -9`` loses at most the ``commit_steps`` steps / ``commit_seconds`` seconds not
+        yet committed, plus the steps still queued for the thread. When the disk falls so far
+        behind that 256 steps (or ``ram_capacity`` or ``commit_steps``, if larger) wait, a new
+        step is not waited for: its block and scalars are kept, its cells recorded
+        ``budget_dropped`` disclosed ``writer_behind`` (``collector.close_report.behind_steps``).
+        Interpreter exit flushes (``atexit``); see ``docs/history.md``, "Background writer".
+        With a ``flight_recorder`` the commits stay on the training thread (the recorder saves
+        its window at each commit it sees there).
     extra
         JSON-safe fields copied into the run record.
     output_keys
@@ -219,6 +232,7 @@ class WatchSettings:
     root_dir: str | os.PathLike[str] | None = None
     name: str | None = None
     in_memory: bool = False
+    background_writer: bool = True
 
     def __post_init__(self) -> None:
         _check_types(self)

@@ -669,6 +669,9 @@ def open_store(
             commit_seconds=s.commit_seconds,
             durable=s.durable,
             ring=ring,
+            # the flight recorder saves its window at each commit it sees on the training
+            # thread: its window matches the artifact only with commits made there
+            background=s.background_writer and s.flight_recorder is None,
         )
     except Refusal as err:
         if err.code != "history_run_exists":

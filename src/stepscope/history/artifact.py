@@ -15,6 +15,22 @@ pending steps the oldest steps' payloads are dropped and their cells kept as
 ``budget_dropped`` rows disclosed ``disk_fault`` (step blocks are never dropped). ``close()``
 returns a :class:`CloseReport` that says what stayed uncommitted instead of raising.
 
+Background writer (``background=True``; the collector's default): ``write_step`` only checks
+its input, interns disclosure sets and scalar names (the site table is guarded by a lock) and
+hands the step to a queue; a daemon thread, ``stepscope-writer``, encodes the queued steps and
+makes the group commit when it is due (the same ``commit_steps`` / ``commit_seconds`` rule, the
+time rule also while training is idle), so no file is written or fsynced on the training
+thread. The durability window is the same: a kill loses at most the ``commit_steps`` steps /
+``commit_seconds`` seconds not yet committed, plus the steps still queued for the thread.
+``committed_step`` and ``commits`` change only once a commit is durable. At most
+``max_queued_steps`` steps wait for the thread: a step written while the queue is full is not
+waited for either; its block and scalars are kept and its cells become ``budget_dropped`` rows
+disclosed ``writer_behind`` (counted in :attr:`CloseReport.behind_steps`). A disk fault on the
+thread is handled as above; its one warning is raised on the caller's thread by the next
+``write_step`` / ``commit`` / ``close``. ``commit()`` waits for the queue and commits
+everything written so far; ``close()`` flushes and joins the thread; at interpreter exit an
+``atexit`` hook closes background writers still open.
+
 Example
 -------
 >>> import tempfile, numpy as np
@@ -33,11 +49,15 @@ Example
 
 from __future__ import annotations
 
+import atexit
+import copy
 import os
+import threading
 import time
 import warnings
+import weakref
 from collections.abc import Iterable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +67,12 @@ from stepscope.errors import Refusal
 from stepscope.history.batch import ObservationBatch, batches_from_records
 from stepscope.history.files import append_log_row, fsync_dir, read_log
 from stepscope.history.inputs import check_real, check_step, check_text
-from stepscope.history.layout import encode_batch, histogram_dtype, observation_dtype
+from stepscope.history.layout import (
+    check_histogram_width,
+    encode_batch,
+    histogram_dtype,
+    observation_dtype,
+)
 from stepscope.history.pending import (
     CloseReport,
     PendingRows,
@@ -72,6 +97,41 @@ from stepscope.stats import HistogramDescriptor
 from stepscope.stats.layout import SPINE_WIDTH
 
 __all__ = ["HistoryWriter"]
+
+WRITER_THREAD = "stepscope-writer"
+#: background writers still open in this process, closed at interpreter exit
+_OPEN: weakref.WeakSet[HistoryWriter] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_open_writers() -> None:
+    """Close (flush) every background writer this process left open (``atexit``)."""
+    for w in list(_OPEN):
+        if w._pid == os.getpid():  # a forked child does not own its parent's writers
+            try:
+                w.close()
+            except Exception:  # exiting: a refusal has nowhere to go
+                pass
+
+
+@dataclass
+class _Queued:
+    """One ``write_step`` / ``write_scalar`` call, checked and interned, not yet encoded."""
+
+    block: StepBlockRecord | None
+    batches: list[tuple[ObservationBatch, int | np.ndarray]]  # with their disclosure ids
+    scalars: list[tuple[int, int, float]]
+    last_step: int | None  # the writer's last step after this call (committed_step if durable)
+    behind: int | None = None  # the writer_behind disclosure id: no room, payload not kept
+
+
+def _payload_free(b: ObservationBatch) -> ObservationBatch:
+    """``b``'s keys without its spines and histograms (a step the queue had no room for)."""
+    out = copy.copy(b)
+    nan = np.broadcast_to(np.float64(np.nan), b.spines.shape)  # no memory per row
+    for name, value in (("spines", nan), ("hist_rows", None), ("histograms", None)):
+        object.__setattr__(out, name, value)
+    return out
 
 
 class HistoryWriter(SiteTable):
@@ -105,6 +165,32 @@ class HistoryWriter(SiteTable):
     max_pending_steps
         Steps kept pending in RAM while commits fail on the disk before the oldest steps' payloads
         are dropped (default: the ring's capacity, else 256; at least ``commit_steps``).
+    background
+        Encode and commit on a daemon thread (``stepscope-writer``) instead of the caller's
+        thread (see the module docstring). ``False`` (default): everything happens inside
+        ``write_step`` / ``commit``, as documented there. The batches handed to ``write_step``
+        must not be changed afterwards (the thread encodes them later).
+    max_queued_steps
+        With ``background=True``: steps that may wait for the thread (default: the larger of
+        ``max_pending_steps`` and 256). A step written while that many wait is kept without
+        its payload: its cells become ``budget_dropped`` rows disclosed ``writer_behind``.
+
+    Examples
+    --------
+    >>> import tempfile, numpy as np
+    >>> import stepscope as ss
+    >>> from stepscope.history import ObservationBatch, StepBlockRecord
+    >>> from stepscope.stats import SPINE_WIDTH
+    >>> path = tempfile.mkdtemp() + "/run"
+    >>> w = HistoryWriter(path, commit_steps=2, background=True)
+    >>> fc = w.register_site("fc", "torch.nn.Linear", "f32[4,3]")
+    >>> spine = np.zeros((1, SPINE_WIDTH)); spine[0, :2] = 12
+    >>> for step in range(3):
+    ...     _ = w.write_step(StepBlockRecord(step), [ObservationBatch.observed("activation", "forward", [fc], spine)])
+    >>> w.commit()["step_hi"], w.committed_step  # waits for the thread, commits what is left
+    (2, 2)
+    >>> w.close().ok, ss.open_run(path).steps.tolist()
+    (True, [0, 1, 2])
     """
 
     def __init__(
@@ -119,8 +205,16 @@ class HistoryWriter(SiteTable):
         durable: bool = True,
         ring: Any = None,
         max_pending_steps: int | None = None,
+        background: bool = False,
+        max_queued_steps: int | None = None,
     ) -> None:
-        check_commit_policy(commit_steps, commit_seconds, max_pending_steps)
+        check_commit_policy(commit_steps, commit_seconds, max_pending_steps, max_queued_steps)
+        if not isinstance(background, bool):
+            raise Refusal(
+                "settings_invalid",
+                f"background must be a bool, not {type(background).__name__}.",
+                ["pass background=True or background=False"],
+            )
         self.path = Path(path)
         self.commit_steps, self.commit_seconds = commit_steps, commit_seconds
         self.durable, self.ring = durable, ring
@@ -129,8 +223,11 @@ class HistoryWriter(SiteTable):
             commit_steps,
             max_pending_steps or (capacity if isinstance(capacity, int) else 256),
         )
+        self.background = background
+        self.max_queued_steps = max_queued_steps or max(self.max_pending_steps, 256)
         self.faults: list[Refusal] = []  # every failed commit, oldest first
         self.dropped_steps = 0  # steps whose payload was dropped while the disk failed
+        self.behind_steps = 0  # steps whose payload the full queue could not take
         self._due_at = commit_steps
         self._closed = False
         super().__init__()  # the site table: sites, scalar names, disclosure sets
@@ -166,7 +263,15 @@ class HistoryWriter(SiteTable):
                 ) from None
             raise
         self._reset_pending()
+        self._pending_last = self._last_step  # committed_step once the pending rows are durable
+        self._written = self._committed = 0  # steps written / committed by this writer
         self._last_commit = time.monotonic()
+        self._fault_lock = threading.Lock()
+        self._unwarned: list[Refusal] = []  # faults to warn about on the caller's thread
+        self._thread_error: BaseException | None = None  # raised on the writer thread, unreported
+        self._thread: threading.Thread | None = None
+        if background:
+            self._start_thread()
 
     # -- setup -------------------------------------------------------------------------------
     def _lock(self) -> None:
@@ -225,15 +330,17 @@ class HistoryWriter(SiteTable):
         self._write_index()
 
     def _write_catalog(self) -> None:
-        self._catalog_sha = write_catalog(
-            self.path, self.sites, self.scalar_names, self.disclosures, self.durable
-        )
-        self._catalog_dirty = False
+        snapshot = self.catalog_snapshot()  # on the writer thread while sites are registered
+        try:
+            self._catalog_sha = write_catalog(self.path, *snapshot, self.durable)
+        except BaseException:
+            self._dirty()  # written again before the next index row
+            raise
 
     def _reset_pending(self) -> None:
         self._pending = PendingRows()
 
-    # -- writing ---------------------------------------------------------------------------
+    # -- writing (the caller's thread) --------------------------------------------------------
     def write_step(
         self,
         block: StepBlockRecord,
@@ -250,9 +357,11 @@ class HistoryWriter(SiteTable):
         ``trusted``: the batches come from a producer that registered every site id it writes
         with this writer and gives each stream at most one batch of distinct sites (the
         collector's step boundary), so the per-step site-range and repeated-cell checks are
-        skipped; everything else is written exactly as without it.
+        skipped; everything else is written exactly as without it. With ``background=True``
+        the step is queued (the thread commits it): the return value is always False.
         """
         self._check_open()
+        self._report_thread()
         if not isinstance(block, StepBlockRecord):
             raise Refusal(
                 "history_write_invalid",
@@ -280,30 +389,48 @@ class HistoryWriter(SiteTable):
                     )
             all_batches += batches_from_records(recs)
             trusted = False
-        encoded = [self._encode(step, b, trusted) for b in all_batches]
+        # no room in the queue: the step is kept without its payload (never waited for)
+        behind = self._thread is not None and self._queued_full >= self.max_queued_steps
+        discl = [self._prepare(b, trusted, intern=not behind) for b in all_batches]
         if not trusted:
-            check_unique(encoded)
-        pending = self._pending
-        pending.steps.append(block)
-        for b, (obs, hist) in zip(all_batches, encoded):
-            pending.add(b.stream.value, obs, hist)
-        for name, value in scalar_rows:
-            pending.scalars.append((step, self._intern(self.scalar_names, name), value))
+            check_unique(all_batches)
+        item = _Queued(
+            block,
+            list(zip(all_batches, discl)),
+            [(step, self._intern(self.scalar_names, n), v) for n, v in scalar_rows],
+            step,
+        )
+        if behind:
+            item.behind = self._intern(self.disclosures, ("writer_behind",))
+            item.batches = [(_payload_free(b), -1) for b in all_batches]
+            self.behind_steps += 1
         self._last_step = step
+        self._written += 1
+        self._hand(item)
         if self.ring is not None:
             self.ring.push(block, all_batches)
-        return self._maybe_commit()
+        return self._thread is None and self._maybe_commit()
 
     def write_scalar(self, name: str, step: int, value: float) -> None:
         """Add one user scalar row (e.g. a loss) at ``step``; committed with the next commit."""
         self._check_open()
         name = check_text(name, "scalar name")
         row = (check_step(step, "write_scalar step"), check_real(value, f"scalar {name!r}"))
-        self._pending.scalars.append((row[0], self._intern(self.scalar_names, name), row[1]))
+        scalar = (row[0], self._intern(self.scalar_names, name), row[1])
+        self._hand(_Queued(None, [], [scalar], self._last_step))
 
-    def _encode(
-        self, step: int, b: ObservationBatch, trusted: bool = False
-    ) -> tuple[np.ndarray, np.ndarray | None]:
+    def _hand(self, item: _Queued) -> None:
+        """To the writer thread's queue, or (``background=False``) encoded at once."""
+        if self._thread is not None:
+            self._enqueue(item)
+        else:
+            self._absorb(item)
+
+    def _prepare(
+        self, b: ObservationBatch, trusted: bool = False, intern: bool = True
+    ) -> int | np.ndarray:
+        """Check ``b`` against the run (site ids, histogram width) and intern its disclosure
+        sets; returns the disclosure id(s) its rows are encoded with."""
         if (
             not trusted
             and b.n_rows
@@ -314,6 +441,9 @@ class HistoryWriter(SiteTable):
                 f"{b.stream.value} batch names site ids outside 0..{len(self.sites) - 1}.",
                 ["register every site with register_site() first"],
             )
+        check_histogram_width(b, self._hist_dtype)
+        if not intern:
+            return -1
         discl: int | np.ndarray = (
             self._intern(self.disclosures, b.disclosures) if b.disclosures else -1
         )
@@ -330,23 +460,54 @@ class HistoryWriter(SiteTable):
                 for d in set(map(b.row_disclosure, range(b.n_rows)))
             }
             discl = np.array([ids[b.row_disclosure(i)] for i in range(b.n_rows)], np.int32)
-        return encode_batch(step, b, discl, self._obs_dtype, self._hist_dtype)
+        return discl
 
-    def _maybe_commit(self) -> bool:
+    def _encode(
+        self, step: int, b: ObservationBatch, trusted: bool = False
+    ) -> tuple[np.ndarray, np.ndarray | None]:
+        """``b`` checked, interned and encoded as the rows of ``step``."""
+        return encode_batch(step, b, self._prepare(b, trusted), self._obs_dtype, self._hist_dtype)
+
+    # -- encoding and committing (the writer thread with background=True) ---------------------
+    def _absorb(self, item: _Queued) -> None:
+        """Encode one queued call into the pending rows."""
+        pending = self._pending
+        if item.block is not None:
+            step = item.block.optimizer_step
+            pending.steps.append(item.block)
+            for b, discl in item.batches:
+                obs, hist = encode_batch(step, b, discl, self._obs_dtype, self._hist_dtype)
+                if item.behind is None:
+                    pending.add(b.stream.value, obs, hist)
+                else:
+                    pending.add_dropped(b.stream.value, obs, step, item.behind)
+        pending.scalars.extend(item.scalars)
+        self._pending_last = item.last_step
+
+    def _due(self) -> bool:
         due = len(self._pending.steps) >= self._due_at
         if not due and self.faults and self._due_at > self.commit_steps:
             return False  # after a failed commit: retry after commit_steps more steps
-        if not due and self.commit_seconds is not None:
+        if not due and self.commit_seconds is not None and self._pending:
             due = time.monotonic() - self._last_commit >= self.commit_seconds
-        return due and self.commit() is not None
+        return due
+
+    def _maybe_commit(self) -> bool:
+        return self._due() and self.commit() is not None
 
     def commit(self) -> dict[str, Any] | None:
         """Make everything pending durable and visible; returns the index row (or None).
 
         A disk failure (``OSError``) returns None and keeps the rows pending (see the module
-        docstring); :attr:`faults` lists every failure.
+        docstring); :attr:`faults` lists every failure. With ``background=True`` this waits
+        for the writer thread to take and commit every step written so far.
         """
         self._check_open()
+        row = self._commit_now() if self._thread is None else self._flush()
+        self._report_thread()
+        return row
+
+    def _commit_now(self) -> dict[str, Any] | None:
         if not self._pending:
             return None
         try:
@@ -361,24 +522,62 @@ class HistoryWriter(SiteTable):
 
     @property
     def pending_steps(self) -> int:
-        """Steps written but not yet committed (more than usual only while the disk fails)."""
-        return len(self._pending.steps)
+        """Steps written but not yet committed (more than usual only while the disk fails, and
+        with ``background=True`` the steps still queued)."""
+        return self._written - self._committed
 
     def _commit_failed(self, exc: OSError) -> None:
         steps = [b.optimizer_step for b in self._pending.steps]
         span = f"steps {min(steps)}..{max(steps)}" if steps else "scalar rows"
-        fault = Refusal(
-            "history_disk_fault",
-            f"commit of {span} to {self.path} failed ({exc.strerror or exc}); "
-            f"the rows stay pending in RAM and the commit is retried.",
-            ["free disk space or remount the output read-write; training continues"],
+        self._fault(
+            Refusal(
+                "history_disk_fault",
+                f"commit of {span} to {self.path} failed ({exc.strerror or exc}); "
+                f"the rows stay pending in RAM and the commit is retried.",
+                ["free disk space or remount the output read-write; training continues"],
+            )
         )
-        if not self.faults:
-            warnings.warn(str(fault), RuntimeWarning, stacklevel=4)
-        self.faults.append(fault)
         self._due_at = len(self._pending.steps) + self.commit_steps
         self._last_commit = time.monotonic()
         self._drop_oldest_payloads()
+
+    def _fault(self, fault: Refusal) -> None:
+        """Record a disk fault (on any thread); the first of the run is warned about once, on
+        the caller's thread (:meth:`_report_thread`)."""
+        with self._fault_lock:
+            if not self.faults:
+                self._unwarned.append(fault)
+            self.faults.append(fault)
+
+    def note_fault(self, fault: Refusal) -> None:
+        """Record a disk fault met beside this writer (e.g. an ``evals.log`` append): the run's
+        first fault warns once with its code, whichever thread or file met it.
+
+        >>> import tempfile, warnings
+        >>> w = HistoryWriter(tempfile.mkdtemp() + "/run")
+        >>> with warnings.catch_warnings(record=True) as caught:
+        ...     warnings.simplefilter("always")
+        ...     w.note_fault(Refusal("history_disk_fault", "evals.log append failed"))
+        ...     w.note_fault(Refusal("history_disk_fault", "evals.log append failed again"))
+        >>> len(caught), len(w.faults)
+        (1, 2)
+        >>> w.close().faults == tuple(w.faults)
+        True
+        """
+        self._fault(fault)
+        self._report_thread()
+
+    def _report_thread(self) -> None:
+        """On the caller's thread: warn about a new fault, raise what the writer thread raised."""
+        if not (self._unwarned or self._thread_error):
+            return
+        with self._fault_lock:
+            unwarned, self._unwarned = self._unwarned, []
+            error, self._thread_error = self._thread_error, None
+        for fault in unwarned:
+            warnings.warn(str(fault), RuntimeWarning, stacklevel=3)
+        if error is not None:
+            raise error
 
     def _drop_oldest_payloads(self) -> None:
         """Keep at most ``max_pending_steps`` steps' payloads; older cells become disclosed drops."""
@@ -408,12 +607,94 @@ class HistoryWriter(SiteTable):
             "time": time.time(),
         }
         append_log_row(self._log_path, row, durable=self.durable)
+        # durable from here on: only now is it reported committed
         self._seq += 1
+        self._committed += len(pending.steps)
         self.commits += 1
-        self.committed_step = self._last_step
+        self.committed_step = self._pending_last
         self._last_commit = time.monotonic()
         self._reset_pending()
         return row
+
+    # -- the writer thread ----------------------------------------------------------------
+    def _start_thread(self) -> None:
+        self._cond = threading.Condition()
+        self._queue: list[_Queued] = []
+        self._queued_full = 0  # queued steps with their payload (the bound applies to these)
+        self._flush_asked = self._flush_done = 0  # commit() tickets
+        self._flush_row: dict[str, Any] | None = None
+        self._stop = False
+        self._pid = os.getpid()
+        self._thread = threading.Thread(target=self._run, name=WRITER_THREAD, daemon=True)
+        self._thread.start()
+        _OPEN.add(self)
+
+    def _enqueue(self, item: _Queued) -> None:
+        with self._cond:
+            self._queue.append(item)
+            if item.block is not None and item.behind is None:
+                self._queued_full += 1
+            self._cond.notify()
+
+    def _wait_s(self) -> float | None:
+        """Seconds until the time rule makes a commit due (``None``: no time rule now)."""
+        if self.commit_seconds is None or not self._pending:
+            return None
+        if self.faults and self._due_at > self.commit_steps:
+            return None  # after a failed commit the retry is by steps
+        return self._last_commit + self.commit_seconds - time.monotonic()
+
+    def _run(self) -> None:
+        """The writer thread: take what is queued, encode it, commit when due or asked."""
+        cond = self._cond
+        while True:
+            with cond:
+                while not (self._queue or self._stop or self._flush_asked > self._flush_done):
+                    wait = self._wait_s()
+                    if wait is not None and wait <= 0:
+                        break
+                    cond.wait(wait)
+                items, self._queue, self._queued_full = self._queue, [], 0
+                ticket, stop = self._flush_asked, self._stop
+            row = None
+            try:
+                for item in items:
+                    self._absorb(item)
+                if ticket > self._flush_done or (not stop and self._due()):
+                    row = self._commit_now()
+            except BaseException as exc:  # a refusal or a bug: reported on the caller's thread
+                with self._fault_lock:
+                    self._thread_error = self._thread_error or exc
+                self._last_commit = time.monotonic()  # no immediate retry by time
+            with cond:
+                if ticket > self._flush_done:
+                    self._flush_row, self._flush_done = row, ticket
+                cond.notify_all()
+            if stop:
+                return
+
+    def _flush(self) -> dict[str, Any] | None:
+        """Ask the thread to commit everything queued; wait until it did (or failed)."""
+        thread = self._thread
+        assert thread is not None
+        with self._cond:
+            self._flush_asked += 1
+            ticket = self._flush_asked
+            self._cond.notify_all()
+            while self._flush_done < ticket and thread.is_alive():
+                self._cond.wait(1.0)
+            return self._flush_row if self._flush_done == ticket else None
+
+    def _stop_thread(self) -> None:
+        thread = self._thread
+        if thread is None:
+            return
+        with self._cond:
+            self._stop = True
+            self._cond.notify_all()
+        thread.join()
+        self._thread = None
+        _OPEN.discard(self)
 
     # -- lifecycle -------------------------------------------------------------------------
     def _check_open(self) -> None:  # the site table's changes refuse once closed, too
@@ -424,11 +705,13 @@ class HistoryWriter(SiteTable):
         """Commit what is pending, seal the segment and close (idempotent).
 
         A disk failure is reported, not raised: the returned :class:`CloseReport` says how many
-        steps stayed uncommitted (and lists the faults).
+        steps stayed uncommitted (and lists the faults). With ``background=True`` the queue is
+        flushed and the writer thread joined first.
         """
         if not self._closed:
             try:
                 self.commit()
+                self._stop_thread()  # the thread is gone: sealing happens here
                 if not self._pending:
                     try:
                         if self._catalog_dirty:
@@ -438,14 +721,17 @@ class HistoryWriter(SiteTable):
                         raise
                     except OSError as exc:
                         self._commit_failed(exc)
+                self._report_thread()
             finally:
+                self._stop_thread()
                 self._closed = True
                 self._unlock()
         return CloseReport(
             committed_step=self.committed_step,
-            uncommitted_steps=len(self._pending.steps),
+            uncommitted_steps=self._written - self._committed,
             dropped_steps=self.dropped_steps,
             faults=tuple(self.faults),
+            behind_steps=self.behind_steps,
         )
 
     def __enter__(self) -> HistoryWriter:

@@ -166,18 +166,35 @@ def encode_batch(
     obs["spine"] = batch.spines
     if batch.hist_rows is None or batch.n_histograms == 0:
         return obs, None
-    if batch.histograms.shape[1] != hist_dtype["counts"].shape[0]:  # type: ignore[union-attr]
-        raise Refusal(
-            "sketch_descriptor_mismatch",
-            f"histogram rows have width {batch.histograms.shape[1]}, the run's descriptor "  # type: ignore[union-attr]
-            f"has width {hist_dtype['counts'].shape[0]}.",
-            ["reduce with the run's HistogramDescriptor (writer.descriptor)"],
-        )
+    check_histogram_width(batch, hist_dtype)
     hist = np.empty(batch.n_histograms, hist_dtype)
     for name, _ in _KEY:
         hist[name] = obs[name][batch.hist_rows]
     hist["counts"] = batch.histograms
     return obs, hist
+
+
+def check_histogram_width(batch: ObservationBatch, hist_dtype: np.dtype) -> None:
+    """Refuse ``sketch_descriptor_mismatch`` for histogram rows of another width than the run's.
+
+    >>> import numpy as np
+    >>> b = ObservationBatch.observed("activation", "forward", [0], np.zeros((1, 15)),
+    ...     hist_rows=[0], histograms=np.zeros((1, 8), np.int64))
+    >>> check_histogram_width(b, histogram_dtype(8))  # the run's width: nothing to say
+    >>> check_histogram_width(b, histogram_dtype(16))
+    Traceback (most recent call last):
+    ...
+    stepscope.errors.RefusalInputError: [sketch_descriptor_mismatch] histogram rows have width 8, ...
+    """
+    if batch.histograms is None or batch.n_histograms == 0:
+        return
+    if batch.histograms.shape[1] != hist_dtype["counts"].shape[0]:
+        raise Refusal(
+            "sketch_descriptor_mismatch",
+            f"histogram rows have width {batch.histograms.shape[1]}, the run's descriptor "
+            f"has width {hist_dtype['counts'].shape[0]}.",
+            ["reduce with the run's HistogramDescriptor (writer.descriptor)"],
+        )
 
 
 def npy_bytes(array: np.ndarray) -> bytes:

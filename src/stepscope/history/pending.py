@@ -4,12 +4,15 @@
 rows; at a commit :meth:`PendingRows.tables` names the tables that become chunk files, and
 :func:`write_chunk` writes one (temporary file, fsync, rename) and returns its index entry.
 While commits fail on the disk, :meth:`PendingRows.drop_oldest_payloads` bounds what stays in
-RAM: the oldest steps' cells become ``budget_dropped`` rows disclosed ``disk_fault``.
+RAM: the oldest steps' cells become ``budget_dropped`` rows disclosed ``disk_fault``. A step the
+background writer had no room for keeps its cells the same way, disclosed ``writer_behind``
+(:meth:`PendingRows.add_dropped`); both go through :func:`drop_payloads`.
 """
 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from stepscope.errors import Refusal
-from stepscope.history.batch import code_of
+from stepscope.history.batch import ObservationBatch, code_of
 from stepscope.history.files import atomic_write_bytes
 from stepscope.history.layout import SCALAR_DTYPE, encode_steps, narrow_histograms, npy_bytes
 from stepscope.history.schema import StepBlockRecord
@@ -30,25 +33,34 @@ class CloseReport:
 
     ``uncommitted_steps`` steps were written but could not be committed (the disk kept failing);
     ``dropped_steps`` steps had their payload dropped (disclosed ``disk_fault`` rows, if later
-    committed); ``faults`` are the ``history_disk_fault`` refusals, oldest first.
+    committed); ``behind_steps`` steps arrived while the background writer's queue was full
+    (their cells disclosed ``writer_behind``, their blocks and scalars kept); ``faults`` are the
+    ``history_disk_fault`` refusals, oldest first.
+
+    >>> CloseReport(committed_step=9, uncommitted_steps=0, dropped_steps=0, faults=()).ok
+    True
+    >>> CloseReport(9, 0, 0, (), behind_steps=2).ok
+    False
     """
 
     committed_step: int | None
     uncommitted_steps: int
     dropped_steps: int
     faults: tuple[Refusal, ...]
+    behind_steps: int = 0
 
     @property
     def ok(self) -> bool:
         """Everything written was committed and nothing was dropped."""
-        return not self.uncommitted_steps and not self.dropped_steps
+        return not (self.uncommitted_steps or self.dropped_steps or self.behind_steps)
 
 
-def check_commit_policy(steps: Any, seconds: Any, pending: Any) -> None:
+def check_commit_policy(steps: Any, seconds: Any, pending: Any, queued: Any = None) -> None:
     """Refuse a commit policy that is not ``commit_steps >= 1``, ``commit_seconds > 0`` (finite)
-    or ``None``, and ``max_pending_steps >= 1`` or ``None``."""
-    for name, v in (("commit_steps", steps), ("max_pending_steps", pending)):
-        if v is None and name == "max_pending_steps":
+    or ``None``, and ``max_pending_steps`` / ``max_queued_steps`` ``>= 1`` or ``None``."""
+    named = (("commit_steps", steps), ("max_pending_steps", pending), ("max_queued_steps", queued))
+    for name, v in named:
+        if v is None and name != "commit_steps":
             continue
         if isinstance(v, bool) or not isinstance(v, int):
             raise Refusal(
@@ -71,18 +83,21 @@ def check_commit_policy(steps: Any, seconds: Any, pending: Any) -> None:
             )
 
 
-def check_unique(encoded: list[tuple[np.ndarray, np.ndarray | None]]) -> None:
-    """Refuse ``stat_payload_invalid`` when a (site, stream, phase, micro_batch) cell repeats."""
-    if len(encoded) < 2:
+def check_unique(batches: Sequence[ObservationBatch]) -> None:
+    """Refuse ``stat_payload_invalid`` when a (site, stream, phase, micro_batch) cell repeats.
+
+    Checked on the batches themselves (no encoding: the background writer encodes later).
+    """
+    if len(batches) < 2:
         return
     # one int64 key per cell: site | micro_batch | stream | phase (cheaper than a record sort)
     keys = np.concatenate(
         [
-            (e[0]["site"].astype(np.int64) << 32)
-            | ((e[0]["micro_batch"].astype(np.int64) + 1) << 16)
-            | (e[0]["stream"].astype(np.int64) << 8)
-            | e[0]["phase"].astype(np.int64)
-            for e in encoded
+            (b.site_ids.astype(np.int64) << 32)
+            | (((-1 if b.micro_batch is None else int(b.micro_batch)) + 1) << 16)
+            | (code_of(b.stream) << 8)
+            | code_of(b.phase)
+            for b in batches
         ]
     )
     if len(np.unique(keys)) != len(keys):
@@ -91,6 +106,27 @@ def check_unique(encoded: list[tuple[np.ndarray, np.ndarray | None]]) -> None:
             "a (site, stream, phase, micro_batch) cell appears twice in one step.",
             ["send each cell once per step"],
         )
+
+
+DROPPED = code_of(Presence.BUDGET_DROPPED)
+
+
+def drop_payloads(obs: np.ndarray, sel: np.ndarray, disclosure: int) -> None:
+    """Turn the observation rows ``sel`` into ``budget_dropped`` rows disclosed ``disclosure``
+    (spine NaN, no reduction dtype; their key and ``scale_grad`` are kept), in place.
+
+    >>> from stepscope.history.layout import observation_dtype
+    >>> rows = np.zeros(3, observation_dtype(15))
+    >>> drop_payloads(rows, np.array([False, True, True]), disclosure=4)
+    >>> (rows["presence"] == DROPPED).tolist(), rows["disclosure"].tolist()
+    ([False, True, True], [0, 4, 4])
+    >>> bool(np.isnan(rows["spine"][1:]).all())
+    True
+    """
+    obs["presence"][sel] = DROPPED
+    obs["spine"][sel] = np.nan
+    obs["disclosure"][sel] = disclosure
+    obs["rdtype"][sel] = 0
 
 
 @dataclass
@@ -111,6 +147,20 @@ class PendingRows:
         self.obs.setdefault(stream, []).append(obs)
         if hist is not None:
             self.hist.setdefault(stream, []).append(hist)
+
+    def add_dropped(self, stream: str, obs: np.ndarray, step: int, disclosure: int) -> None:
+        """Keep one encoded batch of ``step`` as ``budget_dropped`` rows with ``disclosure``
+        (a step counted elsewhere: :meth:`drop_oldest_payloads` does not count it again).
+
+        >>> from stepscope.history.layout import observation_dtype
+        >>> p = PendingRows()
+        >>> p.add_dropped("activation", np.zeros(2, observation_dtype(15)), step=7, disclosure=0)
+        >>> p.obs["activation"][0]["presence"].tolist() == [DROPPED] * 2, p.dropped_seen
+        (True, {7})
+        """
+        drop_payloads(obs, np.ones(len(obs), bool), disclosure)
+        self.add(stream, obs, None)
+        self.dropped_seen.add(step)
 
     def step_range(self) -> tuple[int, int]:
         """The lowest and highest step of every pending step block and scalar row."""
@@ -135,16 +185,12 @@ class PendingRows:
         if excess <= 0:
             return 0
         last_dropped = self.steps[excess - 1].optimizer_step
-        dropped_code = code_of(Presence.BUDGET_DROPPED)
         for parts in self.obs.values():
             for arr in parts:
                 if not len(arr) or arr["step"][0] > last_dropped:
                     continue
-                sel = (arr["step"] <= last_dropped) & (arr["presence"] != dropped_code)
-                arr["presence"][sel] = dropped_code
-                arr["spine"][sel] = np.nan
-                arr["disclosure"][sel] = disclosure
-                arr["rdtype"][sel] = 0
+                sel = (arr["step"] <= last_dropped) & (arr["presence"] != DROPPED)
+                drop_payloads(arr, sel, disclosure)
         for stream, parts in self.hist.items():
             self.hist[stream] = [a[a["step"] > last_dropped] for a in parts]
         newly = sum(1 for b in self.steps[:excess] if b.optimizer_step not in self.dropped_seen)

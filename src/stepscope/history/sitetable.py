@@ -1,11 +1,14 @@
 """The growing part of ``catalog.json``: sites, scalar names and disclosure sets.
 
 :class:`SiteTable` is the base of :class:`~stepscope.history.HistoryWriter`, which writes it to
-``catalog.json`` before any index row that names a new id (``catalog_dirty``).
+``catalog.json`` before any index row that names a new id (``catalog_dirty``). Changes are made
+under a lock, and :meth:`SiteTable.catalog_snapshot` copies the table under the same lock: the
+background writer thread writes the catalog while the training thread registers sites.
 """
 
 from __future__ import annotations
 
+import threading
 from dataclasses import replace
 from typing import Any
 
@@ -37,6 +40,27 @@ class SiteTable:
         self._active: dict[str, int] = {}  # site name -> id of its open site
         self._last_step: int | None = None
         self._catalog_dirty = False
+        self._table_lock = threading.RLock()  # changes vs. catalog_snapshot on another thread
+
+    def catalog_snapshot(
+        self,
+    ) -> tuple[list[SiteRecord], list[str], list[tuple[str, ...]]]:
+        """Copies of the sites, scalar names and disclosure sets, taken together under the
+        table's lock; clears ``catalog_dirty`` (a failed write sets it again: :meth:`_dirty`).
+
+        >>> t = SiteTable()
+        >>> _ = t.register_site("fc", "torch.nn.Linear", "f32[4,3]")
+        >>> sites, names, disclosures = t.catalog_snapshot()
+        >>> ([s.name for s in sites], names, disclosures)
+        (['fc'], [], [])
+        """
+        with self._table_lock:
+            self._catalog_dirty = False
+            return list(self.sites), list(self.scalar_names), list(self.disclosures)
+
+    def _dirty(self) -> None:
+        with self._table_lock:
+            self._catalog_dirty = True
 
     def register_site(
         self,
@@ -60,37 +84,40 @@ class SiteTable:
             check_text(label, "label")
         if step is not None:
             check_step(step, "register_site step")
-        current = self._active.get(name)
-        if current is not None:
-            site = self.sites[current]
-            if site.structure == (name, module_type, signature):
-                return current
-            self.end_site(
-                current, step if step is not None else self._next_step(), "topology_drift"
-            )
-        site_id = len(self.sites)
-        self.sites.append(SiteRecord(site_id, name, module_type, signature, label, step))
-        self._active[name] = site_id
-        self._catalog_dirty = True
-        return site_id
+        with self._table_lock:
+            current = self._active.get(name)
+            if current is not None:
+                site = self.sites[current]
+                if site.structure == (name, module_type, signature):
+                    return current
+                self.end_site(
+                    current, step if step is not None else self._next_step(), "topology_drift"
+                )
+            site_id = len(self.sites)
+            self.sites.append(SiteRecord(site_id, name, module_type, signature, label, step))
+            self._active[name] = site_id
+            self._catalog_dirty = True
+            return site_id
 
     def add_site_record(self, site: SiteRecord) -> int:
         """Append a copy of ``site`` as a new site as-is (for merges and copies); returns its id."""
         self._check_open()
-        site_id = len(self.sites)
-        self.sites.append(replace(site, site_id=site_id))
-        if site.ended_step is None:
-            self._active[site.name] = site_id
-        self._catalog_dirty = True
-        return site_id
+        with self._table_lock:
+            site_id = len(self.sites)
+            self.sites.append(replace(site, site_id=site_id))
+            if site.ended_step is None:
+                self._active[site.name] = site_id
+            self._catalog_dirty = True
+            return site_id
 
     def end_site(self, site_id: int, step: int, reason: str) -> None:
         """Close a site at ``step`` (exclusive) with a reason."""
-        site = self._site(site_id)
-        self.sites[site_id] = replace(site, ended_step=int(step), ended_reason=reason)
-        if self._active.get(site.name) == site_id:  # an older site never unbinds the name
-            del self._active[site.name]
-        self._catalog_dirty = True
+        with self._table_lock:
+            site = self._site(site_id)
+            self.sites[site_id] = replace(site, ended_step=int(step), ended_reason=reason)
+            if self._active.get(site.name) == site_id:  # an older site never unbinds the name
+                del self._active[site.name]
+            self._catalog_dirty = True
 
     def _check_open(self) -> None:
         """A subclass refuses changes once it is closed."""
@@ -104,9 +131,10 @@ class SiteTable:
         return 0 if self._last_step is None else self._last_step + 1
 
     def _intern(self, table: list, value: Any) -> int:
-        try:
-            return table.index(value)
-        except ValueError:
-            table.append(value)
-            self._catalog_dirty = True
-            return len(table) - 1
+        with self._table_lock:
+            try:
+                return table.index(value)
+            except ValueError:
+                table.append(value)
+                self._catalog_dirty = True
+                return len(table) - 1

@@ -29,7 +29,6 @@ False
 from __future__ import annotations
 
 import os
-import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -101,7 +100,8 @@ class DiskSink(StepSink):
         batches: Sequence[Any] = (),
         scalars: Mapping[str, float] | None = None,
     ) -> bool:
-        """Forward to :meth:`HistoryWriter.write_step`."""
+        """Forward to :meth:`HistoryWriter.write_step` (a background writer queues the step and
+        returns False: its thread commits)."""
         return self.writer.write_step(
             block, list(batches), scalars=dict(scalars or {}), trusted=self.trusted
         )
@@ -138,11 +138,7 @@ class DiskSink(StepSink):
                     "evaluation line(s) kept in RAM and retried.",
                     ["free disk space or remount the output read-write; training continues"],
                 )
-                faults = getattr(self.writer, "faults", None)
-                if not faults:  # one warning per run, shared with the writer's commits
-                    warnings.warn(str(fault), RuntimeWarning, stacklevel=3)
-                if faults is not None:
-                    faults.append(fault)
+                self.writer.note_fault(fault)  # one warning per run, shared with the commits
                 break
             self.unwritten.pop(0)
             self._next_n = row["n"] + 1
@@ -153,9 +149,9 @@ class DiskSink(StepSink):
         disk fault.
 
         Returns the writer's :class:`~stepscope.history.artifact.CloseReport`
-        (``uncommitted_steps``, ``dropped_steps``, ``faults``), with an evaluation line that
-        could not be written counted in ``faults``. ``runlog.json`` is a convenience: failing to
-        write it is ignored.
+        (``uncommitted_steps``, ``dropped_steps``, ``behind_steps``, ``faults``), with an
+        evaluation line that could not be written counted in ``faults``. ``runlog.json`` is a
+        convenience: failing to write it is ignored.
         """
         try:
             self.flush()  # never raises a fault (kept back and counted); the writer closes anyway
