@@ -87,7 +87,14 @@ def test_collector_measures_then_applies_and_records_its_choice(tmp_path):
     )
 
 
-def _sleepy_run(tmp_path, between_s: float, body_s: float, write_sleep=None, steps: int = 24):
+def _sleepy_run(
+    tmp_path,
+    between_s: float,
+    body_s: float,
+    write_sleep=None,
+    steps: int = 24,
+    background_writer: bool = True,
+):
     """A tiny model whose step body sleeps ``body_s``; the user loop sleeps ``between_s``."""
     import time
 
@@ -98,7 +105,7 @@ def _sleepy_run(tmp_path, between_s: float, body_s: float, write_sleep=None, ste
         model,
         sites="*",
         cadence=AutoCadence(target=0.05, warmup=20),
-        settings=WatchSettings(output_dir=str(tmp_path / "run")),
+        settings=WatchSettings(output_dir=str(tmp_path / "run"), background_writer=background_writer),
     )
     if write_sleep is not None:
         real, calls = c.writer.write_step, itertools.count(1)
@@ -247,9 +254,13 @@ def test_one_measured_commit_is_spread_over_the_steps_between_commits(policy, st
     assert choice.fixed_seconds == pytest.approx(0.05 / max(1.0, steps_per_commit))
 
 
-def test_auto_warmup_measures_a_real_commit_and_the_hook_dispatch(tmp_path):
-    d = _sleepy_run(tmp_path, 0.0, 0.005)
-    assert d["commit_seconds"] > 0  # the warm-up's rows were committed and timed
+@pytest.mark.parametrize("background_writer", [False, True])
+def test_auto_warmup_measures_a_real_commit_and_the_hook_dispatch(tmp_path, background_writer):
+    d = _sleepy_run(tmp_path, 0.0, 0.005, background_writer=background_writer)
+    if background_writer:  # commits run on the writer thread: none is charged to training
+        assert d["commit_seconds"] == 0
+    else:  # the warm-up's rows were committed on the training thread and timed
+        assert d["commit_seconds"] > 0
     assert 0 < d["hook_dispatch_seconds"] < 1e-3
     h = open_run(tmp_path / "run")
     # that commit made the warm-up durable at the decision step

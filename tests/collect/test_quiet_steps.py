@@ -17,8 +17,8 @@ import torch
 
 import stepscope as ss
 
-#: stepscope functions one quiet step may call (108 before the trim, 78 after it)
-QUIET_CALL_BUDGET = 78
+#: stepscope functions one quiet step may call (108 before the trim, 68 after it)
+QUIET_CALL_BUDGET = 70
 
 
 def _mlp(pairs: int, width: int) -> torch.nn.Module:

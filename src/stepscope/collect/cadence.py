@@ -154,8 +154,9 @@ class DueTable:
 
     >>> cadences = {"activation": Cadence(10, 100), "gradient": Cadence(5, 0)}
     >>> table = DueTable(cadences, ("activation", "gradient"))
-    >>> table.at(105), table.period
-    (({'activation': False, 'gradient': True}, {'activation': False, 'gradient': False}), 100)
+    >>> due, due_after = table.at(105)
+    >>> dict(due), dict(due_after), table.period
+    ({'activation': False, 'gradient': True}, {'activation': False, 'gradient': False}, 100)
     """
 
     MAX_PERIOD = 4096

@@ -72,6 +72,7 @@ from stepscope.collect.updates import assign_update_indices
 from stepscope.collect.write import StepBoundary, open_store
 from stepscope.errors import Refusal
 from stepscope.history import CloseReport, StepBlockRecord, StepProvenance
+from stepscope.history.inputs import MAX_STEP
 from stepscope.runlog import (
     PendingStep,
     StepClock,
@@ -405,7 +406,7 @@ class HistoryCollector(UserLog):
         """
         t_enter = time.perf_counter()
         self._check_open()
-        if examples.__class__ is not int or examples < 0:  # (a plain count: checked at once)
+        if examples.__class__ is not int or not 0 <= examples <= MAX_STEP + 1:  # (checked at once)
             examples = check_count(examples, "examples")
         if epoch is not None:
             epoch = check_count(epoch, "epoch")

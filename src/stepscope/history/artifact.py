@@ -99,6 +99,8 @@ from stepscope.stats.layout import SPINE_WIDTH
 __all__ = ["HistoryWriter"]
 
 WRITER_THREAD = "stepscope-writer"
+#: queued calls that wake the writer thread (at most; fewer with a smaller ``commit_steps``)
+WAKE_STEPS = 64
 #: background writers still open in this process, closed at interpreter exit
 _OPEN: weakref.WeakSet[HistoryWriter] = weakref.WeakSet()
 
@@ -263,6 +265,7 @@ class HistoryWriter(SiteTable):
                 ) from None
             raise
         self._reset_pending()
+        self._scalar_ids: dict[str, int] = {}  # scalar name -> id, once interned
         self._pending_last = self._last_step  # committed_step once the pending rows are durable
         self._written = self._committed = 0  # steps written / committed by this writer
         self._last_commit = time.monotonic()
@@ -368,10 +371,7 @@ class HistoryWriter(SiteTable):
                 f"write_step was given {type(block).__name__}, not a StepBlockRecord.",
                 ["pass StepBlockRecord(step) as the first argument"],
             )
-        scalar_rows = [
-            (check_text(name, "scalar name"), check_real(value, f"scalar {name!r}"))
-            for name, value in (scalars or {}).items()
-        ]
+        scalar_rows = self._check_scalars(scalars) if scalars else []
         step = block.optimizer_step
         if self._last_step is not None and step <= self._last_step:
             raise Refusal(
@@ -397,7 +397,7 @@ class HistoryWriter(SiteTable):
         item = _Queued(
             block,
             list(zip(all_batches, discl)),
-            [(step, self._intern(self.scalar_names, n), v) for n, v in scalar_rows],
+            [(step, self._scalar_id(n) if i is None else i, v) for n, i, v in scalar_rows],
             step,
         )
         if behind:
@@ -411,12 +411,32 @@ class HistoryWriter(SiteTable):
             self.ring.push(block, all_batches)
         return self._thread is None and self._maybe_commit()
 
+    def _check_scalars(self, scalars: dict[str, float]) -> list[tuple[str, int | None, float]]:
+        """``(name, id or None, value)`` of each scalar, checked (before anything is interned: a
+        refused step leaves no trace); a name written before is not checked again."""
+        ids, out = self._scalar_ids, []
+        for name, value in scalars.items():
+            i = ids.get(name)
+            if i is None:
+                check_text(name, "scalar name")
+            if value.__class__ is not float:
+                value = check_real(value, f"scalar {name!r}")
+            out.append((name, i, value))
+        return out
+
+    def _scalar_id(self, name: str) -> int:
+        """The id of scalar ``name`` (interned on first use, then looked up in a dict)."""
+        i = self._scalar_ids.get(name)
+        if i is None:
+            i = self._scalar_ids[name] = self._intern(self.scalar_names, name)
+        return i
+
     def write_scalar(self, name: str, step: int, value: float) -> None:
         """Add one user scalar row (e.g. a loss) at ``step``; committed with the next commit."""
         self._check_open()
         name = check_text(name, "scalar name")
         row = (check_step(step, "write_scalar step"), check_real(value, f"scalar {name!r}"))
-        scalar = (row[0], self._intern(self.scalar_names, name), row[1])
+        scalar = (row[0], self._scalar_id(name), row[1])
         self._hand(_Queued(None, [], [scalar], self._last_step))
 
     def _hand(self, item: _Queued) -> None:
@@ -623,6 +643,8 @@ class HistoryWriter(SiteTable):
         self._queued_full = 0  # queued steps with their payload (the bound applies to these)
         self._flush_asked = self._flush_done = 0  # commit() tickets
         self._flush_row: dict[str, Any] | None = None
+        # queued calls that make the thread take the queue (well before the bound is reached)
+        self._wake_at = min(self.commit_steps, WAKE_STEPS, max(1, self.max_queued_steps // 2))
         self._stop = False
         self._pid = os.getpid()
         self._thread = threading.Thread(target=self._run, name=WRITER_THREAD, daemon=True)
@@ -630,15 +652,20 @@ class HistoryWriter(SiteTable):
         _OPEN.add(self)
 
     def _enqueue(self, item: _Queued) -> None:
+        """Queue one call; the thread takes the queue only when a batch of steps is ready (a
+        wake per step would hand it the GIL at every training step): ``_wake_at`` queued calls
+        (``min(commit_steps, WAKE_STEPS, max_queued_steps // 2)``), the time rule (its timed
+        wait), or ``commit()`` / ``close()``."""
         with self._cond:
             self._queue.append(item)
             if item.block is not None and item.behind is None:
                 self._queued_full += 1
-            self._cond.notify()
+            if len(self._queue) >= self._wake_at or len(self._queue) == 1:
+                self._cond.notify()  # (the first: the thread starts the time rule's clock)
 
     def _wait_s(self) -> float | None:
         """Seconds until the time rule makes a commit due (``None``: no time rule now)."""
-        if self.commit_seconds is None or not self._pending:
+        if self.commit_seconds is None or not (self._pending or self._queue):
             return None
         if self.faults and self._due_at > self.commit_steps:
             return None  # after a failed commit the retry is by steps
@@ -649,7 +676,11 @@ class HistoryWriter(SiteTable):
         cond = self._cond
         while True:
             with cond:
-                while not (self._queue or self._stop or self._flush_asked > self._flush_done):
+                while not (
+                    len(self._queue) >= self._wake_at
+                    or self._stop
+                    or self._flush_asked > self._flush_done
+                ):
                     wait = self._wait_s()
                     if wait is not None and wait <= 0:
                         break
