@@ -11,7 +11,12 @@ fields each) and a histogram for every site and stream every ``--hist-every`` st
 runs in a forked child so its peak RSS growth (``VmHWM`` after ``clear_refs``) is its own.
 
 - ``stepscope``: :class:`HistoryWriter.write_step` with one columnar batch per stream, fsync on
-  (``durable``) and off; commit every ``--commit-steps`` steps.
+  (``durable``) and off; commit every ``--commit-steps`` steps; and fsync on with the
+  ``stepscope-writer`` thread (``background=True``, the collector's default), where the caller's
+  ``write_step`` only queues the step (its mean and worst time on the caller's thread are printed
+  for each stepscope arm: what a training step pays). This loop writes back to back with no
+  training between steps, so the thread can fall behind: the steps it could not queue are
+  counted (``writer_behind``), as a real run's would be.
 - ``tensorboard``: ``SummaryWriter.add_scalar`` for each of the 15 spine fields of every row and
   ``add_histogram_raw`` (non-empty buckets only) for each histogram; on ``--tb-steps`` steps.
 - ``torchlens``: ``observability.HistoryWriter.append_block`` (one chunk per step, whole
@@ -80,13 +85,20 @@ def _dir_bytes(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
-def write_stepscope(path: Path, a: argparse.Namespace, durable: bool) -> dict:
+def write_stepscope(
+    path: Path, a: argparse.Namespace, durable: bool, background: bool = False
+) -> dict:
     spines, hists = make_data(a.sites)
     base = _rss_reset()
     commits: list[float] = []
+    calls: list[float] = []  # each write_step on the caller's thread
     t0 = time.perf_counter()
     with HistoryWriter(
-        path, commit_steps=a.commit_steps, commit_seconds=None, durable=durable
+        path,
+        commit_steps=a.commit_steps,
+        commit_seconds=None,
+        durable=durable,
+        background=background,
     ) as w:
         ids = np.array(
             [w.register_site(f"layers.{i}", "torch.nn.Linear", "f32[*]") for i in range(a.sites)]
@@ -102,14 +114,19 @@ def write_stepscope(path: Path, a: argparse.Namespace, durable: bool) -> dict:
                 for s, ph, sg in STREAMS[: a.streams]
             ]  # fmt: skip
             c0 = time.perf_counter()
-            if w.write_step(StepBlockRecord(step), batches):
-                commits.append(time.perf_counter() - c0)
+            committed = w.write_step(StepBlockRecord(step), batches)
+            calls.append(time.perf_counter() - c0)
+            if committed:
+                commits.append(calls[-1])
     k = max(1, min(5, len(commits) // 2))
     return {
+        "behind_steps": w.behind_steps,  # steps queued past the bound: cells writer_behind
+        "call_mean_us": 1e6 * float(np.mean(calls)),
+        "call_max_us": 1e6 * float(np.max(calls)),
         "seconds": time.perf_counter() - t0,
         "rss_growth": _status("VmHWM") - base,
-        "first_commits_ms": 1e3 * float(np.mean(commits[:k])),
-        "last_commits_ms": 1e3 * float(np.mean(commits[-k:])),
+        "first_commits_ms": 1e3 * float(np.mean(commits[:k])) if commits else 0.0,
+        "last_commits_ms": 1e3 * float(np.mean(commits[-k:])) if commits else 0.0,
     }
 
 
@@ -259,6 +276,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, fn, args, steps in [
         ("stepscope (fsync)", write_stepscope, (root / "ss", a, True), a.steps),
         ("stepscope (no fsync)", write_stepscope, (root / "ss_nofsync", a, False), a.steps),
+        ("stepscope (writer thread)", write_stepscope, (root / "ss_bg", a, True, True), a.steps),
         ("tensorboard", write_tensorboard, (root / "tb", a), a.tb_steps),
         ("torchlens", write_torchlens, (root / "tl", a), a.tl_steps),
     ]:
@@ -282,11 +300,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n{a.sites} sites x {a.streams} streams, histograms every {a.hist_every} steps; "
           f"stepscope {a.steps} steps, tensorboard {a.tb_steps}, torchlens {a.tl_steps}\n")  # fmt: skip
     print(
-        f"{'writer':22} {'rows':>9} {'rows/s':>10} {'MB/s':>7} {'B/row':>7} {'RSS+MB':>7} {'x ours':>7}"
+        f"{'writer':26} {'rows':>9} {'rows/s':>10} {'MB/s':>7} {'B/row':>7} {'RSS+MB':>7} {'x ours':>7}"
     )
     for name, r in results.items():
         rate = r["rows"] / r["seconds"]
-        print(f"{name:22} {r['rows']:9d} {rate:10.0f} {r['bytes'] / r['seconds'] / 1e6:7.1f} "
+        print(f"{name:26} {r['rows']:9d} {rate:10.0f} {r['bytes'] / r['seconds'] / 1e6:7.1f} "
               f"{r['bytes'] / r['rows']:7.0f} {r['rss_growth'] / 2**20:7.1f} "
               f"{(ours['rows'] / ours['seconds']) / rate:7.2f}")  # fmt: skip
     for name in ("stepscope (fsync)", "stepscope (no fsync)"):
@@ -294,6 +312,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\n{name} commit (write_step that committed, {a.commit_steps} steps): first "
               f"{r['first_commits_ms']:.1f} ms, last {r['last_commits_ms']:.1f} ms", end="")  # fmt: skip
     print()
+    for name in ("stepscope (fsync)", "stepscope (no fsync)", "stepscope (writer thread)"):
+        r = results[name]
+        print(f"{name}: write_step on the caller's thread: mean {r['call_mean_us']:.0f} us, "
+              f"worst {r['call_max_us']:.0f} us, {r['behind_steps']} steps kept without "
+              "their cells (writer_behind)")  # fmt: skip
     tl = results.get("torchlens")
     if tl:
         print(f"\ntorchlens commit cost: first {tl['first_commits_ms']:.1f} ms, last "
