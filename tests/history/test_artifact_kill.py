@@ -47,6 +47,27 @@ def _reported(fd):
     return [v for (v,) in struct.iter_unpack("<q", data)]
 
 
+def _start(ctx, target, *args):
+    """Start ``target(*args, fd)`` in a forked child; returns it and the pipe's read end once
+    the child reported its artifact ready (the kill's clock starts after that)."""
+    r, w = os.pipe()
+    proc = ctx.Process(target=target, args=(*args, w), daemon=True)
+    proc.start()
+    os.close(w)
+    assert os.read(r, 8) == struct.pack("<q", -1)
+    return proc, r
+
+
+def _kill(proc, r, seen=()):
+    """``kill -9`` the child; returns every value it reported (``seen`` first), pipe closed."""
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.join()
+    os.set_blocking(r, False)
+    values = [*seen, *_reported(r)]
+    os.close(r)
+    return values
+
+
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
 def test_sigkill_at_random_moments_leaves_exactly_a_committed_prefix(tmp_path):
     ctx = multiprocessing.get_context("fork")
@@ -55,17 +76,9 @@ def test_sigkill_at_random_moments_leaves_exactly_a_committed_prefix(tmp_path):
     for trial in range(TRIALS):
         path = tmp_path / f"run{trial}"
         commit_steps = int(rng.integers(1, 4))
-        r, w = os.pipe()
-        proc = ctx.Process(target=_child, args=(path, commit_steps, w), daemon=True)
-        proc.start()
-        os.close(w)
-        assert os.read(r, 8) == struct.pack("<q", -1)  # artifact exists before the clock starts
+        proc, r = _start(ctx, _child, path, commit_steps)  # artifact exists before the clock
         time.sleep(float(rng.uniform(0.0, 0.3)))
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.join()
-        os.set_blocking(r, False)
-        committed = _reported(r)
-        os.close(r)
+        committed = _kill(proc, r)
 
         h = open_run(path)
         assert h.verify().ok  # every index row's chunks verify
@@ -141,24 +154,14 @@ def test_sigkill_during_recovery_after_a_disk_fault_leaves_a_committed_prefix(tm
         path = tmp_path / f"run{trial}"
         commit_steps = int(rng.integers(1, 4))
         start = int(rng.integers(0, 40))
-        r, w = os.pipe()
-        proc = ctx.Process(
-            target=_faulty_child, args=(path, commit_steps, (start, start + 30), w), daemon=True
-        )
-        proc.start()
-        os.close(w)
-        assert os.read(r, 8) == struct.pack("<q", -1)
-        seen = []
+        proc, r = _start(ctx, _faulty_child, path, commit_steps, (start, start + 30))
+        seen: list[int] = []
         while -2 not in seen:  # wait for the disk to heal, then kill during the catch-up
             data = os.read(r, 8)
             assert data, "the writer died from the disk fault"
             seen += [v for (v,) in struct.iter_unpack("<q", data)]
         time.sleep(float(rng.uniform(0.0, 0.05)))
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.join()
-        os.set_blocking(r, False)
-        committed = [v for v in seen + _reported(r) if v >= 0]
-        os.close(r)
+        committed = [v for v in _kill(proc, r, seen) if v >= 0]
 
         h = open_run(path)
         assert h.verify().ok
@@ -205,17 +208,9 @@ def test_sigkill_of_a_background_writer_keeps_every_step_it_reported_committed(t
     for trial in range(BACKGROUND_TRIALS):
         path = tmp_path / f"run{trial}"
         commit_steps = int(rng.integers(1, 6))
-        r, w = os.pipe()
-        proc = ctx.Process(target=_background_child, args=(path, commit_steps, w), daemon=True)
-        proc.start()
-        os.close(w)
-        assert os.read(r, 8) == struct.pack("<q", -1)
+        proc, r = _start(ctx, _background_child, path, commit_steps)
         time.sleep(float(rng.uniform(0.0, 0.4)))
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.join()
-        os.set_blocking(r, False)
-        committed = _reported(r)
-        os.close(r)
+        committed = _kill(proc, r)
 
         h = open_run(path)
         assert h.verify().ok
