@@ -11,6 +11,7 @@
 No timing decides a test: the stalled disk is an ``Event`` the test holds.
 """
 
+import contextlib
 import errno
 import os
 import subprocess
@@ -76,16 +77,19 @@ def _batches(w: HistoryWriter, ids: list[int], step: int) -> list[ObservationBat
     return [act, grad]
 
 
-def _write(path, n_steps: int, **kw) -> HistoryWriter:
+def _write(path, n_steps: int, hold_thread: bool = False, **kw) -> HistoryWriter:
     """``n_steps`` steps of two streams, step scalars and a late scalar row; returns the writer
-    (open)."""
+    (open). ``hold_thread``: the writer thread cannot take the queue until every step is
+    written (it then takes them all at once, as on a loaded machine)."""
     w = HistoryWriter(path, commit_seconds=None, **kw)
     ids = [w.register_site(f"s{i}", "torch.nn.Linear", "f32[4]") for i in range(N_SITES)]
-    for step in range(n_steps):
-        block = StepBlockRecord(step, examples_seen=8 * (step + 1), wall_time=1000.0 + step)
-        w.write_step(block, _batches(w, ids, step), scalars={"loss": 1.0 / (step + 1)})
-        if step % 3 == 0:
-            w.write_scalar("lr", step, 0.1 * step)
+    with w._cond if hold_thread else contextlib.nullcontext():  # the queue's lock (re-entrant)
+        for step in range(n_steps):
+            block = StepBlockRecord(step, examples_seen=8 * (step + 1), wall_time=1000.0 + step)
+            w.write_step(block, _batches(w, ids, step), scalars={"loss": 1.0 / (step + 1)})
+            if step % 3 == 0:
+                w.write_scalar("lr", step, 0.1 * step)
+        assert not hold_thread or w.committed_step is None  # the thread has taken nothing yet
     return w
 
 
@@ -137,6 +141,25 @@ def test_grouped_commits_read_back_identically_in_both_modes(tmp_path):
         assert reports[mode].ok and reports[mode].committed_step == 24
     bg, sync = _reader_output(tmp_path / "bgTrue"), _reader_output(tmp_path / "bgFalse")
     assert bg == sync and bg["steps"] == list(range(25))
+
+
+@pytest.mark.parametrize("hold_thread", [False, True], ids=["thread_free", "thread_late"])
+def test_commits_land_at_the_same_steps_as_the_synchronous_writers(tmp_path, hold_thread):
+    """The step rule groups the same steps into each commit however many steps the thread takes
+    from the queue at once: same chunks, same index rows, same row order from the reader."""
+    for mode in (False, True):
+        kw = {"hold_thread": hold_thread and mode, "commit_steps": 5, "background": mode}
+        assert _write(tmp_path / f"bg{mode}", 23, **kw).close().ok
+    spans = {
+        m: [(r["step_lo"], r["step_hi"]) for r in ss.open_run(tmp_path / f"bg{m}").commits]
+        for m in (False, True)
+    }
+    assert spans[True] == spans[False]  # (a late scalar row of step 9 goes with 10..14)
+    assert [hi for _, hi in spans[True]] == [4, 9, 14, 19, 22]
+    assert _chunk_bytes(tmp_path / "bgTrue") == _chunk_bytes(tmp_path / "bgFalse")
+    bg, sync = ss.open_run(tmp_path / "bgTrue"), ss.open_run(tmp_path / "bgFalse")
+    for table in ("observations", "histograms", "steps", "scalars"):  # unsorted: commit order
+        assert bg.table(table).tobytes() == sync.table(table).tobytes(), table
 
 
 _FILE_OPS = ("open", "write", "pwrite", "fsync", "replace", "ftruncate", "pread", "mkdir", "unlink")
@@ -276,7 +299,8 @@ def test_a_disk_fault_on_the_writer_thread_warns_once_on_the_callers_thread(tmp_
         monkeypatch.setattr(warnings, "warn", warn)
         for step in range(30):
             if step == 4:
-                assert w.commit() is not None
+                w.commit()  # (None: the step rule committed steps 0..3 already)
+                assert w.committed_step == 3 and w.pending_steps == 0
                 on[0] = True
             if step == 20:
                 w.commit()  # the thread met the fault: reported here at the latest

@@ -20,7 +20,9 @@ its input, interns disclosure sets and scalar names (the site table is guarded b
 hands the step to a queue; a daemon thread, ``stepscope-writer``, encodes the queued steps and
 makes the group commit when it is due (the same ``commit_steps`` / ``commit_seconds`` rule, the
 time rule also while training is idle), so no file is written or fsynced on the training
-thread. The durability window is the same: a kill loses at most the ``commit_steps`` steps /
+thread. The step rule commits at the same steps as without the thread, however many steps the
+thread takes from the queue at once: the chunks, and the order in which the reader returns
+rows, do not depend on thread scheduling (only the time rule does, as without the thread). The durability window is the same: a kill loses at most the ``commit_steps`` steps /
 ``commit_seconds`` seconds not yet committed, plus the steps still queued for the thread.
 ``committed_step`` and ``commits`` change only once a commit is durable. At most
 ``max_queued_steps`` steps wait for the thread: a step written while the queue is full is not
@@ -691,7 +693,11 @@ class HistoryWriter(SiteTable):
             try:
                 for item in items:
                     self._absorb(item)
-                if ticket > self._flush_done or (not stop and self._due()):
+                    if item.block is not None and self._due():
+                        # at the step the synchronous writer commits at: how many steps the
+                        # thread took at once (scheduling) never changes the chunks' grouping
+                        row = self._commit_now()
+                if ticket > self._flush_done:
                     row = self._commit_now()
             except BaseException as exc:  # a refusal or a bug: reported on the caller's thread
                 with self._fault_lock:
