@@ -66,6 +66,10 @@ def _train(path, fault, heal, **settings):
                 committed_before_fault = c.writer.committed_step
                 fault()
             if step == HEAL_AT:
+                # the writer thread meets the fault with every step written so far (one more
+                # commit attempt, in both modes) before the disk heals: its scheduling does not
+                # decide how many steps wait in RAM
+                c.writer.commit()
                 heal()
             with c.step(opt, examples=4):
                 loss = model(_batch(step)).pow(2).mean()
