@@ -506,8 +506,11 @@ class HistoryWriter(SiteTable):
         pending.scalars.extend(item.scalars)
         self._pending_last = item.last_step
 
+    def _due_by_steps(self) -> bool:
+        return len(self._pending.steps) >= self._due_at
+
     def _due(self) -> bool:
-        due = len(self._pending.steps) >= self._due_at
+        due = self._due_by_steps()
         if not due and self.faults and self._due_at > self.commit_steps:
             return False  # after a failed commit: retry after commit_steps more steps
         if not due and self.commit_seconds is not None and self._pending:
@@ -693,12 +696,12 @@ class HistoryWriter(SiteTable):
             try:
                 for item in items:
                     self._absorb(item)
-                    if item.block is not None and self._due():
+                    if item.block is not None and self._due_by_steps():
                         # at the step the synchronous writer commits at: how many steps the
                         # thread took at once (scheduling) never changes the chunks' grouping
                         row = self._commit_now()
-                if ticket > self._flush_done:
-                    row = self._commit_now()
+                if ticket > self._flush_done or (not stop and self._due()):
+                    row = self._commit_now()  # asked, or the time rule: all that was taken
             except BaseException as exc:  # a refusal or a bug: reported on the caller's thread
                 with self._fault_lock:
                     self._thread_error = self._thread_error or exc
