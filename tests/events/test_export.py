@@ -18,6 +18,7 @@ from stepscope.events import (
     step_events,
 )
 from stepscope.history import HistoryWriter, StepBlockRecord
+from stepscope.history.sample import sample_run
 
 
 def _same(a, b):
@@ -181,3 +182,26 @@ def test_export_refuses_without_outputs_or_artifact(tmp_path, capsys):
     assert main(["export", str(tmp_path / "nope"), "--jsonl", str(tmp_path / "x.jsonl")]) == 3
     assert "history_artifact_missing" in capsys.readouterr().err
     assert not (tmp_path / "x.jsonl").exists()
+
+
+@pytest.mark.parametrize(
+    ("keyword", "kind"),
+    [("tensorboard", "file"), ("wandb", "file"), ("jsonl", "folder")],
+)
+def test_export_run_refuses_a_destination_of_the_wrong_kind_before_writing(keyword, kind, tmp_path):
+    """The Python API refuses as the CLI does (a raw OSError once came out mid-export), names
+    the keyword to use, and leaves the wrong-kind path as it was."""
+    run = sample_run(str(tmp_path / "run"))
+    dest = tmp_path / "dest"
+    if kind == "file":
+        dest.write_text("not a folder")
+    else:
+        dest.mkdir()
+    with pytest.raises(Refusal) as err:
+        export_run(run, **{keyword: str(dest)})
+    assert err.value.code == "export_destination_invalid"
+    assert f"{keyword}=" in str(err.value) and "Remedies" in str(err.value)
+    if kind == "file":
+        assert dest.read_text() == "not a folder"
+    else:
+        assert list(dest.iterdir()) == []

@@ -22,9 +22,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from stepscope.errors import Refusal, require_extra
+from stepscope.errors import require_extra
 from stepscope.events.coordinates import Axis
-from stepscope.events.export import export_run
+from stepscope.events.export import check_destinations, export_run
 from stepscope.history import find_runs
 from stepscope.history.discover import runs_at
 from stepscope.history.files import atomic_write_json
@@ -157,22 +157,9 @@ def _exported_before(mark: dict[str, Any], log_dir: str) -> Path | None:
 
 
 def _check_destinations(args: argparse.Namespace) -> None:
-    """Refuse ``export_destination_invalid`` before any work: a folder option given an existing
-    file, or the JSONL file option given an existing folder (each once raised a raw OSError)."""
-    folders = {"--tensorboard": args.tensorboard, "--parquet": args.parquet, "--wandb": args.wandb}
-    for flag, value in folders.items():
-        if value is not None and Path(value).exists() and not Path(value).is_dir():
-            raise Refusal(
-                "export_destination_invalid",
-                f"{flag} {value!r} is an existing file; it needs a folder (new or existing).",
-                [f"pass {flag} a folder path, e.g. {flag} tb/"],
-            )
-    if args.jsonl is not None and Path(args.jsonl).is_dir():
-        raise Refusal(
-            "export_destination_invalid",
-            f"--jsonl {args.jsonl!r} is a folder; it needs a file path.",
-            [f"pass --jsonl a file, e.g. --jsonl {Path(args.jsonl) / 'events.jsonl'}"],
-        )
+    """Refuse ``export_destination_invalid`` before any work (see :func:`check_destinations`)."""
+    folders = {"--tensorboard ": args.tensorboard, "--parquet ": args.parquet}
+    check_destinations(folders | {"--wandb ": args.wandb}, {"--jsonl ": args.jsonl})
 
 
 def _export(args: argparse.Namespace) -> int:

@@ -31,7 +31,7 @@ from __future__ import annotations
 import os
 import shutil
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -147,6 +147,47 @@ def replay(
     )
 
 
+def check_destinations(
+    folders: Mapping[str, str | os.PathLike[str] | None],
+    files: Mapping[str, str | os.PathLike[str] | None] | None = None,
+) -> None:
+    """Refuse ``export_destination_invalid`` before any work: a folder destination that is an
+    existing file, or a file destination that is an existing folder (each once raised a raw
+    ``OSError`` after the export had begun).
+
+    The keys are the spellings the message and remedy use: a CLI flag with its space
+    (``"--tensorboard "``) or a keyword with its ``=`` (``"tensorboard="``).
+
+    >>> import tempfile
+    >>> d = tempfile.mkdtemp()
+    >>> check_destinations({"tensorboard=": d + "/tb"}, {"jsonl=": d + "/events.jsonl"})  # new: fine
+    >>> check_destinations({}, {"jsonl=": d})
+    Traceback (most recent call last):
+    ...
+    stepscope.errors.RefusalInputError: [export_destination_invalid] jsonl='...' is a folder; it needs a file path. Remedies: pass jsonl=<a file path>, e.g. jsonl='.../events.jsonl'
+    """
+
+    def spelled(flag: str, value: object) -> str:
+        return f"{flag}{value!r}" if flag.endswith("=") else f"{flag}{value}"
+
+    for flag, value in folders.items():
+        if value is not None and Path(value).exists() and not Path(value).is_dir():
+            raise Refusal(
+                "export_destination_invalid",
+                f"{spelled(flag, str(value))} is an existing file; it needs a folder (new or "
+                "existing).",
+                [f"pass {flag}<a folder path>, e.g. {spelled(flag, 'tb/')}"],
+            )
+    for flag, value in (files or {}).items():
+        if value is not None and Path(value).is_dir():
+            example = str(Path(value) / "events.jsonl")
+            raise Refusal(
+                "export_destination_invalid",
+                f"{spelled(flag, str(value))} is a folder; it needs a file path.",
+                [f"pass {flag}<a file path>, e.g. {spelled(flag, example)}"],
+            )
+
+
 def export_run(
     path: str | os.PathLike[str],
     *,
@@ -190,6 +231,7 @@ def export_run(
             "export needs at least one output.",
             ["pass --tensorboard DIR, --jsonl FILE or --wandb DIR"],
         )
+    check_destinations({"tensorboard=": tensorboard, "wandb=": wandb}, {"jsonl=": jsonl})
     record = HistoryReader(path).run  # refuses before any output is created
     label = name if name is not None else run_name(record, path)
     tb_run_dir = None if tensorboard is None else tensorboard_run_dir(tensorboard, label)
