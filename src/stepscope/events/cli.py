@@ -158,8 +158,10 @@ def _exported_before(mark: dict[str, Any], log_dir: str) -> Path | None:
 
 def _check_destinations(args: argparse.Namespace) -> None:
     """Refuse ``export_destination_invalid`` before any work (see :func:`check_destinations`)."""
-    folders = {"--tensorboard ": args.tensorboard, "--parquet ": args.parquet}
-    check_destinations(folders | {"--wandb ": args.wandb}, {"--jsonl ": args.jsonl})
+    check_destinations(
+        {"--tensorboard ": args.tensorboard, "--parquet ": args.parquet, "--wandb ": args.wandb},
+        {"--jsonl ": args.jsonl},
+    )
 
 
 def _export(args: argparse.Namespace) -> int:

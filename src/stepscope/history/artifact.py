@@ -22,7 +22,8 @@ makes the group commit when it is due (the same ``commit_steps`` / ``commit_seco
 time rule also while training is idle), so no file is written or fsynced on the training
 thread. The step rule commits at the same steps as without the thread, however many steps the
 thread takes from the queue at once: the chunks, and the order in which the reader returns
-rows, do not depend on thread scheduling (only the time rule does, as without the thread). The durability window is the same: a kill loses at most the ``commit_steps`` steps /
+rows, do not depend on thread scheduling (only the time rule does, as without the thread).
+The durability window is the same: a kill loses at most the ``commit_steps`` steps /
 ``commit_seconds`` seconds not yet committed, plus the steps still queued for the thread.
 ``committed_step`` and ``commits`` change only once a commit is durable. At most
 ``max_queued_steps`` steps wait for the thread: a step written while the queue is full is not
