@@ -143,7 +143,8 @@ class OuterStepHooks:
     def _pre(self, optimizer: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if torch.compiler.is_compiling():  # traced before ensure_eager() could swap
             return None
-        self.ensure_eager()
+        if not self._eager:
+            self.ensure_eager()
         if _can_nest(type(optimizer)):  # else no frame is looked at, nor held
             caller = _step_frame()  # torch's step wrapper, running the hooks
             if self._outer is not None and caller is not None:

@@ -154,6 +154,8 @@ class ActivationSites:
         discovered and no compiled region was seen; it goes back in front of any forward hook
         registered meanwhile (where it stood before: those came after the collector's).
         """
+        if quiet and self._resting and self._discovered and not self._compiled_seen:
+            return  # resting since an earlier quiet step, nothing changed since
         if quiet and not self._compiled_seen and self._all_discovered():
             if self._resting:
                 return

@@ -42,8 +42,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -66,7 +65,7 @@ from stepscope.collect.sites import (
     unwrap_compiled,
 )
 from stepscope.collect.staging import Reducer
-from stepscope.collect.step import OpenStep, StepState, StepTransaction
+from stepscope.collect.step import OpenStep, StepScope, StepState
 from stepscope.collect.surgery import StructureWatch
 from stepscope.collect.updates import assign_update_indices
 from stepscope.collect.write import StepBoundary, open_store
@@ -382,30 +381,37 @@ class HistoryCollector(UserLog):
             return self._begin_step()
         return self._open.state
 
-    @contextmanager
     def step(
         self,
         optimizer: torch.optim.Optimizer | Sequence[torch.optim.Optimizer] | None = None,
         scaler: Any = None,
         examples: int | None = None,
         epoch: int | None = None,
-    ) -> Iterator[StepTransaction]:
-        """The explicit, authoritative step transaction.
+    ) -> StepScope:
+        """The explicit, authoritative step transaction (a context manager).
 
         Put one optimizer step (forward, backward, ``optimizer.step()`` or
         ``optimizer.step(closure)``, or ``scaler.step(optimizer); scaler.update()``) inside.
         ``optimizer`` may be a sequence (several optimizers: each owns the rows of its own
         parameters) or a wrapper exposing ``.optimizer``. ``examples`` is the number of examples
         this step consumed (accumulated into ``examples_seen``); ``epoch`` is your own epoch
-        count (never derived). An exception escaping the block closes the collector (hooks
-        removed, committed data kept) and propagates.
+        count (never derived). ``with`` yields the step's
+        :class:`~stepscope.collect.step.StepTransaction`. An exception escaping the block
+        closes the collector (hooks removed, committed data kept) and propagates.
 
         Once a transaction was used (or the collector resumes), only transactions are steps: a
         bare ``optimizer.step()`` outside one is not recorded, is warned about, and the next
         ``step()`` refuses ``step_transaction_required``.
         """
+        return StepScope(self, optimizer, scaler, examples, epoch)
+
+    def _open_transaction(
+        self, optimizer: Any, scaler: Any, examples: int | None, epoch: int | None
+    ) -> StepState:
+        """``with collector.step(...)`` is entered: check, watch, open the step's window."""
         t_enter = time.perf_counter()
-        self._check_open()
+        if self._closed:
+            self._check_open()
         if examples.__class__ is not int or not 0 <= examples <= MAX_STEP + 1:  # (checked at once)
             examples = check_count(examples, "examples")
         if epoch is not None:
@@ -420,7 +426,7 @@ class HistoryCollector(UserLog):
             self._misuse.check_optimizers(opts, self.streams)
             self._steps.open_transaction(opts)
             self._flight_optimizers()
-        state = self._current()
+        state = self._open.state or self._begin_step()  # (_current())
         if not state.structure_checked:
             self._check_structure()
         state.open_transaction(examples, epoch, scaler)
@@ -429,13 +435,15 @@ class HistoryCollector(UserLog):
         # the transaction's own bookkeeping (checks, optimizer watches, model surgery) is telemetry
         state.charge(None, time.perf_counter() - t_enter)
         state.window_from, state.started = state.telemetry_s, time.perf_counter()
-        try:
-            yield StepTransaction(state, self._log_in)
-        except BaseException:
-            self._open.in_transaction = False
-            self.close()
-            raise
+        return state
+
+    def _close_transaction(self, state: StepState, scaler: Any, failed: bool) -> None:
+        """The ``with`` block ended: write the step, or (``failed``: an exception escapes it)
+        close the collector."""
         self._open.in_transaction = False
+        if failed:
+            self.close()
+            return
         t_close, charged = time.perf_counter(), state.telemetry_s
         self._steps.close_transaction(scaler, state)
         # its bookkeeping beyond the reductions it charged is telemetry, not training
@@ -446,7 +454,7 @@ class HistoryCollector(UserLog):
             self._open.scaler = None
 
     def _finish_step(self, provenance: StepProvenance, optimizer_known: bool = True) -> None:
-        state = self._current()
+        state = self._open.state or self._begin_step()  # (_current())
         self.clock.end(state.step)
         started = time.perf_counter()
         if not state.structure_checked:

@@ -49,8 +49,8 @@ class MisuseWarning(UserWarning):
     """A collector was used in a way that records less than the user probably meant."""
 
 
-#: Frames a misuse warning looks past: stepscope's, torch's and ``contextlib``'s (``step()`` is a
-#: ``@contextmanager``, entered and exited from contextlib), as
+#: Frames a misuse warning looks past: stepscope's, torch's and ``contextlib``'s (where a
+#: ``step()`` is entered through an ``ExitStack`` or a ``@contextmanager`` wrapper), as
 #: :func:`stepscope.stephooks.user_stacklevel` does for the first two.
 _SKIP = (*_OWN, contextlib.__file__)
 

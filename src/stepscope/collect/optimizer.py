@@ -238,7 +238,8 @@ class OptimizerWatch:
     def _pre(
         self, optimizer: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
-        closure = closure_of(optimizer, args, kwargs)
+        # ``opt.step()``: torch passes only the optimizer itself (no closure to look for)
+        closure = None if len(args) < 2 and not kwargs else closure_of(optimizer, args, kwargs)
         replacement = self._on_pre(self, closure)
         if replacement is None or closure is None:
             return None
@@ -405,6 +406,8 @@ class OptimizerSteps:
     def close_transaction(self, scaler: Any, state: StepState) -> None:
         """A transaction body ended: read the rows of parameters no optimizer stepped
         (gradients as left, values at the step's end)."""
+        if scaler is None and state.optimizer_quiet and state.grads_taken:
+            return  # a quiet step: no row is read, and its scaling is noted already
         status = grad_scale_status(scaler, True)
         if scaler is not None and update_marker(scaler) is not state.scaler_marker:
             status = "unscaled"  # scaler.step() unscaled them; update() has reset its stages
@@ -421,8 +424,10 @@ class OptimizerSteps:
     ) -> Callable[[], Any] | None:
         """Before the optimizer changes anything: gradients (or, with a closure, the closure to
         run instead, which reads them after the original returns) and the update sample."""
-        state = self.step.recording()
-        if state is None or self._outside_transaction():
+        step = self.step
+        # (recording() and _outside_transaction(), spelled out: this runs at every step)
+        state = None if step.window.depth else step.state
+        if state is None or (self.explicit_only and not step.in_transaction):
             return None
         t0, charged = time.perf_counter(), state.telemetry_s
         if (
@@ -432,8 +437,11 @@ class OptimizerSteps:
             and len(self.watches) == 1
         ):  # a quiet step's only optimizer step: nothing is read, the scaling is noted
             state.optimizer_steps[id(watch)] = 1
-            if not state.grads_taken:
-                self.take_gradients(watch.owned("gradient"), self._scale_status())
+            if not state.grads_taken and "gradient" in self.streams:
+                for r in watch.owned("gradient"):  # what take_gradients notes when not due
+                    if r.param is not None and r.param.grad is not None:
+                        state.grads_taken, state.scale_grad = True, self._scale_status()
+                        break
             state.hook_calls += 1
             state.hook_s += time.perf_counter() - t0
             return None
@@ -502,10 +510,11 @@ class OptimizerSteps:
 
     def post_step(self, watch: OptimizerWatch) -> None:
         """After the optimizer step: updates and parameter values; ends an implicit step."""
-        state = self.step.recording()
+        step = self.step
+        state = None if step.window.depth else step.state  # recording(), spelled out
         if state is None:
             return
-        if self._outside_transaction():
+        if self.explicit_only and not step.in_transaction:  # _outside_transaction()
             self._discard_stray_step(watch, state)
             return
         state.stepped = True

@@ -44,11 +44,11 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
-__all__ = ["OpenStep", "TelemetryWindow"]
+__all__ = ["OpenStep", "StepScope", "StepTransaction", "TelemetryWindow"]
 
 # ------------------------------------------------------------------ (stepstate)
 
@@ -101,6 +101,35 @@ class StepState:
         self.telemetry_s += seconds
         if stream is not None:
             self.stream_s[stream] = self.stream_s.get(stream, 0.0) + seconds
+
+
+class StepScope:
+    """What ``collector.step(...)`` returns: the context manager of one step transaction.
+
+    Entering it opens the transaction (checks, optimizer watches, the step's training-clock
+    window) and yields the step's :class:`StepTransaction`; leaving it writes the step, or,
+    when an exception escapes the block, closes the collector and lets the exception propagate.
+    A plain class rather than a generator: it runs at every training step.
+    """
+
+    __slots__ = ("_args", "_collector", "_state")
+
+    def __init__(
+        self, collector: Any, optimizer: Any, scaler: Any, examples: Any, epoch: Any
+    ) -> None:
+        self._collector, self._args = collector, (optimizer, scaler, examples, epoch)
+        self._state: StepState | None = None
+
+    def __enter__(self) -> StepTransaction:
+        c = self._collector
+        state = self._state = c._open_transaction(*self._args)
+        return StepTransaction(state, c._log_in)
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> Literal[False]:
+        state, self._state = self._state, None
+        if state is not None:
+            self._collector._close_transaction(state, self._args[1], exc_type is not None)
+        return False  # an exception from the block propagates
 
 
 class StepTransaction:

@@ -335,7 +335,7 @@ def step_truth(
     if state.skipped and not state.stepped:
         applied = Tristate.NO  # the scaler ended the iteration without an optimizer step
     elif optimizer_known and provenance is StepProvenance.EXPLICIT:
-        applied = Tristate.of(state.stepped)
+        applied = Tristate.YES if state.stepped else Tristate.NO  # (Tristate.of a bool)
     else:
         applied = Tristate.YES if state.stepped else Tristate.UNKNOWN
     if seen is None:

@@ -366,6 +366,10 @@ class HistoryWriter(SiteTable):
         skipped; everything else is written exactly as without it. With ``background=True``
         the step is queued (the thread commits it): the return value is always False.
         """
+        if trusted and not batches and not observations and self._thread is not None:
+            bare = self._write_bare(block, scalars)  # a step with no rows (nine in ten)
+            if bare:
+                return False
         self._check_open()
         self._report_thread()
         if not isinstance(block, StepBlockRecord):
@@ -413,6 +417,39 @@ class HistoryWriter(SiteTable):
         if self.ring is not None:
             self.ring.push(block, all_batches)
         return self._thread is None and self._maybe_commit()
+
+    def _write_bare(self, block: StepBlockRecord, scalars: dict[str, float] | None) -> bool:
+        """Queue a trusted producer's step without rows whose scalar names were all written
+        before (a quiet step's clocks and losses): what :meth:`write_step` does for it, in
+        one call. Returns False, having done nothing, where the checked path must take it (a
+        new or non-float scalar, a step out of order, a fault to report, a closed writer)."""
+        step = block.optimizer_step
+        last = self._last_step
+        if (
+            self._closed
+            or self._unwarned
+            or self._thread_error
+            or (last is not None and step <= last)
+            or block.__class__ is not StepBlockRecord
+        ):
+            return False
+        ids, rows = self._scalar_ids, []
+        if scalars:
+            for name, value in scalars.items():
+                i = ids.get(name)
+                if i is None or value.__class__ is not float:
+                    return False
+                rows.append((step, i, value))
+        item = _Queued(block, [], rows, step)
+        if self._queued_full >= self.max_queued_steps:  # no room: disclosed like any step
+            item.behind = self._intern(self.disclosures, ("writer_behind",))
+            self.behind_steps += 1
+        self._last_step = step
+        self._written += 1
+        self._enqueue(item)
+        if self.ring is not None:
+            self.ring.push(block, ())
+        return True
 
     def _check_scalars(self, scalars: dict[str, float]) -> list[tuple[str, int | None, float]]:
         """``(name, id or None, value)`` of each scalar, checked (before anything is interned: a

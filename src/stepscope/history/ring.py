@@ -150,8 +150,8 @@ class StepRing:
             raise Refusal(
                 "history_step_out_of_order", f"ring got step {step} after {self._last_step}."
             )
-        self.check_room()
-        if self.full:
+        if len(self._blocks) >= self.capacity:  # full: the policy applies
+            self.check_room()
             if self.disk_backed:
                 self._blocks.popitem(last=False)  # least recently used
                 self.evicted += 1

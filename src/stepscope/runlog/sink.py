@@ -102,8 +102,8 @@ class DiskSink(StepSink):
     ) -> bool:
         """Forward to :meth:`HistoryWriter.write_step` (a background writer queues the step and
         returns False: its thread commits)."""
-        return self.writer.write_step(
-            block, list(batches), scalars=dict(scalars or {}), trusted=self.trusted
+        return self.writer.write_step(  # (the writer copies what it keeps)
+            block, batches, scalars=scalars, trusted=self.trusted
         )
 
     def write_scalar(self, name: str, step: int, value: float) -> None:
