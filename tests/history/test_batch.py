@@ -136,3 +136,27 @@ def test_fuzzed_batch_arguments_only_ever_refuse(
         )
     except Refusal:
         pass
+
+
+@pytest.mark.parametrize("table", ["observations", "histograms", "steps"])
+def test_concat_rows_joins_structured_rows_exactly_as_numpy_does(table):
+    """The commit's and the reader's join (raw bytes, no field promotion) equals
+    ``np.concatenate`` bit for bit, NaN payloads and empty parts included."""
+    from stepscope.history.layout import STEP_DTYPE, concat_rows, histogram_dtype, observation_dtype
+
+    dtype = {
+        "observations": observation_dtype(15),
+        "histograms": histogram_dtype(8, "<u4"),
+        "steps": STEP_DTYPE,
+    }[table]
+    rng = np.random.default_rng(0)
+    parts = []
+    for n in (3, 0, 5, 1):
+        raw = rng.integers(0, 256, n * dtype.itemsize, dtype=np.uint8)  # any bytes, NaNs too
+        parts.append(raw.view(dtype))
+    parts.append(np.zeros(4, dtype)[::2])  # a strided view (a masked chunk is a copy)
+    joined = concat_rows(parts)
+    assert joined.dtype == dtype and joined.tobytes() == np.concatenate(parts).tobytes()
+    # parts of different dtypes (histogram counts of two widths) are promoted as numpy does
+    mixed = [np.ones(2, histogram_dtype(8, "<u2")), np.ones(1, histogram_dtype(8, "<i8"))]
+    assert concat_rows(mixed).tobytes() == np.concatenate(mixed).tobytes()

@@ -22,7 +22,13 @@ import numpy as np
 from stepscope.errors import Refusal
 from stepscope.history.batch import ObservationBatch, code_of
 from stepscope.history.files import atomic_write_bytes
-from stepscope.history.layout import SCALAR_DTYPE, encode_steps, narrow_histograms, npy_bytes
+from stepscope.history.layout import (
+    SCALAR_DTYPE,
+    concat_rows,
+    encode_steps,
+    narrow_histograms,
+    npy_bytes,
+)
 from stepscope.history.schema import StepBlockRecord
 from stepscope.history.vocab import Presence
 
@@ -171,9 +177,9 @@ class PendingRows:
         """``(table, stream, rows)`` of each chunk a commit writes, step blocks first."""
         out: list[tuple[str, str | None, np.ndarray]] = [("steps", None, encode_steps(self.steps))]
         for stream, parts in self.obs.items():
-            out.append(("observations", stream, np.concatenate(parts)))
+            out.append(("observations", stream, concat_rows(parts)))
         for stream, parts in self.hist.items():
-            out.append(("histograms", stream, np.concatenate(parts)))  # narrowed on write
+            out.append(("histograms", stream, concat_rows(parts)))  # narrowed on write
         if self.scalars:
             out.append(("scalars", None, np.array(self.scalars, dtype=SCALAR_DTYPE)))
         return out

@@ -47,7 +47,13 @@ from stepscope.history.commits import CommittedArtifact
 from stepscope.history.decode import records_from_rows
 from stepscope.history.files import sha256_file
 from stepscope.history.frames import series_label, site_int_refusal
-from stepscope.history.layout import TABLES, decode_steps, histogram_dtype, npy_load
+from stepscope.history.layout import (
+    TABLES,
+    concat_rows,
+    decode_steps,
+    histogram_dtype,
+    npy_load,
+)
 from stepscope.history.schema import ObservationRecord, SiteRecord, StepBlockRecord
 from stepscope.history.series import HistogramSeries, Series, check_steps
 from stepscope.history.verify import VerifyReport, check_chunk, check_codes
@@ -160,7 +166,7 @@ class HistoryReader(CommittedArtifact):
             parts.append(arr if mask.all() else arr[mask])
         if not parts:
             return np.empty(0, self._dtypes[table])
-        return np.concatenate(parts)
+        return concat_rows(parts)
 
     # -- user-facing views -------------------------------------------------------------------
     @property
