@@ -10,6 +10,7 @@ function a quiet step calls is counted with ``sys.setprofile``: the count is bel
 from __future__ import annotations
 
 import collections
+import gc
 import sys
 from pathlib import Path
 
@@ -18,8 +19,9 @@ import torch
 import stepscope as ss
 
 #: stepscope functions one quiet step may call (108 before the first trim; 72 before the second,
-#: which counts the step's context manager, once contextlib's; 49 after it)
-QUIET_CALL_BUDGET = 50
+#: which counts the step's context manager, once contextlib's; 47 after it, 49 where the model's
+#: own hooks cannot rest because this process compiled a frame: see test_root_rest.py)
+QUIET_CALL_BUDGET = 49
 
 
 def _mlp(pairs: int, width: int) -> torch.nn.Module:
@@ -52,11 +54,14 @@ def _quiet_step_calls(tmp_path: Path, pairs: int, width: int = 16) -> collection
         if event == "call" and frame.f_code.co_filename.startswith(marker):
             calls[(Path(frame.f_code.co_filename).name, frame.f_code.co_name)] += 1
 
+    gc.collect()  # an earlier collector's __del__ must not run inside the counted step
+    gc.disable()
     sys.setprofile(profile)
     try:
         step()
     finally:
         sys.setprofile(None)
+        gc.enable()
     c.close()
     assert ss.open_run(run_dir).steps.tolist() == list(range(113))  # every step still written
     return calls

@@ -36,6 +36,14 @@ hook registered since (so the order among hooks is the original one). Modules wi
 forward hooks keep theirs (they pay torch's hooked call path anyway), and once a compiled
 region or a compiled model was seen the hooks stay on (no recompilation for a changed hook set).
 
+The model's own pre/post hooks (where it is called, for model surgery and training forwards)
+rest on quiet steps too, while they are its only ones and no frame was ever compiled in the
+process (:func:`compiled_frames`). A model compiled while they rest is traced without any
+of the collector's hooks (torch does not guard on hooks), so when ``torch.compile`` converted
+a frame during a rest, the hooks stay on from then on and every due step's unobserved
+activation rows read ``unsupported`` (``torch_compile``), never ``site_absent``: whether such
+a module ran can no longer be seen.
+
 Which tensor, which site
 ------------------------
 The tensor is found by the rule of :mod:`stepscope.collect.staging`; its structural signature
@@ -48,6 +56,7 @@ run by the end of a due step is registered with signature ``not_run`` and record
 from __future__ import annotations
 
 import fnmatch
+import sys
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
@@ -120,6 +129,12 @@ class ActivationSites:
         #: a compiled model or region was seen: the hooks stay on from then on
         self._compiled_seen = model is not unwrap_compiled(model)
         self._root: list[Any] = []
+        #: the model's own pre/post hooks may rest on quiet steps too (nothing else reads where
+        #: the model is called then; the collector turns this off for its flight recorder)
+        self.rest_root = True
+        self._root_resting = False
+        self._rest_frames: int | None = None  # compiled_frames() when the root hooks rested
+        self._blind = False  # compiled while resting: no unobserved row is known to be absent
         self._depth, self._root_grad = 0, True
         #: output signatures by (dtype, rank): formatted once, not per hook call
         self._signatures: dict[tuple[torch.dtype, int], str] = {}
@@ -159,6 +174,7 @@ class ActivationSites:
         if quiet and not self._compiled_seen and self._all_discovered():
             if self._resting:
                 return
+            self._rest_root(True)
             for module in self.bound.values():
                 handle = self._handles.get(id(module))
                 hooks = module._forward_hooks
@@ -167,6 +183,7 @@ class ActivationSites:
                     del self._handles[id(module)]
                     self._resting.append((module, handle))
             return
+        self._rest_root(False)
         resting, self._resting = self._resting, []
         for module, handle in resting:
             if id(module) in self.rows and id(module) not in self._handles:
@@ -178,6 +195,40 @@ class ActivationSites:
                 if first:
                     hooks.move_to_end(handle.id, last=False)  # type: ignore[attr-defined]
                 self._handles[id(module)] = handle
+
+    def _rest_root(self, rest: bool) -> None:
+        """Take the model's own pre/post hooks off (``rest``), or put them back in front of
+        any hook registered meanwhile (where they stood: they rest only as the model's sole
+        forward pre-hook and forward hook, so every other one came after them).
+
+        They rest only between calls of the model (depth 0): a quiet step reads nothing
+        where the model is called, and model surgery is looked for at steps with rows.
+        """
+        if rest == self._root_resting or len(self._root) != 2:
+            return
+        model, (pre, post) = self.model, self._root
+        tables = [
+            (model._forward_pre_hooks, pre, self._enter),
+            (model._forward_hooks, post, self._exit),
+        ]
+        if rest:
+            frames = compiled_frames()
+            if not self.rest_root or self._depth or frames != 0:
+                return
+            if any(len(hooks) != 1 or h.id not in hooks for hooks, h, _ in tables):
+                return  # the model has hooks of its own (torch's slow path anyway)
+            for hooks, h, _ in tables:
+                del hooks[h.id]
+            model._forward_hooks_always_called.pop(post.id, None)
+            self._rest_frames = frames
+        else:
+            if compiled_frames() != self._rest_frames:  # compiled while no hook was on
+                self._blind = self._compiled_seen = True
+            for hooks, h, fn in tables:
+                hooks[h.id] = fn
+                hooks.move_to_end(h.id, last=False)  # type: ignore[attr-defined]
+            model._forward_hooks_always_called[post.id] = True
+        self._root_resting = rest
 
     def _enter(self, _module: torch.nn.Module, _inputs: Any) -> None:
         if torch.compiler.is_compiling():  # the model's own hooks are on on every step
@@ -308,7 +359,7 @@ class ActivationSites:
         After a forward compiled by ``torch.compile``, rows not observed this step are
         ``unsupported`` with reason ``torch_compile`` instead.
         """
-        if self.compiled:
+        if self.compiled or self._blind:
             self.compiled = False
             for rows in self.rows.values():
                 for r in rows.values():
@@ -335,3 +386,19 @@ class ActivationSites:
                 self.rows[id(new)] = rows
                 self._hook(new)
         return list(rows.values())
+
+
+def compiled_frames() -> int | None:
+    """How many frames ``torch.compile`` has converted in this process (``None``: unknown).
+
+    Read from dynamo's frame counter (``0`` while dynamo's compiler was never imported);
+    where a torch version lacks it, ``None``, so the collector's root hooks never rest.
+
+    >>> isinstance(compiled_frames(), int)
+    True
+    """
+    convert = sys.modules.get("torch._dynamo.convert_frame")
+    if convert is None:
+        return 0
+    n = getattr(convert, "FRAME_COUNTER", None)
+    return n if isinstance(n, int) else None

@@ -253,6 +253,7 @@ class HistoryCollector(UserLog):
             self.settings, self.modules, owners, self._sites, self.path, self.run.rank,
             self.run.world_size, self._charge,
         )  # fmt: skip
+        self._sites.rest_root = self.forensics is None  # the recorder reads every step's calls
         try:
             self._sites.attach()
             if optimizer is not None:  # implicit: iterations end at update() with a scaler
