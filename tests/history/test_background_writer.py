@@ -385,9 +385,10 @@ def test_interpreter_exit_without_close_flushes_every_step(tmp_path):
         assert h.verify().ok and h.sealed  # closed by the exit hook: its log is sealed
 
 
-def _train(settings, n_steps: int = 8, calls: list | None = None):
+def _train(settings, n_steps: int = 8, calls: list | None = None, evals: bool = False):
     """Train a small model ``n_steps`` steps; returns the closed collector and the names of the
-    threads its creation started. ``calls`` gets ``"train"`` / ``"close"`` marks."""
+    threads its creation started. ``calls`` gets ``"train"`` / ``"close"`` marks; ``evals``
+    logs an evaluation after every third step."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -402,6 +403,8 @@ def _train(settings, n_steps: int = 8, calls: list | None = None):
             opt.step()
             opt.zero_grad()
             c.log("loss", 1.0)
+        if evals and c._next_step % 3 == 0:
+            c.log_eval("validation", {"ce": float(c._next_step)})
     if calls is not None:
         calls.append("close")
     c.close()
@@ -432,6 +435,50 @@ def test_the_collector_writes_through_the_background_writer_by_default(tmp_path,
     assert WRITER_THREAD in during + after  # the commits' fsyncs: on the writer thread
     h = ss.open_run(path)
     assert h.steps.tolist() == list(range(8)) and h.scalars("loss").values.tolist() == [1.0] * 8
+
+
+def test_a_training_loop_with_evaluations_does_no_file_operation_on_its_thread(
+    tmp_path, monkeypatch
+):
+    """Every file operation between the collector's creation and its close, ``evals.log``
+    appends and their fsyncs included, runs on the writer thread; every evaluation is in
+    ``evals.log``, in order, with its position, and visible to a reader as soon as it is
+    logged (``run_view()`` waits for the thread)."""
+    calls: list = []
+    for name in _FILE_OPS:
+        real = getattr(os, name)
+
+        def spy(*a, _real=real, _name=name, **k):
+            calls.append((_name, threading.current_thread().name))
+            return _real(*a, **k)
+
+        monkeypatch.setattr(os, name, spy)
+    path = tmp_path / "run"
+    settings = ss.WatchSettings(output_dir=str(path), commit_steps=4, commit_seconds=None)
+    c, _ = _train(settings, n_steps=12, calls=calls, evals=True)
+    monkeypatch.undo()
+    assert c.close_report.ok
+    during = calls[calls.index("train") + 1 : calls.index("close")]
+    assert ("fsync", WRITER_THREAD) in during  # the evaluations' appends were made...
+    assert {t for _, t in during} == {WRITER_THREAD}, during  # ...and only there
+    evals = ss.open_run(path).evals("validation")
+    assert [(e.optimizer_step, e.metrics["ce"]) for e in evals] == [(s, s) for s in (3, 6, 9, 12)]
+
+
+def test_an_evaluation_is_visible_to_the_run_view_as_soon_as_it_is_logged(tmp_path):
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    c = ss.HistoryCollector(model, settings=ss.WatchSettings(output_dir=str(tmp_path / "run")))
+    assert c.writer.background
+    for step in range(3):
+        with c.step(opt, examples=2):
+            model(torch.randn(2, 4)).square().mean().backward()
+            opt.step()
+        c.log_eval("validation", {"ce": float(step)})
+        seen = [e.metrics["ce"] for e in c.run_view().evals("validation")]
+        assert seen == [float(s) for s in range(step + 1)]
+    c.close()
 
 
 def test_the_collector_commits_on_the_training_thread_when_asked(tmp_path):

@@ -59,7 +59,7 @@ import threading
 import time
 import warnings
 import weakref
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -128,6 +128,7 @@ class _Queued:
     scalars: list[tuple[int, int, float]]
     last_step: int | None  # the writer's last step after this call (committed_step if durable)
     behind: int | None = None  # the writer_behind disclosure id: no room, payload not kept
+    task: Callable[[], Any] | None = None  # file work beside the artifact (run_beside)
 
 
 def _payload_free(b: ObservationBatch) -> ObservationBatch:
@@ -479,6 +480,25 @@ class HistoryWriter(SiteTable):
         scalar = (row[0], self._scalar_id(name), row[1])
         self._hand(_Queued(None, [], [scalar], self._last_step))
 
+    def run_beside(self, task: Callable[[], Any]) -> bool:
+        """Run ``task`` (file work beside the artifact, such as an ``evals.log`` append) on the
+        writer thread, after every step written before it; the thread takes it at once.
+
+        Returns ``False`` without running it where there is no writer thread (the caller runs
+        it itself). ``task`` must not raise: a disk fault is recorded with
+        :meth:`note_fault` (warned about on the caller's thread); anything else it raises is
+        raised by the caller's next call, like the thread's own errors. :meth:`commit` and
+        :meth:`close` wait for it.
+        """
+        self._check_open()
+        if self._thread is None:
+            return False
+        with self._cond:
+            self._queue.append(_Queued(None, [], [], self._last_step, task=task))
+            self._urgent = True
+            self._cond.notify()
+        return True
+
     def _hand(self, item: _Queued) -> None:
         """To the writer thread's queue, or (``background=False``) encoded at once."""
         if self._thread is not None:
@@ -543,6 +563,8 @@ class HistoryWriter(SiteTable):
                     pending.add_dropped(b.stream.value, obs, step, item.behind)
         pending.scalars.extend(item.scalars)
         self._pending_last = item.last_step
+        if item.task is not None:
+            item.task()
 
     def _due_by_steps(self) -> bool:
         return len(self._pending.steps) >= self._due_at
@@ -628,7 +650,8 @@ class HistoryWriter(SiteTable):
         True
         """
         self._fault(fault)
-        self._report_thread()
+        if threading.current_thread() is not self._thread:  # (the thread's own: reported later)
+            self._report_thread()
 
     def _report_thread(self) -> None:
         """On the caller's thread: warn about a new fault, raise what the writer thread raised."""
@@ -685,6 +708,7 @@ class HistoryWriter(SiteTable):
         self._queue: list[_Queued] = []
         self._queued_full = 0  # queued steps with their payload (the bound applies to these)
         self._flush_asked = self._flush_done = 0  # commit() tickets
+        self._urgent = False  # a run_beside() task waits: the thread takes the queue at once
         self._flush_row: dict[str, Any] | None = None
         # queued calls that make the thread take the queue (well before the bound is reached)
         self._wake_at = min(self.commit_steps, WAKE_STEPS, max(1, self.max_queued_steps // 2))
@@ -722,6 +746,7 @@ class HistoryWriter(SiteTable):
                 while not (
                     len(self._queue) >= self._wake_at
                     or self._stop
+                    or self._urgent
                     or self._flush_asked > self._flush_done
                 ):
                     wait = self._wait_s()
@@ -729,6 +754,7 @@ class HistoryWriter(SiteTable):
                         break
                     cond.wait(wait)
                 items, self._queue, self._queued_full = self._queue, [], 0
+                self._urgent = False
                 ticket, stop = self._flush_asked, self._stop
             row = None
             try:

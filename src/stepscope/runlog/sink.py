@@ -29,6 +29,7 @@ False
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -93,6 +94,7 @@ class DiskSink(StepSink):
         #: evaluations whose ``evals.log`` line a disk fault kept back (retried at the next one)
         self.unwritten: list[dict[str, Any]] = []
         self._next_n: int | None = None  # rows in evals.log (read once, on first use)
+        self._lock = threading.Lock()  # the writer thread appends what the caller queued
 
     def write_step(
         self,
@@ -111,13 +113,17 @@ class DiskSink(StepSink):
         self.writer.write_scalar(name, step, value)
 
     def write_eval(self, rec: EvalRecord) -> None:
-        """Append ``rec`` durably to ``evals.log`` (visible at once, like a committed row).
+        """Append ``rec`` durably to ``evals.log``: on the writer thread, which takes it at
+        once (a background writer: no file work on the caller's thread), else right here.
 
         A disk fault raises nothing: the line is kept and retried with the next evaluation
-        (and by :meth:`flush`); the first fault warns once with ``history_disk_fault``.
+        (and by :meth:`flush`); the first fault warns once with ``history_disk_fault`` (on the
+        caller's thread, at its next write when the writer thread met it).
         """
-        self.unwritten.append({"segment": self.writer.run.segment_id, **rec.to_dict()})
-        self.flush()
+        with self._lock:
+            self.unwritten.append({"segment": self.writer.run.segment_id, **rec.to_dict()})
+        if not self.writer.run_beside(self.flush):
+            self.flush()
 
     def _rows_before(self) -> int:
         if self._next_n is None:
@@ -126,6 +132,10 @@ class DiskSink(StepSink):
 
     def flush(self) -> int:
         """Append the kept-back evaluation lines in order; returns how many are still unwritten."""
+        with self._lock:
+            return self._append_unwritten()
+
+    def _append_unwritten(self) -> int:
         while self.unwritten:
             try:
                 row = {**self.unwritten[0], "n": self._rows_before()}  # its position: gaps show
