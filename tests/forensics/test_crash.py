@@ -2,7 +2,8 @@
 
 A child process trains with the recorder (a commit every 10 steps, none by time), writes the
 test's own float64 every-step reading of one layer to a side file, and after step 55 waits to be
-killed. ``kill -9``: the artifact opens to its last commit (step 49), and ``forensics/ring.npy``
+killed (with the background writer, once its thread saved the window of the commit at step 49;
+on the training thread that is at once). ``kill -9``: the artifact opens to its last commit (step 49), and ``forensics/ring.npy``
 holds exactly the window's rows at that commit (steps 18..49 of a 32-step window), equal to the
 independent reading; the uncommitted steps 50..55 are in neither.
 """
@@ -18,6 +19,7 @@ import textwrap
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 import stepscope as ss
 from stepscope.forensics.archive import ForensicsFiles
@@ -38,10 +40,18 @@ CHILD = textwrap.dedent(
             if site == "h.0.mlp.0.weight":
                 side.write(json.dumps([self.step, name, v]) + "\\n"); side.flush()
     kit.Independent = Flushing
+    from stepscope.forensics.archive import ForensicsFiles
     rec = ss.FlightRecorder(window=32, dense_steps=4)
     settings = ss.WatchSettings(output_dir=out, flight_recorder=rec, commit_steps=10,
-                                commit_seconds=None)
+                                commit_seconds=None, background_writer=sys.argv[3] == "thread")
     def hang(step):
+        files = ForensicsFiles(out)  # the writer thread saves the window at its commits:
+        deadline = time.monotonic() + 120  # wait until it saved the one of step 49
+        while time.monotonic() < deadline:
+            ring = files.ring(len(files.channels()[0])) if (files.dir / "ring.npy").exists() else None
+            if ring is not None and len(ring.steps) and int(ring.steps[-1]) == 49:
+                break
+            time.sleep(0.01)
         print("ready", flush=True)
         time.sleep(600)
     kit.AFTER_STEP = lambda step: hang(step) if step == 55 else None
@@ -50,11 +60,12 @@ CHILD = textwrap.dedent(
 )
 
 
-def test_kill_9_leaves_the_window_of_the_last_commit_on_disk(tmp_path: Path) -> None:
+@pytest.mark.parametrize("writer", ["thread", "training_thread"])
+def test_kill_9_leaves_the_window_of_the_last_commit_on_disk(tmp_path: Path, writer: str) -> None:
     out, side = tmp_path / "run", tmp_path / "side.jsonl"
     env = {**os.environ, "PYTHONPATH": f"{SRC}{os.pathsep}{ROOT}", "OMP_NUM_THREADS": "1"}
     p = subprocess.Popen(
-        [sys.executable, "-c", CHILD, str(out), str(side)],
+        [sys.executable, "-c", CHILD, str(out), str(side), writer],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
     )  # fmt: skip
     try:

@@ -254,6 +254,8 @@ class HistoryCollector(UserLog):
             self.run.world_size, self._charge,
         )  # fmt: skip
         self._sites.rest_root = self.forensics is None  # the recorder reads every step's calls
+        if self.forensics is not None and self.writer is not None:
+            self.forensics.write_beside(self.writer)  # its files on the writer thread
         try:
             self._sites.attach()
             if optimizer is not None:  # implicit: iterations end at update() with a scaler

@@ -670,9 +670,7 @@ def open_store(
             commit_seconds=s.commit_seconds,
             durable=s.durable,
             ring=ring,
-            # the flight recorder saves its window at each commit it sees on the training
-            # thread: its window matches the artifact only with commits made there
-            background=s.background_writer and s.flight_recorder is None,
+            background=s.background_writer,  # (a flight recorder saves through it too)
         )
     except Refusal as err:
         if err.code != "history_run_exists":

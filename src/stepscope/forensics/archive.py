@@ -130,12 +130,23 @@ class ForensicsFiles:
         self, row: dict[str, Any], steps: np.ndarray, values: np.ndarray, present: np.ndarray
     ) -> dict[str, Any]:
         """Write the trigger's window file, then append its row (returned, with the file)."""
+        row, data = self.trigger_row(row, steps, values, present)
+        self.write_trigger_file(row, data)
+        return row
+
+    def trigger_row(
+        self, row: dict[str, Any], steps: np.ndarray, values: np.ndarray, present: np.ndarray
+    ) -> tuple[dict[str, Any], bytes]:
+        """The trigger's row (with its window file's name and sha256) and that file's bytes."""
         name = f"window-{int(row['step']):09d}-r{int(row['rank'])}.npy"
         data = encode_window(steps, values, present)
-        atomic_write_bytes(self.dir / name, data, durable=self.durable)
-        row = {**row, "window_file": name, "window_sha256": hashlib.sha256(data).hexdigest()}
+        return {**row, "window_file": name, "window_sha256": hashlib.sha256(data).hexdigest()}, data
+
+    def write_trigger_file(self, row: dict[str, Any], data: bytes) -> None:
+        """Write a :meth:`trigger_row`'s window file, then append the row (the window is part
+        of the run only once its row is appended, after the file is durable)."""
+        atomic_write_bytes(self.dir / row["window_file"], data, durable=self.durable)
         append_log_row(self.dir / "triggers.log", row, durable=self.durable)
-        return row
 
     # ------------------------------------------------------------------ reading
     def exists(self) -> bool:

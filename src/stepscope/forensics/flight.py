@@ -22,6 +22,7 @@ import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
 from stepscope.events.coordinates import Axes
@@ -81,12 +82,51 @@ class Flight:
         self.failed: set[str] = set()
         self._commits = -1
         self._error: str | None = None
+        #: with a background artifact writer: its run_beside, and the thread's copy of the window
+        self._beside: Any = None
+        self._mirror: FlightWindow | None = None
+        self._ring_due: int | None = None  # a commit whose window the mirror has not reached
+        self._thread_error: str | None = None  # a file write that failed on the writer thread
         if self.files is not None:
             self.files.open(self.channels, config.describe(), rank, world)
 
     @property
     def live(self) -> bool:
         return self.reader.live
+
+    def write_beside(self, writer: Any) -> None:
+        """Save through ``writer``'s thread (a background :class:`HistoryWriter`): the window's
+        rows follow the steps there, ``ring.npy`` is rewritten there at each commit (the window
+        at the committed step, as on the training thread) and a trigger's files too."""
+        if self.files is None or not getattr(writer, "background", False):
+            return
+        self._beside = writer.run_beside
+        self._mirror = FlightWindow(self.config.window, len(self.channels))
+        writer.on_commit.append(self._committed)
+
+    def _mirror_push(self, step: int, values: np.ndarray, present: np.ndarray) -> None:
+        """(The writer thread) the row of ``step``; the window saved once a commit reaches it."""
+        assert self._mirror is not None
+        self._mirror.push(step, values, present)
+        if self._ring_due is not None and step >= self._ring_due:
+            self._ring_due = None
+            self._save_mirror()
+
+    def _committed(self, committed_step: int | None) -> None:
+        """(The writer thread) a commit is durable: save the window at its step, now or once
+        the mirror has its row (it follows the step's block in the queue)."""
+        mirror = self._mirror
+        if mirror is None or committed_step is None:
+            return
+        steps = mirror.rows(1)[0]
+        if len(steps) and int(steps[-1]) >= committed_step:
+            self._save_mirror()
+        else:
+            self._ring_due = committed_step
+
+    def _save_mirror(self) -> None:
+        assert self._mirror is not None and self.files is not None
+        self._guarded_write(self.files.write_ring, *self._mirror.rows())
 
     def attach_optimizer(self, optimizer: Any) -> None:
         """Read ``optimizer``'s steps (idempotent)."""
@@ -120,6 +160,8 @@ class Flight:
         axes: tuple[int | None, int | None],
         commits: int | None,
     ) -> None:
+        if self._thread_error is not None:  # a write on the writer thread failed
+            raise OSError(self._thread_error)
         values, present = self.reader.read()
         loss = next((scalars[k] for k in self.loss_keys if k in scalars), None)
         if loss is not None:
@@ -134,7 +176,10 @@ class Flight:
         agreed = self._agree(fired) if self.world > 1 else fired
         if agreed and step > self.dense_to:
             self._fire(step, crossings, axes, agreed and not fired)
-        if self.files is not None and commits is not None and commits != self._commits:
+        if self._beside is not None:  # the writer thread's copy follows (saved at commits)
+            row = (step, np.array(values, dtype=np.float64), np.array(present, dtype=bool))
+            self._beside(lambda: self._mirror_push(*row), urgent=False)
+        elif self.files is not None and commits is not None and commits != self._commits:
             self._commits = commits
             self.files.write_ring(*self.window.rows())
 
@@ -176,7 +221,11 @@ class Flight:
         }
         steps, values, present = self.window.rows()
         row["window_steps"] = [int(steps[0]), int(steps[-1])]
-        if self.files is not None:
+        if self.files is not None and self._beside is not None:  # encoded here, written there
+            row, data = self.files.trigger_row(row, steps, values, present)
+            files = self.files
+            self._beside(lambda: self._guarded_write(files.write_trigger_file, row, data))
+        elif self.files is not None:
             row = self.files.write_trigger(row, steps, values, present)
         else:
             row["_window"] = (steps, values, present)
@@ -240,6 +289,14 @@ class Flight:
             except Exception as e:  # closing never fails for telemetry reasons
                 self._warn(e)
         self.reader.live = False
+
+    def _guarded_write(self, fn: Any, *args: Any) -> None:
+        """(The writer thread) a file write that must not raise there: a failure stops the
+        recorder at the next step, as one on the training thread does."""
+        try:
+            fn(*args)
+        except Exception as e:
+            self._thread_error = self._thread_error or f"{type(e).__name__}: {e}"
 
     def _guard(self, fn: Any, *args: Any) -> None:
         try:

@@ -224,6 +224,9 @@ class HistoryWriter(SiteTable):
         self.path = Path(path)
         self.commit_steps, self.commit_seconds = commit_steps, commit_seconds
         self.durable, self.ring = durable, ring
+        #: called with ``committed_step`` once each commit is durable, on the thread that
+        #: committed (the writer thread with ``background=True``); must not raise
+        self.on_commit: list[Callable[[int | None], None]] = []
         capacity = getattr(ring, "capacity", None)
         self.max_pending_steps = max(
             commit_steps,
@@ -480,9 +483,10 @@ class HistoryWriter(SiteTable):
         scalar = (row[0], self._scalar_id(name), row[1])
         self._hand(_Queued(None, [], [scalar], self._last_step))
 
-    def run_beside(self, task: Callable[[], Any]) -> bool:
+    def run_beside(self, task: Callable[[], Any], *, urgent: bool = True) -> bool:
         """Run ``task`` (file work beside the artifact, such as an ``evals.log`` append) on the
-        writer thread, after every step written before it; the thread takes it at once.
+        writer thread, after every step written before it; the thread takes it at once
+        (``urgent=False``: with the next steps it takes, for work that comes at every step).
 
         Returns ``False`` without running it where there is no writer thread (the caller runs
         it itself). ``task`` must not raise: a disk fault is recorded with
@@ -495,8 +499,9 @@ class HistoryWriter(SiteTable):
             return False
         with self._cond:
             self._queue.append(_Queued(None, [], [], self._last_step, task=task))
-            self._urgent = True
-            self._cond.notify()
+            if urgent:
+                self._urgent = True
+                self._cond.notify()
         return True
 
     def _hand(self, item: _Queued) -> None:
@@ -700,6 +705,8 @@ class HistoryWriter(SiteTable):
         self.committed_step = self._pending_last
         self._last_commit = time.monotonic()
         self._reset_pending()
+        for hook in self.on_commit:  # (the thread's, with background=True)
+            hook(self.committed_step)
         return row
 
     # -- the writer thread ----------------------------------------------------------------
