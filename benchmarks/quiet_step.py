@@ -1,7 +1,7 @@
 """What a quiet step costs the training thread: the per-step micro-benchmark.
 
 Run:  .venv/bin/python -m benchmarks.quiet_step [--models mlp gpt] [--steps 3000] [--rounds 3]
-                                                [--profile]
+                                                [--writers thread sync] [--same-cpu] [--profile]
 
 A quiet step is one where nothing is due (nine in ten at the default cadence, every 10 steps).
 Two arms on same-seed copies of one model, taking turns in blocks of 100 steps (drift hits
@@ -11,6 +11,14 @@ read around the whole step (forward, backward, ``optimizer.step()``, and for the
 ``with collector.step(opt):`` transaction around them). The figure is the **median quiet step
 of the collector minus the median step of the control**, in microseconds: what the
 collector's Python costs on a step where it records nothing but the step block.
+
+``--writers thread sync`` runs one collector arm per artifact writer: ``thread`` is the default
+(encoding and commits on the ``stepscope-writer`` thread), ``sync`` writes and commits on the
+training thread (``WatchSettings(background_writer=False)``; its commits land on some steps,
+which the median skips). The difference is what the writer thread's activity costs the
+training thread. ``--same-cpu`` pins the process, both threads, to one CPU (benchmark only:
+the library never sets an affinity): run with and without it to see how much of that is the
+two threads running on different CPUs.
 
 ``--profile`` adds a cProfile table (the collector's own functions, by total time, over
 quiet steps only) for ``docs/benchmarks.md``. Models: ``mlp`` (8 Linear+ReLU pairs of width
@@ -23,6 +31,7 @@ from __future__ import annotations
 import argparse
 import cProfile
 import io
+import os
 import pstats
 import statistics
 import sys
@@ -53,15 +62,18 @@ def _models() -> dict[str, tuple[Callable[[], nn.Module], Callable[[torch.Genera
 class Loop:
     """One arm: a same-seed model copy, its optimizer and (optionally) a collector."""
 
-    def __init__(self, make: Callable[[], nn.Module], tmp: str | None) -> None:
+    def __init__(
+        self, make: Callable[[], nn.Module], tmp: str | None, background: bool = True
+    ) -> None:
         torch.manual_seed(0)
         self.model = make()
         self.opt = torch.optim.SGD(self.model.parameters(), lr=1e-3)
         self.c = None
         if tmp is not None:
-            self.c = HistoryCollector(
-                self.model, settings=WatchSettings(output_dir=tempfile.mkdtemp(dir=tmp))
+            settings = WatchSettings(
+                output_dir=tempfile.mkdtemp(dir=tmp), background_writer=background
             )
+            self.c = HistoryCollector(self.model, settings=settings)
         self.times: list[int] = []  # thread-time ns of each quiet step (collector) / step
         self.step = 0
 
@@ -116,39 +128,48 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--writers", nargs="+", default=["thread"], choices=["thread", "sync"])
+    ap.add_argument("--same-cpu", action="store_true", help="pin the process to one CPU")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
+    if args.same_cpu:  # every thread started from now on inherits it (the writer's too)
+        os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
     for key in args.models:
         make, data_fn = _models()[key]
         g = torch.Generator().manual_seed(0)
         batches = [data_fn(g) for _ in range(4)]
         with tempfile.TemporaryDirectory() as tmp:
-            control, watched = Loop(make, None), Loop(make, tmp)
-            for arm in (control, watched):
+            control = Loop(make, None)
+            arms = {w: Loop(make, tmp, background=w == "thread") for w in args.writers}
+            for arm in (control, *arms.values()):
                 arm.run(30, batches, keep=False)  # warm-up
-            figures = []
+            figures: dict[str, list[float]] = {w: [] for w in arms}
             for _ in range(args.rounds):
-                control.times.clear()
-                watched.times.clear()
+                for arm in (control, *arms.values()):
+                    arm.times.clear()
                 for _block in range(max(1, args.steps // 100)):
                     control.run(100, batches)
-                    watched.run(100, batches)
+                    for arm in arms.values():
+                        arm.run(100, batches)
                 base = statistics.median(control.times) / 1e3
-                quiet = statistics.median(watched.times) / 1e3
-                figures.append(quiet - base)
+                for w, arm in arms.items():
+                    quiet = statistics.median(arm.times) / 1e3
+                    figures[w].append(quiet - base)
+                    print(
+                        f"{key} [{w} writer]: control step {base:8.1f} us, collector quiet step "
+                        f"{quiet:8.1f} us, quiet-step cost {quiet - base:6.1f} us",
+                        flush=True,
+                    )
+            for w in arms:
                 print(
-                    f"{key}: control step {base:8.1f} us, collector quiet step {quiet:8.1f} us, "
-                    f"quiet-step cost {quiet - base:6.1f} us",
-                    flush=True,
+                    f"{key} [{w} writer]: quiet-step cost, median of {args.rounds} rounds: "
+                    f"{statistics.median(figures[w]):.1f} us (goal <= 20 us)"
                 )
-            print(
-                f"{key}: quiet-step cost, median of {args.rounds} rounds: "
-                f"{statistics.median(figures):.1f} us (goal <= 20 us)"
-            )
             if args.profile:
-                print(profile_quiet(watched, batches, min(args.steps, 2000)))
-            assert watched.c is not None
-            watched.c.close()
+                print(profile_quiet(next(iter(arms.values())), batches, min(args.steps, 2000)))
+            for arm in arms.values():
+                assert arm.c is not None
+                arm.c.close()
     return 0
 
 

@@ -9,28 +9,17 @@ to the end of the last, none runs on the training thread -- not the artifact's c
 
 from __future__ import annotations
 
-import os
-import threading
-
 import stepscope as ss
 import tests.forensics.spikekit as kit
 from stepscope.history.artifact import WRITER_THREAD
+from tests.filekit import spy_file_ops
 
 K, M, STEPS = 100, 8, 124
-FILE_OPS = ("open", "write", "pwrite", "fsync", "replace", "ftruncate", "mkdir", "unlink")
 
 
 def test_the_flight_recorder_writes_nothing_on_the_training_thread(tmp_path, monkeypatch):
     calls: list = []
-    for name in FILE_OPS:
-        real = getattr(os, name)
-
-        def spy(*a, _real=real, _name=name, **k):
-            target = " ".join(str(x) for x in a if isinstance(x, (str, os.PathLike)))
-            calls.append((_name, threading.current_thread().name, target))
-            return _real(*a, **k)
-
-        monkeypatch.setattr(os, name, spy)
+    spy_file_ops(monkeypatch, calls)
     marks = {0: "train", STEPS - 1: "close"}
     monkeypatch.setattr(kit, "AFTER_STEP", lambda step: calls.append(marks.get(step, "")))
     path = tmp_path / "run"
@@ -42,7 +31,9 @@ def test_the_flight_recorder_writes_nothing_on_the_training_thread(tmp_path, mon
     monkeypatch.undo()
     assert trained.collector.writer.background  # the default, also with a flight recorder
     during = [c for c in calls[calls.index("train") + 1 : calls.index("close")] if c]
-    assert {t for _, t, _ in during} == {WRITER_THREAD}, [c for c in during if c[1] != WRITER_THREAD]
+    assert {t for _, t, _ in during} == {WRITER_THREAD}, [
+        c for c in during if c[1] != WRITER_THREAD
+    ]
     targets = [target for op, _, target in during if op == "replace"]
     assert any(t.endswith("ring.npy") for t in targets)  # saved at the commits...
     assert any("window-" in t for t in targets)  # ...and the trigger's window

@@ -33,6 +33,7 @@ from stepscope.history.artifact import WRITER_THREAD
 from stepscope.history.batch import code_of
 from stepscope.history.vocab import Presence
 from stepscope.stats import SPINE_WIDTH
+from tests.filekit import spy_file_ops
 
 N_SITES = 5
 OBSERVED = code_of(Presence.OBSERVED)
@@ -162,21 +163,13 @@ def test_commits_land_at_the_same_steps_as_the_synchronous_writers(tmp_path, hol
         assert bg.table(table).tobytes() == sync.table(table).tobytes(), table
 
 
-_FILE_OPS = ("open", "write", "pwrite", "fsync", "replace", "ftruncate", "pread", "mkdir", "unlink")
 
 
 def test_write_step_makes_no_file_operation_on_the_callers_thread(tmp_path, monkeypatch):
     w = HistoryWriter(tmp_path / "run", commit_steps=2, commit_seconds=None, background=True)
     ids = [w.register_site(f"s{i}", "torch.nn.Linear", "f32[4]") for i in range(N_SITES)]
-    calls: list[tuple[str, str]] = []
-    for name in _FILE_OPS:
-        real = getattr(os, name)
-
-        def spy(*a, _real=real, _name=name, **k):
-            calls.append((_name, threading.current_thread().name))
-            return _real(*a, **k)
-
-        monkeypatch.setattr(os, name, spy)
+    calls: list[tuple[str, str, str]] = []
+    spy_file_ops(monkeypatch, calls)
     for step in range(20):
         w.write_step(StepBlockRecord(step), _batches(w, ids, step), scalars={"loss": 1.0})
         w.write_scalar("lr", step, 0.5)
@@ -184,9 +177,9 @@ def test_write_step_makes_no_file_operation_on_the_callers_thread(tmp_path, monk
     monkeypatch.undo()
     assert w.close().ok
     assert calls, "no file operation was recorded"
-    threads = {t for _, t in calls}
+    threads = {t for _, t, _ in calls}
     assert threads == {WRITER_THREAD}, calls
-    assert {"fsync", "replace", "pwrite"} <= {op for op, _ in calls}  # chunks and index line
+    assert {"fsync", "replace", "pwrite"} <= {op for op, _, _ in calls}  # chunks and index line
     h = ss.open_run(tmp_path / "run")
     assert h.steps.tolist() == list(range(20))
 
@@ -445,22 +438,16 @@ def test_a_training_loop_with_evaluations_does_no_file_operation_on_its_thread(
     ``evals.log``, in order, with its position, and visible to a reader as soon as it is
     logged (``run_view()`` waits for the thread)."""
     calls: list = []
-    for name in _FILE_OPS:
-        real = getattr(os, name)
-
-        def spy(*a, _real=real, _name=name, **k):
-            calls.append((_name, threading.current_thread().name))
-            return _real(*a, **k)
-
-        monkeypatch.setattr(os, name, spy)
+    spy_file_ops(monkeypatch, calls)
     path = tmp_path / "run"
     settings = ss.WatchSettings(output_dir=str(path), commit_steps=4, commit_seconds=None)
     c, _ = _train(settings, n_steps=12, calls=calls, evals=True)
     monkeypatch.undo()
     assert c.close_report.ok
     during = calls[calls.index("train") + 1 : calls.index("close")]
-    assert ("fsync", WRITER_THREAD) in during  # the evaluations' appends were made...
-    assert {t for _, t in during} == {WRITER_THREAD}, during  # ...and only there
+    appends = [c for c in during if c[0] == "open" and c[2].endswith("evals.log")]
+    assert appends and {t for _, t, _ in appends} == {WRITER_THREAD}  # the evaluations'...
+    assert {t for _, t, _ in during} == {WRITER_THREAD}, during  # ...and every other one
     evals = ss.open_run(path).evals("validation")
     assert [(e.optimizer_step, e.metrics["ce"]) for e in evals] == [(s, s) for s in (3, 6, 9, 12)]
 
