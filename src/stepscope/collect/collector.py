@@ -378,12 +378,6 @@ class HistoryCollector(UserLog):
         self._open.state = None
         self._begin_step()
 
-    def _current(self) -> StepState:
-        """The open step (one is always open between steps of an open collector)."""
-        if self._open.state is None:
-            return self._begin_step()
-        return self._open.state
-
     def step(
         self,
         optimizer: torch.optim.Optimizer | Sequence[torch.optim.Optimizer] | None = None,
@@ -429,7 +423,7 @@ class HistoryCollector(UserLog):
             self._misuse.check_optimizers(opts, self.streams)
             self._steps.open_transaction(opts)
             self._flight_optimizers()
-        state = self._open.state or self._begin_step()  # (_current())
+        state = self._open.state or self._begin_step()  # the open step (one always is)
         if not state.structure_checked:
             self._check_structure()
         state.open_transaction(examples, epoch, scaler)
@@ -457,7 +451,7 @@ class HistoryCollector(UserLog):
             self._open.scaler = None
 
     def _finish_step(self, provenance: StepProvenance, optimizer_known: bool = True) -> None:
-        state = self._open.state or self._begin_step()  # (_current())
+        state = self._open.state or self._begin_step()  # the open step (one always is)
         self.clock.end(state.step)
         started = time.perf_counter()
         if not state.structure_checked:
