@@ -264,6 +264,30 @@ def test_bad_input_still_refuses_on_the_callers_thread(tmp_path):
     assert w.close().ok  # idempotent
 
 
+def test_a_trusted_step_without_rows_takes_the_one_call_path_and_loses_nothing(tmp_path):
+    """A collector's quiet step (trusted, no batch, known float scalars) is queued in one call
+    (``_write_bare``), also past the queue bound (counted ``behind``, nothing to drop); what
+    that path cannot take goes through the checked path: a new scalar name, a non-float value,
+    a step out of order (refused on the caller's thread, nothing written)."""
+    w = HistoryWriter(tmp_path / "run", commit_seconds=None, background=True, max_queued_steps=4)
+    w.write_step(StepBlockRecord(0), [], scalars={"loss": 1.0}, trusted=True)  # new: checked
+    assert w.commit() is not None
+    with w._cond:  # the thread cannot take the queue: it fills past its bound of 4
+        for step in range(1, 9):
+            w.write_step(StepBlockRecord(step), [], scalars={"loss": float(step)}, trusted=True)
+        assert w._queued_full == 4 and w.behind_steps == 4
+        w.write_step(StepBlockRecord(9), [], scalars={"loss": 9, "new": 0.5}, trusted=True)
+        with pytest.raises(Refusal) as err:
+            w.write_step(StepBlockRecord(9), [], scalars={"loss": 1.0}, trusted=True)
+        assert err.value.code == "history_step_out_of_order"
+    report = w.close()
+    assert report.behind_steps == 5 and report.uncommitted_steps == 0 and not report.faults
+    h = ss.open_run(tmp_path / "run")
+    assert h.steps.tolist() == list(range(10))  # behind: no cell to drop, every block kept
+    assert h.scalars("loss").values.tolist() == [1.0] + [float(s) for s in range(1, 10)]
+    assert h.scalars("new").steps.tolist() == [9]
+
+
 def test_a_disk_fault_on_the_writer_thread_warns_once_on_the_callers_thread(tmp_path, monkeypatch):
     on = [False]
     real_replace = os.replace
