@@ -2,8 +2,9 @@
 
 Each case runs in a fresh interpreter: the hooks rest only while ``torch.compile`` never
 converted a frame in the process (:func:`stepscope.collect.activations.compiled_frames`), which
-the rest of the suite's compiled tests would already have done. The cases: a plain run (hooks
-off on quiet steps, back on due steps; every stored row equal to a run with resting off), a
+the rest of the suite's compiled tests would already have done. The cases: a plain run and a
+GPT-like decoder with variable length and two optimizers (hooks off on quiet steps, back on due
+steps; every stored row equal to a run with resting off), a
 model compiled on a quiet step while they rest (due steps then read ``unsupported``:
 ``torch_compile``, never ``site_absent``), and a model with a pre-hook of its own (they never
 rest: torch calls it on its hooked path anyway).
@@ -33,11 +34,19 @@ SCRIPT = textwrap.dedent(
 
     def run(path, rest_root=True):
         torch.manual_seed(0)
-        model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+        if case == "gpt":  # variable sequence length, tied embeddings, two optimizers
+            from tests.collect.models import LENGTHS, TinyGPT
+            model = TinyGPT()
+            params = list(model.parameters())
+            opts = [torch.optim.AdamW(params[: len(params) // 2], lr=1e-2),
+                    torch.optim.SGD(params[len(params) // 2 :], lr=0.1, momentum=0.9)]
+        else:
+            model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(),
+                                        torch.nn.Linear(8, 2))
+            opts = [torch.optim.SGD(model.parameters(), lr=0.1)]
         if case == "own_hook":
             model.register_forward_pre_hook(lambda m, a: None)
-        opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        c = HistoryCollector(model, cadence=Cadence(3, None),
+        c = HistoryCollector(model, cadence=Cadence(3, 6),
                              settings=WatchSettings(output_dir=path))
         c._sites.rest_root = rest_root
         hooks, presence, frames, compiled = {}, {}, {}, None
@@ -46,13 +55,21 @@ SCRIPT = textwrap.dedent(
             if case == "compile" and step == 2:  # a quiet step: the hooks rest
                 frames["before"] = compiled_frames()
                 compiled = torch.compile(model, backend="eager")
-            x = torch.randn(5, 4, generator=g)
-            with c.step(opt, examples=5) as txn:
+            with c.step(opts, examples=5) as txn:
                 hooks[step] = [len(model._forward_pre_hooks), len(model._forward_hooks)]
-                loss = (compiled or model)(x).pow(2).mean()
-                opt.zero_grad()
+                if case == "gpt":
+                    t = LENGTHS[step % len(LENGTHS)]
+                    x = torch.randint(0, 40, (3, t), generator=g)
+                    out = model(x)
+                    loss = torch.nn.functional.cross_entropy(out.reshape(-1, out.shape[-1]),
+                                                             x.roll(-1, 1).reshape(-1))
+                else:
+                    loss = (compiled or model)(torch.randn(5, 4, generator=g)).pow(2).mean()
+                for opt in opts:
+                    opt.zero_grad()
                 loss.backward()
-                opt.step()
+                for opt in opts:
+                    opt.step()
                 txn.log("loss", loss.detach())
             for b in c.last_batches:
                 if b.stream.value == "activation":
@@ -62,7 +79,7 @@ SCRIPT = textwrap.dedent(
 
     hooks, presence, frames = run(out_dir + "/rest")
     stored = {}
-    if case == "plain":
+    if case in ("plain", "gpt"):
         run(out_dir + "/norest", rest_root=False)
         for name in ("rest", "norest"):
             h = ss.open_run(out_dir + "/" + name)
@@ -70,8 +87,8 @@ SCRIPT = textwrap.dedent(
             steps["wall_time"] = 0.0
             sc = h.table("scalars")
             loss = sc[sc["name"] == list(h.scalar_names).index("loss")]
-            stored[name] = [h.table("observations").tobytes().hex(), steps.tobytes().hex(),
-                            loss.tobytes().hex()]
+            stored[name] = [h.table(t).tobytes().hex() for t in ("observations", "histograms")]
+            stored[name] += [steps.tobytes().hex(), loss.tobytes().hex()]
     print(json.dumps({"hooks": hooks, "presence": presence, "frames": frames,
                       "same": stored.get("rest") == stored.get("norest")}))
     """
@@ -99,14 +116,22 @@ def _codes(*names: str) -> list[int]:
     return [code_of(Presence(n)) for n in names]
 
 
-def test_the_models_own_hooks_rest_on_quiet_steps_and_the_run_stores_the_same(tmp_path):
-    out = _child("plain", tmp_path)
+@pytest.mark.parametrize("case", ["plain", "gpt"])
+def test_the_models_own_hooks_rest_on_quiet_steps_and_the_run_stores_the_same(tmp_path, case):
+    """An MLP, and a GPT-like decoder with variable sequence length stepped by two optimizers;
+    histograms every 6 steps."""
+    out = _child(case, tmp_path)
     hooks = {int(k): v for k, v in out["hooks"].items()}
     assert all(hooks[s] == [1, 1] for s in (0, 3, 6))  # due steps: on
     assert all(hooks[s] == [0, 0] for s in (1, 2, 4, 5))  # quiet steps: resting
-    assert out["same"]  # observations, step blocks and the logged loss: byte for byte
-    observed = _codes("observed") * 3
-    assert all(out["presence"][str(s)] == observed for s in (0, 3, 6))
+    assert out["same"]  # observations, histograms, step blocks, the logged loss: byte for byte
+    observed = _codes("observed")
+    for s in (0, 3, 6):
+        assert out["presence"][str(s)] and set(out["presence"][str(s)]) <= set(
+            _codes("observed", "site_absent")
+        )
+    if case == "plain":
+        assert all(out["presence"][str(s)] == observed * 3 for s in (0, 3, 6))
 
 
 def test_a_model_compiled_while_they_rest_reads_torch_compile_never_absent(tmp_path):
@@ -118,7 +143,6 @@ def test_a_model_compiled_while_they_rest_reads_torch_compile_never_absent(tmp_p
     assert out["presence"]["3"] == out["presence"]["6"] == _codes("unsupported") * 3
 
 
-@pytest.mark.parametrize("case", ["own_hook"])
-def test_a_model_with_hooks_of_its_own_keeps_the_collectors(tmp_path, case):
-    out = _child(case, tmp_path)
+def test_a_model_with_hooks_of_its_own_keeps_the_collectors(tmp_path):
+    out = _child("own_hook", tmp_path)
     assert all(v == [2, 1] for v in out["hooks"].values())  # the user's pre-hook and ours
