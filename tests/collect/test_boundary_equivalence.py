@@ -62,7 +62,7 @@ def _inject(monkeypatch: pytest.MonkeyPatch, model_name: str) -> None:
     """On :data:`INJECT_AT` steps one activation row fails, one is refused (``unsupported``)
     and one gradient row fails, the way a raising or refusing reduction records them."""
     _, _, _, (failing, refused), grad_site = MODELS[model_name]
-    real_reduce, real_many = Reducer.reduce, Reducer.reduce_many
+    real_reduce, real_many, real_direct = Reducer.reduce, Reducer.reduce_many, Reducer.direct
 
     def reduce(self, row, tensor):
         state = self.recording()
@@ -86,8 +86,14 @@ def _inject(monkeypatch: pytest.MonkeyPatch, model_name: str) -> None:
             return
         real_many(self, stream, pairs)
 
+    def direct(self, entry, tensor, state):
+        if state.step in INJECT_AT and entry[0].site in (failing, refused):
+            return False  # through reduce(), where the fault is injected
+        return real_direct(self, entry, tensor, state)
+
     monkeypatch.setattr(Reducer, "reduce", reduce)
     monkeypatch.setattr(Reducer, "reduce_many", reduce_many)
+    monkeypatch.setattr(Reducer, "direct", direct)
 
 
 def _record(model_name: str, cadence: Cadence | None, path: str | None) -> HistoryCollector:

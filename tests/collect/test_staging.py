@@ -135,9 +135,7 @@ def _stage(pairs, monkeypatch=None, native=True):
     state = _state()
     reducer = Reducer(len(pairs), HistogramDescriptor(), "auto", lambda: state)
     if not native:
-        monkeypatch.setattr(
-            "stepscope.collect.staging.Staging._native_many", lambda *a, **k: False
-        )
+        monkeypatch.setattr("stepscope.collect.staging.Staging._native_many", lambda *a, **k: None)
     reducer.reduce_many("parameter", pairs)
     spines, _ = host_copy(reducer.stagings, False)[CPU]
     return spines, reducer.stagings[CPU].fired.copy(), state
@@ -156,7 +154,7 @@ def test_the_one_call_path_writes_bit_for_bit_what_the_row_by_row_path_writes(mo
         lambda self, rows, ts: taken.append(real(self, rows, ts)) or taken[-1],
     )
     fast, fired_fast, _ = _stage(pairs)
-    assert taken == [True]  # the parameters and gradients of a real model take the one call
+    assert taken == [()]  # the parameters and gradients of a real model take the one call
     monkeypatch.undo()
     slow, fired_slow, _ = _stage(pairs, monkeypatch, native=False)
     assert fast.tobytes() == slow.tobytes()  # every field of every row, bit for bit
@@ -188,6 +186,41 @@ def test_tensors_the_one_call_cannot_take_go_row_by_row_with_the_same_numbers(mo
         got = dict(zip(SPINE_FIELDS, spines[1].tolist()))
         for field, value in want.items():
             assert abs(got[field] - value) <= 1e-3 * max(1.0, abs(value)), (name, field)
+
+
+def test_a_batch_with_odd_tensors_sends_only_those_the_general_way_with_the_same_bytes(
+    monkeypatch,
+):
+    """A sparse embedding's gradient (or a half-precision or transposed tensor) among plain
+    ones: the plain ones still take the one native call, only the odd ones go row by row,
+    and every row's bytes equal the all-row-by-row path's."""
+    from stepscope.collect import staging as staging_mod
+
+    torch.manual_seed(6)
+    emb = torch.nn.Embedding(11, 4, sparse=True)
+    head = torch.nn.Linear(4, 3)
+    head(emb(torch.tensor([1, 5, 5, 7]))).square().sum().backward()
+    tensors = [
+        head.weight.grad, emb.weight.grad, head.bias.grad, torch.randn(9).half(),
+        head.weight, torch.randn(6, 5).t(), emb.weight,
+    ]  # fmt: skip
+    pairs = list(zip(_rows(len(tensors)), tensors))
+    general: list[list[int]] = []
+    real = staging_mod.Staging.write_many
+
+    def spy(self, rows, ts, histogram):
+        general.append(list(rows))
+        return real(self, rows, ts, histogram)
+
+    monkeypatch.setattr(staging_mod.Staging, "write_many", spy)
+    mixed, fired_mixed, state = _stage(pairs)
+    assert general == [[1, 3, 5]]  # only the sparse, half and transposed tensors
+    assert state.row_notes == {1: "sparse_values"}
+    general.clear()
+    slow, fired_slow, _ = _stage(pairs, monkeypatch, native=False)
+    assert general == [list(range(len(tensors)))]
+    assert mixed.tobytes() == slow.tobytes()
+    assert fired_mixed.tolist() == fired_slow.tolist() == [1] * len(tensors)
 
 
 def test_a_row_already_written_this_step_folds_instead_of_being_overwritten():
@@ -256,3 +289,93 @@ def test_activation_rows_through_the_direct_path_equal_the_general_path_bit_for_
     general, n_general = _activation_rows(model_name, monkeypatch, direct=False)
     assert n_direct > 0 and n_general == 0  # the direct path did write, then was switched off
     assert direct == general  # presence and every spine field, every step, bit for bit
+
+
+def test_the_one_call_path_reads_each_calls_tensors_through_its_kept_row_plan():
+    """The row list's arrays are kept between steps: each call still reads its own tensors
+    (new gradients after ``zero_grad(set_to_none=True)``, a parameter whose ``.data`` was
+    replaced by one of another dtype), a repeated row is refused every time (nothing
+    written), and the kept plans stay bounded."""
+    from stepscope.collect.staging import Staging
+
+    torch.manual_seed(5)
+    st = Staging(4, CPU, HistogramDescriptor())
+    rows = [3, 1, 2]
+    for k in range(3):
+        ts = [torch.randn(5 + k), torch.randn(2, 3), torch.randn(4, dtype=torch.float64)]
+        if k == 2:
+            ts[0] = torch.nn.Parameter(torch.randn(6, dtype=torch.float64))
+        st.reset()
+        assert st._native_many(rows, ts) == ()  # every row written
+        spines = st.spines.numpy()
+        for r, t in zip(rows, ts):
+            got = dict(zip(SPINE_FIELDS, spines[r].tolist()))
+            for name, want in _oracle(t).items():
+                assert abs(got[name] - want) <= 1e-9 * max(1.0, abs(want)), (k, r, name)
+        assert st.fired.tolist() == [0, 1, 1, 1]
+        assert st._native_many(rows, ts) is None  # fired this step: the general path folds them
+    st.reset()
+    for _ in range(2):
+        assert st._native_many([0, 0], [torch.ones(2), torch.ones(3)]) is None
+        assert st.fired.tolist() == [0, 0, 0, 0]
+    wide = Staging(Staging.MAX_MANY_PLANS + 5, CPU, HistogramDescriptor())
+    for k in range(Staging.MAX_MANY_PLANS + 5):  # a row list of its own each time
+        assert wide._native_many([k], [torch.full((2,), float(k))]) == ()
+        assert 0 < len(wide._many_plans) <= Staging.MAX_MANY_PLANS
+    sums = wide.spines[:, SPINE_FIELDS.index("sum")].tolist()
+    assert sums == [2.0 * k for k in range(Staging.MAX_MANY_PLANS + 5)]
+
+
+def _rows_by_step(case_name: str, monkeypatch, direct: bool) -> tuple[list[bytes], int]:
+    """Every step's batches of a real model at every step (default streams), as bytes, with
+    the activation hooks' whole-hook direct path (:meth:`Reducer.direct`) on or off."""
+    from stepscope.collect import HistoryCollector, WatchSettings
+    from stepscope.collect import staging as staging_mod
+    from tests.collect.models import CASES
+
+    case = CASES[case_name]
+    real = staging_mod.Reducer.direct
+    taken: list[bool] = []
+
+    def spy(self, entry, tensor, state):
+        wrote = real(self, entry, tensor, state) if direct else False
+        taken.append(wrote)
+        return wrote
+
+    monkeypatch.setattr(staging_mod.Reducer, "direct", spy)
+    torch.manual_seed(0)
+    model = case.build()
+    opt = case.optimizer(model)
+    col = HistoryCollector(model, cadence=1, settings=WatchSettings())
+    g = torch.Generator().manual_seed(1)
+    out = []
+    try:
+        for step in range(5):
+            with col.step(opt):
+                opt.zero_grad()
+                for _ in range(case.micro_batches):
+                    x, y = case.batch(g, step)
+                    case.loss(model(x), y).backward()
+                opt.step()
+            for b in col.last_batches:
+                out.append(
+                    str(b.stream).encode() + b.presence.tobytes() + b.spines.tobytes()
+                    + repr(b.row_disclosures).encode()
+                )  # fmt: skip
+    finally:
+        col.close()
+    monkeypatch.undo()
+    return out, sum(taken)
+
+
+@pytest.mark.parametrize("case_name", ["gpt", "resnet", "lstm", "model_output", "shared"])
+def test_the_whole_hook_direct_path_records_what_the_general_hook_path_records(
+    case_name, monkeypatch
+):
+    """Outputs that are plain tensors take :meth:`Reducer.direct` once their row is bound (a
+    module called twice, a tuple or ModelOutput output, a histogram step take the general
+    path); every row of every stream is the same, bit for bit, with it switched off."""
+    fast, n_fast = _rows_by_step(case_name, monkeypatch, direct=True)
+    general, n_general = _rows_by_step(case_name, monkeypatch, direct=False)
+    assert n_fast > 0 and n_general == 0
+    assert fast == general

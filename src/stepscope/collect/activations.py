@@ -141,6 +141,10 @@ class ActivationSites:
         #: a hook fired while ``torch.compile`` traced the model (set again by every replay)
         self.compiled = False
         self._discovered: bool | None = None  # every row has a signature (None: recompute)
+        #: modules whose output takes :meth:`Reducer.direct`: id -> (row, dtype, rank) of its
+        #: one activation row, bound to that signature (forgotten when its rows are bound again
+        #: or the module is replaced)
+        self._direct: dict[int, tuple[SiteRow, torch.dtype, int]] = {}
         self._registered: bool | None = None  # every row has a site (None: recompute)
 
     def attach(self) -> None:
@@ -278,6 +282,13 @@ class ActivationSites:
         try:
             if not self.training_forward():
                 return
+            direct = self._direct.get(id(module))
+            if (
+                direct is not None
+                and output.__class__ is torch.Tensor
+                and self.reducer.direct(direct, output, state)
+            ):
+                return
             rows = self.rows[id(module)]
             try:
                 self._observe(rows, state, output)
@@ -318,6 +329,8 @@ class ActivationSites:
                 break
         if row is not None:
             self.reducer.reduce(row, t)
+            if grow is None and self.keys.get(row.site) is None and t.__class__ is torch.Tensor:
+                self._direct[id(row.module)] = (row, t.dtype, t.dim())  # (its signature: sig)
         if grow is not None and due["activation_grad"] and t.requires_grad:
             t.register_hook(lambda g, grow=grow: self.reducer.reduce(grow, g))
         for r in rows.values():
@@ -344,6 +357,7 @@ class ActivationSites:
         catalog = self.catalog
         self._discovered = self._registered = None
         for row in rows:
+            self._direct.pop(id(row.module), None)
             if row.signature == sig:
                 continue
             if row.signature == NOT_RUN and row.site_id is not None:
@@ -375,6 +389,7 @@ class ActivationSites:
         """Move the hooks of module ``name`` to its replacement; returns its activation rows."""
         self._discovered = self._registered = None  # surgery: the rows are rediscovered
         old = self.bound.pop(name)
+        self._direct.pop(id(old), None)
         self._resting = [(m, h) for m, h in self._resting if m is not old]
         handle = self._handles.pop(id(old), None)
         if handle is not None:

@@ -125,6 +125,8 @@ class Staging:
         self._base = 0  # address of the spine buffer (rows are _ROW bytes apart)
         self.fired = np.zeros(n_rows, dtype=np.int32)  # host-side: how often each row was written
         self.hist_fired = np.zeros(n_rows, dtype=bool)
+        #: what :meth:`_native_many` keeps per row list (built at its first call)
+        self._many_plans: dict[tuple[int, ...], tuple[Any, ...] | None] = {}
 
     def reset(self) -> None:
         """Forget the previous step (host-side flags only; device rows are overwritten on use)."""
@@ -185,23 +187,34 @@ class Staging:
         self.fired[row] = 1
         return True
 
-    def _native_many(self, rows: list[int], tensors: list[torch.Tensor]) -> bool:
+    def _native_many(self, rows: list[int], tensors: list[torch.Tensor]) -> Sequence[int] | None:
         """The parameter-sized streams' common case in one native call, without per-row Python.
 
         Writes what :meth:`write_many` writes without histograms (the same C call on the same
-        data) when every tensor is a plain contiguous float32/float64 CPU tensor or parameter
-        (not lazily negated), every row is fresh this step and no row repeats; otherwise
-        writes nothing and returns ``False`` (the caller takes the general path).
+        data) for every tensor that is a plain contiguous float32/float64 CPU tensor or
+        parameter (not lazily negated), when every row is fresh this step and no row repeats.
+        Returns the positions it did not write (a sparse gradient, a half-precision tensor:
+        the caller's general path takes those), or ``None`` when it wrote nothing.
+
+        The rows of a stream are the same at every due step, so what depends on them only
+        (their index array, each row's address, the argument arrays) is built once per row
+        list and kept (:meth:`_many_plan`); a call fills in the tensors' addresses and sizes.
         """
-        many = self._native().get("many")
+        kernels = self._kernels if self._kernels is not None else self._native()
+        many = kernels.get("many")
         if many is None:
-            return False
-        idx = np.fromiter(rows, dtype=np.int64, count=len(rows))
-        if self.fired[idx].any() or len(np.unique(idx)) != len(idx):
-            return False
-        ptrs, ns, kinds = [], [], []
+            return None
+        plan = self._many_plans.get(key := tuple(rows))
+        if plan is None:
+            plan = self._many_plan(key)
+            if plan is None:  # a row repeats
+                return None
+        idx, ptrs, ns, kinds, args, _ = plan
+        if self.fired[idx].any():
+            return None
+        odd: list[int] | None = None
         f32, f64, strided = torch.float32, torch.float64, torch.strided
-        for t in tensors:
+        for i, t in enumerate(tensors):
             kind = type(t)
             dtype = t.dtype
             if (
@@ -212,24 +225,48 @@ class Staging:
                 or not t.is_contiguous()
                 or t.is_neg()
             ):
-                return False
-            ptrs.append(t.data_ptr())
-            ns.append(t.numel())
-            kinds.append(dtype is f64)
-        p = np.array(ptrs, dtype=np.int64)  # user-space pointers are < 2**63
-        n = np.array(ns, dtype=np.int64)
-        k = np.array(kinds, dtype=np.int32)
-        o = idx * _ROW + self._base
-        many(
-            len(p),
-            p.ctypes.data,
-            n.ctypes.data,
-            k.ctypes.data,
-            torch.get_num_threads(),
-            o.ctypes.data,
-        )
-        self.fired[idx] += 1
-        return True
+                if odd is None:
+                    odd = []
+                odd.append(i)
+                continue
+            ptrs[i] = t.data_ptr()  # user-space pointers are < 2**63
+            ns[i] = t.numel()
+            kinds[i] = dtype is f64
+        threads = torch.get_num_threads()
+        if odd is None:  # the common case: every tensor in one call
+            many(len(key), args[0], args[1], args[2], threads, args[3])
+            self.fired[idx] = 1  # (every row was fresh)
+            return ()
+        if len(odd) == len(key):
+            return None
+        # the others in one call of their own (its arrays built for it)
+        sub = np.delete(idx, odd)
+        p, n, k = np.delete(ptrs, odd), np.delete(ns, odd), np.delete(kinds, odd)
+        out = sub * _ROW + self._base
+        many(len(sub), p.ctypes.data, n.ctypes.data, k.ctypes.data, threads, out.ctypes.data)
+        self.fired[sub] = 1
+        return odd
+
+    #: row lists kept by :meth:`_many_plan` (a few per stream; forgotten past this many)
+    MAX_MANY_PLANS = 64
+
+    def _many_plan(self, key: tuple[int, ...]) -> tuple[Any, ...] | None:
+        """For the row list ``key``: its index array, the pointer / size / dtype arrays the
+        native call reads (filled per call) and their addresses with the rows' output
+        addresses; ``None`` (kept too) when a row repeats."""
+        n = len(key)
+        plan: tuple[Any, ...] | None = None
+        if len(set(key)) == n:
+            idx = np.array(key, dtype=np.int64)
+            ptrs, ns = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64)
+            kinds = np.zeros(n, dtype=np.int32)
+            out = idx * _ROW + self._base
+            addresses = (ptrs.ctypes.data, ns.ctypes.data, kinds.ctypes.data, out.ctypes.data)
+            plan = (idx, ptrs, ns, kinds, addresses, out)  # (out kept alive with its address)
+        if len(self._many_plans) >= self.MAX_MANY_PLANS:
+            self._many_plans.clear()
+        self._many_plans[key] = plan
+        return plan
 
     def write_many(self, rows: list[int], tensors: list[torch.Tensor], histogram: bool) -> None:
         """:meth:`write` for many rows at once: one multi-tensor spine call for the fresh rows.
@@ -351,6 +388,35 @@ class Reducer:
                 state.failed[row.index] = type(e).__name__
         state.charge(row.stream, time.perf_counter() - t0)
 
+    def direct(
+        self, entry: tuple[SiteRow, torch.dtype, int], tensor: torch.Tensor, state: StepState
+    ) -> bool:
+        """An activation hook's common case, whole: ``tensor`` (a module's plain output) into
+        the fresh row of ``entry`` straight through the C kernel, when it has the dtype and rank
+        the row is bound to and :meth:`reduce` would take the same path for it; ``False``
+        (nothing written) otherwise (the caller then takes the general path)."""
+        row, dtype, dim = entry
+        cpu = self._cpu
+        if (
+            cpu is None
+            or not state.spine_due["activation"]
+            or state.hist_due["activation"]
+            or tensor.dtype is not dtype
+            or not tensor.is_cpu
+            or tensor.layout is not torch.strided
+            or tensor.dim() != dim
+            or torch.autograd._profiler_enabled()
+            or cuda_graph_capturing()
+            or under_transform(tensor)
+        ):
+            return False
+        t0 = time.perf_counter()
+        if not cpu._native_one(row.index, tensor):
+            return False
+        row.numel = tensor.numel()
+        state.charge("activation", time.perf_counter() - t0)
+        return True
+
     def reduce_many(self, stream: str, pairs: Sequence[tuple[SiteRow, torch.Tensor]]) -> None:
         """Parameter-sized streams: every due tensor of a device in one multi-tensor reduction.
 
@@ -373,10 +439,13 @@ class Reducer:
             # every row is recorded unsupported)
             rows, tensors = [r.index for r, _ in pairs], [t for _, t in pairs]
             try:
-                if self.staging(_CPU)._native_many(rows, tensors):
-                    return
+                odd = self.staging(_CPU)._native_many(rows, tensors)
             except Exception:  # nothing counts as written: the general path records every row
-                pass
+                odd = None
+            if odd is not None:  # the general path takes what the native call did not
+                if not odd:
+                    return
+                pairs = [pairs[k] for k in odd]
         by_index: dict[int, SiteRow] = {}
         ready: list[tuple[int, torch.Tensor]] = []
         for row, tensor in pairs:
