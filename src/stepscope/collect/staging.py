@@ -14,10 +14,12 @@ Reductions: a hooked tensor becomes a staged row, and telemetry never raises.
 collector. Every hook of the collector hands its tensor here:
 
 * :meth:`Reducer.reduce` writes one row (activations, activation gradients, a closure's
-  gradient);
+  gradient); :meth:`Reducer.direct` is an activation hook's common case whole (a plain
+  output of the dtype and rank its row is bound to, straight into the C kernel);
 * :meth:`Reducer.reduce_many` writes the due parameter-sized rows of a stream (gradients,
-  parameters, updates) with one multi-tensor call per device; a batch the native call refuses
-  falls back to one reduction per row.
+  parameters, updates) with one multi-tensor call per device; the tensors the native call
+  cannot take (sparse, half precision, strided) fall back to the general path, the others
+  stay in the one call.
 
 A tensor that cannot be reduced (see :func:`~stepscope.collect.staging.reducible`) is recorded
 ``unsupported`` with its reason, a reduction that raises is recorded ``capture_failed`` with the
