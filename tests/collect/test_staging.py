@@ -238,43 +238,42 @@ def test_a_row_already_written_this_step_folds_instead_of_being_overwritten():
 # --------------------------------------------- the activation hooks' direct path to the kernel
 
 
-def _activation_rows(model_name: str, monkeypatch, direct: bool) -> tuple[list[bytes], int]:
-    """Every step's activation and activation-gradient spines of a real model, as bytes."""
-    from stepscope.collect import Cadence, HistoryCollector, WatchSettings
-    from stepscope.collect import staging as reduce_mod
+def _recorded(case_name: str, monkeypatch, owner, name: str, on: bool, **watch) -> tuple:
+    """Every step's batches of a real model (presence, spines, disclosures) as bytes, with the
+    fast path ``owner.name`` on or off (off: it returns ``False``, the general path runs), and
+    how often it wrote. ``watch``: the collector's streams and cadence."""
+    from stepscope.collect import HistoryCollector, WatchSettings
     from tests.collect.models import CASES
 
-    case = CASES[model_name]
-    real = reduce_mod.Staging._native_one
+    case = CASES[case_name]
+    real = getattr(owner, name)
     taken: list[bool] = []
 
-    def spy(self, row, tensor):
-        wrote = real(self, row, tensor) if direct else False
+    def spy(self, *args):
+        wrote = real(self, *args) if on else False
         taken.append(wrote)
         return wrote
 
-    monkeypatch.setattr(reduce_mod.Staging, "_native_one", spy)
+    monkeypatch.setattr(owner, name, spy)
     torch.manual_seed(0)
     model = case.build()
     opt = case.optimizer(model)
-    col = HistoryCollector(
-        model,
-        streams=("activation", "activation_grad"),
-        cadence=Cadence(1, None),
-        settings=WatchSettings(),
-    )
+    col = HistoryCollector(model, settings=WatchSettings(), **watch)
     g = torch.Generator().manual_seed(1)
     out = []
     try:
-        for step in range(4):  # variable sequence lengths on the decoder
-            x, y = case.batch(g, step)
+        for step in range(5):  # variable sequence lengths on the decoder
             with col.step(opt):
-                loss = case.loss(model(x), y)
                 opt.zero_grad()
-                loss.backward()
+                for _ in range(case.micro_batches):
+                    x, y = case.batch(g, step)
+                    case.loss(model(x), y).backward()
                 opt.step()
             for b in col.last_batches:
-                out.append(str(b.stream).encode() + b.presence.tobytes() + b.spines.tobytes())
+                out.append(
+                    str(b.stream).encode() + b.presence.tobytes() + b.spines.tobytes()
+                    + repr(b.row_disclosures).encode()
+                )  # fmt: skip
     finally:
         col.close()
     monkeypatch.undo()
@@ -285,8 +284,12 @@ def _activation_rows(model_name: str, monkeypatch, direct: bool) -> tuple[list[b
 def test_activation_rows_through_the_direct_path_equal_the_general_path_bit_for_bit(
     model_name, monkeypatch
 ):
-    direct, n_direct = _activation_rows(model_name, monkeypatch, direct=True)
-    general, n_general = _activation_rows(model_name, monkeypatch, direct=False)
+    from stepscope.collect import Cadence
+    from stepscope.collect.staging import Staging
+
+    watch = {"streams": ("activation", "activation_grad"), "cadence": Cadence(1, None)}
+    direct, n_direct = _recorded(model_name, monkeypatch, Staging, "_native_one", True, **watch)
+    general, n_general = _recorded(model_name, monkeypatch, Staging, "_native_one", False, **watch)
     assert n_direct > 0 and n_general == 0  # the direct path did write, then was switched off
     assert direct == general  # presence and every spine field, every step, bit for bit
 
@@ -326,48 +329,6 @@ def test_the_one_call_path_reads_each_calls_tensors_through_its_kept_row_plan():
     assert sums == [2.0 * k for k in range(Staging.MAX_MANY_PLANS + 5)]
 
 
-def _rows_by_step(case_name: str, monkeypatch, direct: bool) -> tuple[list[bytes], int]:
-    """Every step's batches of a real model at every step (default streams), as bytes, with
-    the activation hooks' whole-hook direct path (:meth:`Reducer.direct`) on or off."""
-    from stepscope.collect import HistoryCollector, WatchSettings
-    from stepscope.collect import staging as staging_mod
-    from tests.collect.models import CASES
-
-    case = CASES[case_name]
-    real = staging_mod.Reducer.direct
-    taken: list[bool] = []
-
-    def spy(self, entry, tensor, state):
-        wrote = real(self, entry, tensor, state) if direct else False
-        taken.append(wrote)
-        return wrote
-
-    monkeypatch.setattr(staging_mod.Reducer, "direct", spy)
-    torch.manual_seed(0)
-    model = case.build()
-    opt = case.optimizer(model)
-    col = HistoryCollector(model, cadence=1, settings=WatchSettings())
-    g = torch.Generator().manual_seed(1)
-    out = []
-    try:
-        for step in range(5):
-            with col.step(opt):
-                opt.zero_grad()
-                for _ in range(case.micro_batches):
-                    x, y = case.batch(g, step)
-                    case.loss(model(x), y).backward()
-                opt.step()
-            for b in col.last_batches:
-                out.append(
-                    str(b.stream).encode() + b.presence.tobytes() + b.spines.tobytes()
-                    + repr(b.row_disclosures).encode()
-                )  # fmt: skip
-    finally:
-        col.close()
-    monkeypatch.undo()
-    return out, sum(taken)
-
-
 @pytest.mark.parametrize("case_name", ["gpt", "resnet", "lstm", "model_output", "shared"])
 def test_the_whole_hook_direct_path_records_what_the_general_hook_path_records(
     case_name, monkeypatch
@@ -375,7 +336,7 @@ def test_the_whole_hook_direct_path_records_what_the_general_hook_path_records(
     """Outputs that are plain tensors take :meth:`Reducer.direct` once their row is bound (a
     module called twice, a tuple or ModelOutput output, a histogram step take the general
     path); every row of every stream is the same, bit for bit, with it switched off."""
-    fast, n_fast = _rows_by_step(case_name, monkeypatch, direct=True)
-    general, n_general = _rows_by_step(case_name, monkeypatch, direct=False)
+    fast, n_fast = _recorded(case_name, monkeypatch, Reducer, "direct", True, cadence=1)
+    general, n_general = _recorded(case_name, monkeypatch, Reducer, "direct", False, cadence=1)
     assert n_fast > 0 and n_general == 0
     assert fast == general
